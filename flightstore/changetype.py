@@ -1,0 +1,43 @@
+"""Change types of the changelog, with their fixed wire values (as Apache Fluss defines them).
+
+The log stores the byte value in the int8 column ``_change_type``; clients see the short strings.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "INSERT", "UPDATE_BEFORE", "UPDATE_AFTER", "DELETE", "APPEND_ONLY",
+    "SHORT_STRINGS", "CHANGE_TYPE_COLUMN", "LOG_OFFSET_COLUMN", "COMMIT_TIMESTAMP_COLUMN",
+    "to_strings", "from_strings",
+]
+
+INSERT = 0          # +I
+UPDATE_BEFORE = 1   # -U
+UPDATE_AFTER = 2    # +U
+DELETE = 3          # -D
+APPEND_ONLY = 4     # +A: a row of a log table
+
+SHORT_STRINGS = ("+I", "-U", "+U", "-D", "+A")
+
+CHANGE_TYPE_COLUMN = "_change_type"
+LOG_OFFSET_COLUMN = "_log_offset"
+COMMIT_TIMESTAMP_COLUMN = "_commit_timestamp"
+
+_STRINGS = pa.array(SHORT_STRINGS, pa.string())
+
+
+def to_strings(codes: pa.Array) -> pa.Array:
+    """Map int8 change-type codes to their short strings (``+I``, ``-U``, ...)."""
+    return pc.take(_STRINGS, pc.cast(codes, pa.int32()))
+
+
+def from_strings(strings: pa.Array) -> pa.Array:
+    """Map short strings back to int8 codes; unknown strings raise ``ValueError``."""
+    codes = pc.index_in(strings, value_set=_STRINGS)
+    if codes.null_count:
+        bad = pc.filter(strings, pc.is_null(codes))[0].as_py()
+        raise ValueError(f"unknown change type {bad!r}; expected one of {', '.join(SHORT_STRINGS)}")
+    return pc.cast(codes, pa.int8())

@@ -1,0 +1,111 @@
+"""The exception tree of flightstore.
+
+One root, :class:`FlightstoreError`; each subclass names one Flight status code in ``flight_status``
+so the server translates errors in exactly one place (``server/service.py``). Messages say what is
+wrong and, where it helps, what to do instead.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FlightstoreError",
+    "InvalidInput",
+    "SqlError",
+    "SchemaMismatch",
+    "InvalidOption",
+    "NotFound",
+    "DatabaseNotFound",
+    "TableNotFound",
+    "AlreadyExists",
+    "Unsupported",
+    "Unauthorized",
+    "Unauthenticated",
+    "OutOfOrderSequence",
+    "WriterConflict",
+    "CorruptData",
+    "Cancelled",
+]
+
+
+class FlightstoreError(Exception):
+    """Root of every error flightstore raises on purpose."""
+
+    flight_status = "internal"
+
+
+class InvalidInput(FlightstoreError):
+    """The request is malformed or contradicts the table (maps to INVALID_ARGUMENT)."""
+
+    flight_status = "invalid_argument"
+
+
+class SqlError(InvalidInput):
+    """SQL text that cannot be parsed or planned."""
+
+
+class SchemaMismatch(InvalidInput):
+    """Written data does not fit the table's schema."""
+
+
+class InvalidOption(InvalidInput):
+    """An unknown or ill-typed configuration option."""
+
+
+class NotFound(FlightstoreError):
+    """Something named does not exist (maps to NOT_FOUND)."""
+
+    flight_status = "not_found"
+
+
+class DatabaseNotFound(NotFound):
+    """An unknown database."""
+
+
+class TableNotFound(NotFound):
+    """An unknown table."""
+
+
+class AlreadyExists(FlightstoreError):
+    """Creating something that exists (maps to ALREADY_EXISTS)."""
+
+    flight_status = "already_exists"
+
+
+class Unsupported(FlightstoreError):
+    """A well-formed request flightstore does not implement (maps to UNIMPLEMENTED)."""
+
+    flight_status = "unimplemented"
+
+
+class Unauthenticated(FlightstoreError):
+    """Missing or wrong credentials (maps to UNAUTHENTICATED)."""
+
+    flight_status = "unauthenticated"
+
+
+class Unauthorized(FlightstoreError):
+    """Authenticated but not allowed (maps to UNAUTHORIZED)."""
+
+    flight_status = "unauthorized"
+
+
+class OutOfOrderSequence(InvalidInput):
+    """A writer skipped batch sequence numbers; earlier batches were lost."""
+
+
+class WriterConflict(FlightstoreError):
+    """Another live writer owns a column this writer wants to write (maps to ALREADY_EXISTS)."""
+
+    flight_status = "already_exists"
+
+
+class CorruptData(FlightstoreError):
+    """Files on disk that fail their checks (maps to INTERNAL)."""
+
+    flight_status = "internal"
+
+
+class Cancelled(FlightstoreError):
+    """The request was cancelled (maps to CANCELLED)."""
+
+    flight_status = "cancelled"

@@ -1,0 +1,234 @@
+"""Table descriptors: columns, primary key, bucket key, partition keys, bucket count, options.
+
+A :class:`TableDescriptor` is an immutable value; the catalog persists it as JSON (the Arrow schema
+travels as base64 IPC bytes, so every Arrow type and nullability round-trips exactly).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+
+from flightstore.config import table_option, validate_table_options
+from flightstore.errors import InvalidInput
+
+__all__ = ["TablePath", "TableDescriptor", "sql_type_to_arrow", "arrow_type_to_sql", "IDENTIFIER"]
+
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, order=True)
+class TablePath:
+    """``database.table``."""
+
+    database: str
+    table: str
+
+    @classmethod
+    def parse(cls, text: str, default_database: str = "default") -> "TablePath":
+        parts = [part.strip().strip('"`') for part in str(text).split(".")]
+        if len(parts) == 1:
+            parts = [default_database, parts[0]]
+        if len(parts) != 2 or not all(IDENTIFIER.match(p) for p in parts):
+            raise InvalidInput(f"invalid table name {text!r}; expected database.table")
+        return cls(parts[0], parts[1])
+
+    def __str__(self) -> str:
+        return f"{self.database}.{self.table}"
+
+
+@dataclass(frozen=True)
+class TableDescriptor:
+    """Everything that defines a table. Build with :meth:`create`, which validates."""
+
+    path: TablePath
+    schema: pa.Schema
+    primary_key: tuple[str, ...] = ()
+    bucket_key: tuple[str, ...] = ()
+    partition_keys: tuple[str, ...] = ()
+    num_buckets: int = 1
+    options: Mapping[str, str] = field(default_factory=dict)
+    comment: str = ""
+    version: int = 1
+
+    @classmethod
+    def create(cls, path: TablePath | str, schema: pa.Schema, primary_key: Sequence[str] = (),
+               partition_keys: Sequence[str] = (), options: Mapping[str, Any] | None = None,
+               comment: str = "") -> "TableDescriptor":
+        """Validate and build a descriptor; bucket key and count come from the options."""
+        if isinstance(path, str):
+            path = TablePath.parse(path)
+        opts = validate_table_options(options or {})
+        names = schema.names
+        if len(set(names)) != len(names):
+            raise InvalidInput(f"table {path}: duplicate column names")
+        for name in names:
+            if name.startswith("_") and name in ("_change_type", "_log_offset", "_commit_timestamp"):
+                raise InvalidInput(f"table {path}: column name {name!r} is reserved")
+        for kind, columns in (("primary key", primary_key), ("partition key", partition_keys)):
+            for column in columns:
+                if column not in names:
+                    raise InvalidInput(f"table {path}: {kind} column {column!r} is not a column")
+        primary_key = tuple(primary_key)
+        if primary_key:
+            fields = [f.with_nullable(False) if f.name in primary_key else f for f in schema]
+            schema = pa.schema(fields, metadata=schema.metadata)
+            for column in partition_keys:
+                if column not in primary_key:
+                    raise InvalidInput(
+                        f"table {path}: partition key {column!r} must be part of the primary key")
+        bucket_key = tuple(table_option(opts, "bucket.key"))
+        if bucket_key:
+            for column in bucket_key:
+                if column not in names:
+                    raise InvalidInput(f"table {path}: bucket key column {column!r} is not a column")
+                if primary_key and column not in primary_key:
+                    raise InvalidInput(
+                        f"table {path}: bucket key column {column!r} must be part of the primary key")
+        elif primary_key:
+            bucket_key = tuple(c for c in primary_key if c not in partition_keys) or primary_key
+        if primary_key:
+            physical = tuple(c for c in primary_key if c not in partition_keys)
+            if physical[: len(bucket_key)] != bucket_key and set(bucket_key) != set(physical):
+                # Prefix lookups need the bucket key to lead the primary key.
+                raise InvalidInput(
+                    f"table {path}: bucket key {list(bucket_key)} must be a prefix of the primary key "
+                    f"{list(physical)}")
+        engine = table_option(opts, "table.merge-engine")
+        if engine and not primary_key:
+            raise InvalidInput(f"table {path}: 'table.merge-engine' needs a primary key")
+        if engine == "versioned":
+            ver = opts.get("table.merge-engine.versioned.ver-column")
+            if not ver:
+                raise InvalidInput(
+                    f"table {path}: the versioned merge engine needs "
+                    "'table.merge-engine.versioned.ver-column'")
+            if ver not in names:
+                raise InvalidInput(f"table {path}: version column {ver!r} is not a column")
+            if not (pa.types.is_integer(schema.field(ver).type)
+                    or pa.types.is_timestamp(schema.field(ver).type)):
+                raise InvalidInput(
+                    f"table {path}: version column {ver!r} must be an integer or timestamp column")
+        stats = table_option(opts, "table.statistics.columns")
+        for column in stats:
+            if column != "*" and column not in names:
+                raise InvalidInput(f"table {path}: statistics column {column!r} is not a column")
+        return cls(path=path, schema=schema, primary_key=primary_key, bucket_key=bucket_key,
+                   partition_keys=tuple(partition_keys),
+                   num_buckets=table_option(opts, "bucket.num"), options=opts, comment=comment)
+
+    # ---- derived properties -------------------------------------------------------------------
+    @property
+    def has_primary_key(self) -> bool:
+        return bool(self.primary_key)
+
+    @property
+    def merge_engine(self) -> str:
+        """``last_row`` (default), ``first_row``, ``versioned`` or ``aggregation``."""
+        return table_option(self.options, "table.merge-engine") or "last_row"
+
+    def option(self, key: str) -> Any:
+        return table_option(self.options, key)
+
+    @property
+    def statistics_columns(self) -> tuple[str, ...]:
+        wanted = self.option("table.statistics.columns")
+        if "*" in wanted:
+            return tuple(f.name for f in self.schema if _has_order(f.type))
+        return tuple(wanted)
+
+    def with_version(self, version: int) -> "TableDescriptor":
+        return replace(self, version=version)
+
+    # ---- persistence --------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps({
+            "database": self.path.database, "table": self.path.table,
+            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            "primary_key": list(self.primary_key), "bucket_key": list(self.bucket_key),
+            "partition_keys": list(self.partition_keys), "num_buckets": self.num_buckets,
+            "options": dict(self.options), "comment": self.comment, "version": self.version,
+        }, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TableDescriptor":
+        data = json.loads(text)
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
+        return cls(path=TablePath(data["database"], data["table"]), schema=schema,
+                   primary_key=tuple(data["primary_key"]), bucket_key=tuple(data["bucket_key"]),
+                   partition_keys=tuple(data["partition_keys"]), num_buckets=int(data["num_buckets"]),
+                   options=dict(data["options"]), comment=data.get("comment", ""),
+                   version=int(data.get("version", 1)))
+
+
+def _has_order(arrow_type: pa.DataType) -> bool:
+    return (pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+            or pa.types.is_decimal(arrow_type) or pa.types.is_temporal(arrow_type)
+            or pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+            or pa.types.is_boolean(arrow_type))
+
+
+_SIMPLE_TYPES: dict[str, pa.DataType] = {
+    "BOOLEAN": pa.bool_(), "BOOL": pa.bool_(),
+    "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INT": pa.int32(), "INTEGER": pa.int32(),
+    "BIGINT": pa.int64(), "FLOAT": pa.float32(), "REAL": pa.float32(), "DOUBLE": pa.float64(),
+    "DOUBLE PRECISION": pa.float64(), "STRING": pa.string(), "VARCHAR": pa.string(),
+    "CHAR": pa.string(), "TEXT": pa.string(), "BYTES": pa.binary(), "BINARY": pa.binary(),
+    "VARBINARY": pa.binary(), "BLOB": pa.binary(), "DATE": pa.date32(), "TIME": pa.time64("us"),
+}
+
+
+def sql_type_to_arrow(text: str) -> pa.DataType:
+    """Map a Flink/Fluss SQL type (``BIGINT``, ``DECIMAL(10,2)``, ``TIMESTAMP_LTZ(3)``) to Arrow."""
+    normalized = re.sub(r"\s+", " ", text.strip().upper())
+    normalized = re.sub(r"\s+NOT NULL$", "", normalized)
+    match = re.fullmatch(r"([A-Z_ ]+?)\s*(?:\((\d+)(?:\s*,\s*(\d+))?\))?", normalized)
+    if not match:
+        raise InvalidInput(f"unsupported column type {text!r}")
+    name, p, s = match.group(1).strip(), match.group(2), match.group(3)
+    if name in ("DECIMAL", "NUMERIC", "DEC"):
+        precision = int(p) if p else 10
+        scale = int(s) if s else 0
+        if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+            raise InvalidInput(f"invalid DECIMAL({precision}, {scale})")
+        return pa.decimal128(precision, scale)
+    if name in ("TIMESTAMP", "TIMESTAMP_LTZ", "TIMESTAMP WITH LOCAL TIME ZONE",
+                "TIMESTAMP WITHOUT TIME ZONE"):
+        precision = int(p) if p else 6
+        if not 0 <= precision <= 9:
+            raise InvalidInput(f"invalid timestamp precision {precision}")
+        unit = "s" if precision == 0 else "ms" if precision <= 3 else "us" if precision <= 6 else "ns"
+        tz = "UTC" if name in ("TIMESTAMP_LTZ", "TIMESTAMP WITH LOCAL TIME ZONE") else None
+        return pa.timestamp(unit, tz=tz)
+    if name in ("VARCHAR", "CHAR", "STRING", "BINARY", "VARBINARY", "BYTES", "TIME"):
+        return _SIMPLE_TYPES[name]
+    if p is None and name in _SIMPLE_TYPES:
+        return _SIMPLE_TYPES[name]
+    raise InvalidInput(f"unsupported column type {text!r}")
+
+
+def arrow_type_to_sql(arrow_type: pa.DataType) -> str:
+    """The Flink SQL name of an Arrow type (inverse of :func:`sql_type_to_arrow`)."""
+    if pa.types.is_boolean(arrow_type):
+        return "BOOLEAN"
+    names = {pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INT", pa.int64(): "BIGINT",
+             pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.date32(): "DATE"}
+    if arrow_type in names:
+        return names[arrow_type]
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "STRING"
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return "BYTES"
+    if pa.types.is_decimal(arrow_type):
+        return f"DECIMAL({arrow_type.precision}, {arrow_type.scale})"
+    if pa.types.is_time(arrow_type):
+        return "TIME"
+    if pa.types.is_timestamp(arrow_type):
+        precision = {"s": 0, "ms": 3, "us": 6, "ns": 9}[arrow_type.unit]
+        return f"TIMESTAMP_LTZ({precision})" if arrow_type.tz else f"TIMESTAMP({precision})"
+    return str(arrow_type).upper()
