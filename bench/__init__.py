@@ -1,0 +1,1 @@
+"""Benchmarks against peers; ``python -m bench`` (``make bench``) runs them all and prints one table."""

@@ -1,0 +1,103 @@
+"""Storage-core speed (issue: storage core), each against a peer measured in the same run.
+
+* upserts/s into a primary-key table vs raw rocksdict WriteBatch puts of the same (pre-encoded) rows;
+* point lookups/s (batches of 1,000 keys) vs raw rocksdict multi-get of the same keys;
+* a 10-of-100 column log scan vs the full scan of the same log (goal >= 8x).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from rocksdict import Options, Rdict, WriteBatch
+
+from bench.report import Row, best_of
+from flightstore.kv.encoding import RowCodec, encode_keys
+from flightstore.store import Store
+
+UPSERT_ROWS = 500_000
+BATCH = 50_000
+SCAN_ROWS = 300_000
+SCAN_COLUMNS = 100
+
+
+def _rows(n: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "id": pa.array(rng.permutation(n), pa.int64()),
+        "user": pa.array(rng.integers(0, 10_000, n), pa.int64()),
+        "amount": pa.array(rng.random(n)),
+        "status": pa.array(np.array(["new", "paid", "shipped", "done"])[rng.integers(0, 4, n)]),
+        "ts": pa.array(rng.integers(0, 2**40, n), pa.int64()).cast(pa.timestamp("ms")),
+    })
+
+
+def _raw_db(path: Path) -> Rdict:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    return Rdict(str(path), options=options)
+
+
+def bench_upserts_and_lookups(root: Path) -> list[Row]:
+    rows = _rows(UPSERT_ROWS)
+    batches = [rows.slice(i, BATCH) for i in range(0, UPSERT_ROWS, BATCH)]
+    keys = encode_keys(rows, ["id"])
+    values = RowCodec(rows.schema).encode(rows)
+
+    def ours_upsert(tag: str) -> None:
+        with Store(root / f"ours-{tag}") as store:
+            table = store.create_table("t", rows.schema, primary_key=["id"])
+            for batch in batches:
+                table.upsert(batch)
+
+    def raw_upsert(tag: str) -> None:
+        db = _raw_db(root / f"raw-{tag}")
+        for i in range(0, UPSERT_ROWS, BATCH):
+            write = WriteBatch(raw_mode=True)
+            for key, value in zip(keys[i:i + BATCH], values[i:i + BATCH]):
+                write.put(key, value)
+            db.write(write)
+        db.close()
+
+    counter = iter(range(100))
+    ours = best_of(lambda: ours_upsert(str(next(counter))), 2)
+    peer = best_of(lambda: raw_upsert(str(next(counter))), 2)
+    out = [Row("PK upserts, 500k rows x 5 cols, batches of 50k", UPSERT_ROWS / ours,
+               UPSERT_ROWS / peer, "rows/s", "raw rocksdict WriteBatch.put (pre-encoded)")]
+
+    # Lookups: 100 batches of 1,000 random existing keys.
+    rng = np.random.default_rng(1)
+    probe = [pa.table({"id": pa.array(rng.integers(0, UPSERT_ROWS, 1000), pa.int64())}) for _ in range(100)]
+    probe_keys = [encode_keys(p, ["id"]) for p in probe]
+    with Store(root / "ours-0") as store:
+        table = store.table("t")
+        ours = best_of(lambda: [table.lookup(p) for p in probe], 3)
+    db = _raw_db(root / "raw-1")
+    peer = best_of(lambda: [db.get(k) for k in probe_keys], 3)
+    db.close()
+    out.append(Row("PK lookups, batches of 1,000 keys (decoded to Arrow)", 100_000 / ours,
+                   100_000 / peer, "keys/s", "raw rocksdict multi-get (bytes only)"))
+    return out
+
+
+def bench_column_pruning(root: Path) -> list[Row]:
+    rng = np.random.default_rng(2)
+    schema = pa.schema([(f"c{i}", pa.float64()) for i in range(SCAN_COLUMNS)])
+    with Store(root / "scan") as store:
+        table = store.create_table("wide", schema, options={"table.statistics.columns": "c0"})
+        for _ in range(SCAN_ROWS // 50_000):
+            table.append(pa.table({f"c{i}": rng.random(50_000) for i in range(SCAN_COLUMNS)}))
+        wanted = [f"c{i}" for i in range(0, SCAN_COLUMNS, 10)]
+        full = best_of(lambda: table.scan_table(), 3)
+        pruned = best_of(lambda: table.scan_table(wanted), 3)
+    return [Row("log scan 10 of 100 columns vs all 100 (300k rows)", 1 / pruned, 1 / full, "scans/s",
+                "full scan of the same log", goal=">= 8x")]
+
+
+def run() -> list[Row]:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        return bench_upserts_and_lookups(root) + bench_column_pruning(root)

@@ -1,0 +1,5 @@
+"""``python -m flightstore`` runs the CLI."""
+
+from flightstore.cli import main
+
+main()

@@ -1,0 +1,175 @@
+"""Databases and tables, persisted in the data directory.
+
+``<data-dir>/catalog.json`` is the source of truth for what exists; every change rewrites it
+atomically (write, fsync, rename) and bumps its version. Each table owns a data directory
+``<data-dir>/<database>/<table>-<id>/`` named in the catalog. A table listed in the catalog whose
+directory is gone is reported as :class:`~flightstore.errors.CorruptData` on access, never silently
+recreated; a catalog file that does not parse stops start-up with the same error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import uuid
+from pathlib import Path
+
+from flightstore.errors import (AlreadyExists, CorruptData, DatabaseNotFound, InvalidInput,
+                                TableNotFound)
+from flightstore.schema import IDENTIFIER, TableDescriptor, TablePath
+
+__all__ = ["Catalog", "DEFAULT_DATABASE"]
+
+DEFAULT_DATABASE = "default"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class Catalog:
+    """The databases and table descriptors of one data directory. Thread-safe."""
+
+    def __init__(self, data_dir: str | os.PathLike) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._file = self.data_dir / "catalog.json"
+        self._lock = threading.RLock()
+        self._databases: dict[str, dict[str, dict]] = {}
+        self.version = 0
+        if self._file.exists():
+            try:
+                state = json.loads(self._file.read_text(encoding="utf-8"))
+                self.version = int(state["version"])
+                self._databases = {db: dict(tables) for db, tables in state["databases"].items()}
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptData(f"catalog file {self._file} is corrupt: {exc}") from None
+        else:
+            self._databases = {DEFAULT_DATABASE: {}}
+            self._save()
+
+    # ---- persistence --------------------------------------------------------------------------
+    def _save(self) -> None:
+        self.version += 1
+        _write_atomically(self._file, json.dumps(
+            {"version": self.version, "databases": self._databases}, indent=1, sort_keys=True))
+
+    # ---- databases ----------------------------------------------------------------------------
+    def list_databases(self) -> list[str]:
+        with self._lock:
+            return sorted(self._databases)
+
+    def database_exists(self, name: str) -> bool:
+        with self._lock:
+            return name in self._databases
+
+    def create_database(self, name: str, if_not_exists: bool = False) -> None:
+        if not IDENTIFIER.match(name):
+            raise InvalidInput(f"invalid database name {name!r}")
+        with self._lock:
+            if name in self._databases:
+                if if_not_exists:
+                    return
+                raise AlreadyExists(f"database {name!r} already exists")
+            self._databases[name] = {}
+            self._save()
+
+    def drop_database(self, name: str, if_exists: bool = False, cascade: bool = False) -> list[Path]:
+        """Remove a database; returns the data directories of the tables dropped with it."""
+        with self._lock:
+            if name not in self._databases:
+                if if_exists:
+                    return []
+                raise DatabaseNotFound(f"database {name!r} does not exist")
+            tables = self._databases[name]
+            if tables and not cascade:
+                raise InvalidInput(
+                    f"database {name!r} is not empty ({len(tables)} tables); use DROP DATABASE "
+                    f"{name} CASCADE")
+            dirs = [self.data_dir / entry["dir"] for entry in tables.values()]
+            del self._databases[name]
+            self._save()
+        for directory in dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+        return dirs
+
+    # ---- tables -------------------------------------------------------------------------------
+    def list_tables(self, database: str) -> list[str]:
+        with self._lock:
+            if database not in self._databases:
+                raise DatabaseNotFound(f"database {database!r} does not exist")
+            return sorted(self._databases[database])
+
+    def all_tables(self) -> list[TablePath]:
+        with self._lock:
+            return [TablePath(db, t) for db in sorted(self._databases) for t in sorted(self._databases[db])]
+
+    def _entry(self, path: TablePath) -> dict:
+        tables = self._databases.get(path.database)
+        if tables is None:
+            raise DatabaseNotFound(f"database {path.database!r} does not exist")
+        entry = tables.get(path.table)
+        if entry is None:
+            raise TableNotFound(f"table {path} does not exist")
+        return entry
+
+    def get_table(self, path: TablePath) -> TableDescriptor:
+        with self._lock:
+            entry = self._entry(path)
+            try:
+                return TableDescriptor.from_json(entry["descriptor"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptData(f"table {path}: descriptor is corrupt: {exc}") from None
+
+    def table_dir(self, path: TablePath) -> Path:
+        """The table's data directory; CorruptData if it vanished."""
+        with self._lock:
+            directory = self.data_dir / self._entry(path)["dir"]
+        if not directory.is_dir():
+            raise CorruptData(f"table {path}: data directory {directory} is missing; the table's "
+                              "data is lost (drop and recreate it to start over)")
+        return directory
+
+    def create_table(self, descriptor: TableDescriptor, if_not_exists: bool = False) -> bool:
+        """Create a table; returns False when it existed and ``if_not_exists`` was set."""
+        path = descriptor.path
+        with self._lock:
+            if path.database not in self._databases:
+                raise DatabaseNotFound(f"database {path.database!r} does not exist")
+            if path.table in self._databases[path.database]:
+                if if_not_exists:
+                    return False
+                raise AlreadyExists(f"table {path} already exists")
+            relative = f"{path.database}/{path.table}-{uuid.uuid4().hex[:12]}"
+            (self.data_dir / relative).mkdir(parents=True)
+            self._databases[path.database][path.table] = {
+                "descriptor": descriptor.with_version(1).to_json(), "dir": relative}
+            self._save()
+            return True
+
+    def drop_table(self, path: TablePath, if_exists: bool = False) -> Path | None:
+        """Remove a table from the catalog and delete its data; returns the removed directory."""
+        with self._lock:
+            try:
+                entry = self._entry(path)
+            except (TableNotFound, DatabaseNotFound):
+                if if_exists:
+                    return None
+                raise
+            del self._databases[path.database][path.table]
+            self._save()
+        directory = self.data_dir / entry["dir"]
+        shutil.rmtree(directory, ignore_errors=True)
+        return directory

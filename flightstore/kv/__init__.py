@@ -1,0 +1,1 @@
+"""The primary-key store over RocksDB: key/value encoding, tablets, merge engines, recovery."""

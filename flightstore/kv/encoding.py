@@ -1,0 +1,418 @@
+"""Byte codecs of the primary-key store: order-preserving keys and compact row values.
+
+Keys (:func:`encode_keys`) are built so that RocksDB's byte-wise (memcmp) order equals the SQL order
+of the key tuples, and so that a leading subset of the key columns encodes to a byte prefix of the
+full key: a primary-key prefix lookup is then one contiguous RocksDB range. Per column:
+
+* integers, dates, times, timestamps, durations, decimals: the fixed-width value big-endian, with the
+  sign bit flipped for signed types (two's complement then sorts like unsigned bytes);
+* floats: IEEE bits big-endian; negatives have every bit inverted, others get the sign bit set.
+  ``-0.0`` is stored as ``0.0`` and every NaN as one canonical NaN (sorting after ``+inf``), because
+  SQL treats those as equal and so must a key;
+* bool: one byte ``0``/``1``; fixed_size_binary: the raw bytes;
+* string/binary: ``0x00`` escaped as ``0x00 0xFF`` and the value terminated by ``0x00 0x00``. The
+  terminator sorts below any continuation, so a shorter string sorts first and no encoded value is
+  a prefix of another (which keeps prefix ranges exact).
+
+Widths are the column's own: an ``int32`` key and an ``int64`` key encode differently, so lookups
+must bring values to the key column's type first (:func:`encode_key_prefix` does, given ``schema``).
+
+Values (:class:`RowCodec`) hold one whole row: a fixed-size header, then the variable-width bytes::
+
+    [null bitmap: ceil(ncols/8) bytes, bit j set = column j is null]
+    [every fixed-width column, little-endian, in schema order (bool: 1 byte); null slots zeroed]
+    [uint32 little-endian byte length of every variable-width column, in schema order]
+    [the bytes of every variable-width column, in schema order, concatenated]
+
+Because the header has one size per schema, decoding gathers it with one numpy fancy index and finds
+every variable column's bytes from the lengths, without touching the columns it does not return.
+Both directions are vectorized (numpy over Arrow buffers, Arrow compute kernels); the only per-row
+Python is the final ``to_pylist()`` that hands ``bytes`` to RocksDB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flightstore.errors import CorruptData, InvalidInput, SchemaMismatch
+
+__all__ = ["encode_keys", "encode_key_prefix", "RowCodec"]
+
+_EMPTY = pa.scalar(b"", pa.large_binary())
+_TERMINATOR = pa.scalar(b"\x00\x00", pa.large_binary())
+_DATA = pa.Table | pa.RecordBatch
+
+
+# ---- shared helpers ---------------------------------------------------------------------------
+
+def _is_variable(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t))
+
+
+def _is_signed(t: pa.DataType) -> bool:
+    """Two's-complement storage whose sign bit must flip for byte order."""
+    return (pa.types.is_signed_integer(t) or pa.types.is_temporal(t) or pa.types.is_decimal(t))
+
+
+def _fixed_width(t: pa.DataType) -> int | None:
+    """Bytes per value of a supported fixed-width type (bool: 1), else None."""
+    if pa.types.is_boolean(t):
+        return 1
+    if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t)
+            or pa.types.is_decimal(t) or pa.types.is_fixed_size_binary(t)):
+        if pa.types.is_interval(t):
+            return None
+        return t.byte_width
+    return None
+
+
+def _column(data: _DATA, name: str, error: type[Exception]) -> pa.Array:
+    """One column of a Table or RecordBatch as a single contiguous Array."""
+    index = data.schema.get_field_index(name)
+    if index < 0:
+        raise error(f"column {name!r} is missing (have {data.schema.names})")
+    col = data.column(index)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return col
+
+
+def _le_matrix(arr: pa.Array, width: int) -> np.ndarray:
+    """The values of a fixed-width array as an ``n x width`` uint8 view (little-endian bytes)."""
+    n = len(arr)
+    if n == 0:
+        return np.zeros((0, width), np.uint8)
+    if pa.types.is_boolean(arr.type):
+        raw = np.frombuffer(arr.buffers()[1], np.uint8)
+        first = arr.offset // 8
+        raw = raw[first: first + (arr.offset % 8 + n + 7) // 8]
+        bits = np.unpackbits(raw, bitorder="little")[arr.offset % 8: arr.offset % 8 + n]
+        return bits.reshape(n, 1)
+    return np.frombuffer(arr.buffers()[1], np.uint8, count=n * width,
+                         offset=arr.offset * width).reshape(n, width)
+
+
+def _binary_from_matrix(matrix: np.ndarray) -> pa.Array:
+    """An ``n x w`` uint8 matrix as a large_binary array of n values of w bytes."""
+    n, width = matrix.shape
+    offsets = np.arange(n + 1, dtype=np.int64) * width
+    return pa.Array.from_buffers(pa.large_binary(), n, [
+        None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(matrix))])
+
+
+def _validity(null: np.ndarray | None) -> pa.Buffer | None:
+    if null is None or not null.any():
+        return None
+    return pa.py_buffer(np.packbits(~null, bitorder="little"))
+
+
+# ---- keys -------------------------------------------------------------------------------------
+
+def _key_matrix(arr: pa.Array, name: str) -> np.ndarray:
+    """The order-preserving big-endian encoding of a fixed-width key column, ``n x w`` uint8."""
+    t = arr.type
+    width = _fixed_width(t)
+    if pa.types.is_floating(t):
+        floats = arr.to_numpy(zero_copy_only=False)
+        floats = np.where(floats == 0, floats.dtype.type(0), floats)  # -0.0 -> 0.0
+        floats = np.where(np.isnan(floats), floats.dtype.type(np.nan), floats)  # one NaN
+        unsigned = np.dtype(f"u{width}")
+        bits = floats.view(unsigned)
+        sign = unsigned.type(1 << (8 * width - 1))
+        bits = np.where(bits & sign, ~bits, bits | sign).astype(unsigned)
+        return bits.astype(unsigned.newbyteorder(">")).view(np.uint8).reshape(len(arr), width)
+    matrix = _le_matrix(arr, width)
+    if pa.types.is_boolean(t) or pa.types.is_fixed_size_binary(t) and not pa.types.is_decimal(t):
+        return matrix
+    matrix = matrix[:, ::-1]  # little-endian -> big-endian (copies below or in hstack)
+    if _is_signed(t):
+        matrix = matrix.copy()
+        matrix[:, 0] ^= 0x80
+    return matrix
+
+
+def _normalize_key_array(arr: pa.Array, name: str) -> pa.Array:
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr, t = arr.cast(t.value_type), t.value_type
+    if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
+        arr, t = arr.cast(pa.large_binary()), pa.large_binary()
+    if not (_is_variable(t) or _fixed_width(t) is not None):
+        raise InvalidInput(f"key column {name!r} has type {t}, which cannot be a key")
+    if arr.null_count:
+        raise InvalidInput(f"key column {name!r} contains {arr.null_count} null value(s); "
+                           "primary key columns must not be null")
+    return arr
+
+
+def encode_keys(data: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> list[bytes]:
+    """One RocksDB key per row: the key columns' order-preserving encodings, concatenated.
+
+    Byte-wise order of the keys equals the SQL order of the ``columns`` tuples, and for every ``k``
+    ``encode_keys(data, columns[:k])[i]`` is a byte prefix of ``encode_keys(data, columns)[i]`` (and
+    of no key whose leading ``k`` values differ). Raises :class:`InvalidInput` naming the column for
+    a missing column, a null in a key column, or a type that cannot be a key.
+    """
+    if not columns:
+        raise InvalidInput("a key needs at least one column")
+    n = data.num_rows
+    parts: list[pa.Array | pa.Scalar] = []
+    pending: list[np.ndarray] = []  # consecutive fixed-width columns, joined with one hstack
+    for name in columns:
+        arr = _normalize_key_array(_column(data, name, InvalidInput), name)
+        if _is_variable(arr.type):
+            if pending:
+                parts.append(_binary_from_matrix(np.hstack(pending)))
+                pending = []
+            escaped = pc.replace_substring(arr.cast(pa.large_binary()), b"\x00", b"\x00\xff")
+            parts.extend([escaped, _TERMINATOR])
+        else:
+            pending.append(_key_matrix(arr, name))
+    if pending:
+        parts.append(_binary_from_matrix(np.hstack(pending)))
+    if n == 0:
+        return []
+    if len(parts) == 1 and isinstance(parts[0], pa.Array):
+        return parts[0].to_pylist()
+    return pc.binary_join_element_wise(*parts, _EMPTY).to_pylist()
+
+
+def encode_key_prefix(values: Mapping[str, Any] | pa.Table | pa.RecordBatch, columns: Sequence[str],
+                      schema: pa.Schema | None = None) -> list[bytes]:
+    """Keys of the leading key ``columns`` for prefix lookups; same encoding as :func:`encode_keys`.
+
+    ``values`` is a Table/RecordBatch holding ``columns`` or a mapping ``column -> value`` (a scalar
+    for one prefix, or a list of values for several). With ``schema`` (the table schema) values are
+    cast to the key columns' types first, which a mapping of Python values needs to encode with the
+    stored width; without it the mapping's Arrow types are inferred. Bad values raise InvalidInput.
+    """
+    if isinstance(values, (pa.Table, pa.RecordBatch)):
+        table = values
+    else:
+        arrays = {}
+        for name in columns:
+            if name not in values:
+                raise InvalidInput(f"prefix lookup needs a value for key column {name!r}")
+            value = values[name]
+            target = schema.field(name).type if schema is not None and name in schema.names else None
+            if isinstance(value, (pa.Array, pa.ChunkedArray)):
+                arrays[name] = value
+                continue
+            if not isinstance(value, (list, tuple, np.ndarray)):
+                value = [value]
+            try:
+                arrays[name] = pa.array(value, type=target)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError) as exc:
+                raise InvalidInput(f"key column {name!r}: bad value {value!r}: {exc}") from exc
+        if len({len(a) for a in arrays.values()}) > 1:
+            raise InvalidInput("prefix lookup values have different lengths")
+        table = pa.table(arrays)
+    if schema is not None:
+        for name in columns:
+            if name not in schema.names:
+                raise InvalidInput(f"{name!r} is not a column of the table")
+            index = table.schema.get_field_index(name)
+            want = schema.field(name).type
+            if index >= 0 and table.schema.field(index).type != want:
+                try:
+                    table = table.set_column(index, name, pc.cast(table.column(index), want))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise InvalidInput(f"key column {name!r}: cannot use value as {want}: {exc}")
+    return encode_keys(table, columns)
+
+
+# ---- values -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where one column lives in the row header."""
+
+    index: int  # position in the schema (and bit in the null bitmap)
+    name: str
+    type: pa.DataType
+    start: int  # first header byte: the value (fixed) or its uint32 length (variable)
+    width: int  # header bytes: the value width, or 4 for a variable column's length
+    variable: bool
+
+
+class RowCodec:
+    """Encodes whole rows of ``schema`` to RocksDB values and back, nulls preserved.
+
+    Supported types: bool, (u)int8..64, float16/32/64, date32/64, time32/64, timestamp (any unit
+    and tz), duration, decimal128/256, fixed_size_binary, string, large_string, binary,
+    large_binary. Anything else raises InvalidInput at construction.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        bitmap = (len(schema) + 7) // 8
+        slots: list[_Slot] = []
+        position = bitmap
+        for index, f in enumerate(schema):
+            width = _fixed_width(f.type)
+            if width is None and not _is_variable(f.type):
+                raise InvalidInput(f"column {f.name!r} has type {f.type}, which the KV store "
+                                   "cannot hold")
+            if width is not None:
+                slots.append(_Slot(index, f.name, f.type, position, width, False))
+                position += width
+        for index, f in enumerate(schema):
+            if _is_variable(f.type):
+                slots.append(_Slot(index, f.name, f.type, position, 4, True))
+                position += 4
+        self._bitmap_bytes = bitmap
+        self._header_size = position
+        self._slots = {s.name: s for s in slots}
+        self._variable = [s for s in slots if s.variable]  # schema order
+
+    # ---- encode ---------------------------------------------------------------------------
+    def encode(self, data: pa.Table | pa.RecordBatch) -> list[bytes]:
+        """One value per row holding every schema column (matched by name, cast if needed)."""
+        n = data.num_rows
+        if n == 0:
+            return []
+        header = np.zeros((n, self._header_size), np.uint8)
+        nulls = None
+        variable_parts: list[pa.Array] = []
+        for slot in sorted(self._slots.values(), key=lambda s: s.start):
+            arr = _column(data, slot.name, SchemaMismatch)
+            if arr.type != slot.type:
+                try:
+                    arr = arr.cast(slot.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise SchemaMismatch(f"column {slot.name!r}: {arr.type} does not fit "
+                                         f"{slot.type}: {exc}") from exc
+            null = arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None
+            if null is not None:
+                if nulls is None:
+                    nulls = np.zeros((n, self._bitmap_bytes * 8), bool)
+                nulls[:, slot.index] = null
+            end = slot.start + slot.width
+            if not slot.variable:
+                header[:, slot.start:end] = _le_matrix(arr, slot.width)
+                if null is not None:
+                    header[null, slot.start:end] = 0
+                continue
+            arr = arr.cast(pa.large_binary())
+            lengths = pc.fill_null(pc.binary_length(arr), 0).to_numpy()
+            if n and lengths.max() >= 1 << 32:
+                raise InvalidInput(f"column {slot.name!r}: a value of 4 GiB or more")
+            header[:, slot.start:end] = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
+            variable_parts.append(arr)
+        if nulls is not None:
+            header[:, : self._bitmap_bytes] = np.packbits(nulls, axis=1, bitorder="little")
+        head = _binary_from_matrix(header)
+        if not variable_parts:
+            return head.to_pylist()
+        return pc.binary_join_element_wise(head, *variable_parts, _EMPTY,
+                                           null_handling="skip").to_pylist()
+
+    # ---- decode ---------------------------------------------------------------------------
+    def decode(self, values: Sequence[bytes] | pa.Array | pa.ChunkedArray,
+               columns: Sequence[str] | None = None) -> pa.Table:
+        """The rows of ``values`` (from :meth:`encode`) as a Table of the codec's schema.
+
+        With ``columns``, only those, in that order (other variable-width bytes are not read).
+        Raises InvalidInput for an unknown column or a null value, CorruptData for bytes that do
+        not match the layout.
+        """
+        names = list(self.schema.names if columns is None else columns)
+        for name in names:
+            if name not in self._slots:
+                raise InvalidInput(f"{name!r} is not a column of {self.schema.names}")
+        out_schema = pa.schema([self.schema.field(name) for name in names],
+                               metadata=self.schema.metadata)
+        arr = _as_binary(values)
+        n = len(arr)
+        if n == 0:
+            return out_schema.empty_table()
+        if arr.null_count:
+            raise InvalidInput("cannot decode a null row value")
+        width = 8 if pa.types.is_large_binary(arr.type) else 4
+        offsets = np.frombuffer(arr.buffers()[1], f"<i{width}", count=n + 1,
+                                offset=arr.offset * width).astype(np.int64)
+        data = arr.buffers()[2]
+        data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        starts = offsets[:-1]
+        sizes = offsets[1:] - starts
+        size = self._header_size
+        if (sizes < size).any():
+            raise CorruptData(f"row value shorter than its {size}-byte header")
+        header = data[starts[:, None] + np.arange(size)]
+        # Where each variable column's bytes start, and a check the lengths add up exactly.
+        var_start = {}
+        position = starts + size
+        for slot in self._variable:
+            var_start[slot.name] = position
+            position = position + _lengths(header, slot)
+        if (position != offsets[1:]).any():
+            raise CorruptData("row value length does not match its header")
+        null_bits = None
+        if self._bitmap_bytes and header[:, : self._bitmap_bytes].any():
+            null_bits = np.unpackbits(header[:, : self._bitmap_bytes], axis=1, bitorder="little")
+        arrays = []
+        for name in names:
+            slot = self._slots[name]
+            null = null_bits[:, slot.index].astype(bool) if null_bits is not None else None
+            if slot.variable:
+                arrays.append(_gather_variable(data, var_start[name], _lengths(header, slot),
+                                               slot.type, null))
+            else:
+                arrays.append(_fixed_array(header[:, slot.start: slot.start + slot.width],
+                                           slot.type, null))
+        return pa.Table.from_arrays(arrays, schema=out_schema)
+
+
+def _as_binary(values: Sequence[bytes] | pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not isinstance(values, pa.Array):
+        try:
+            return pa.array(values if isinstance(values, list) else list(values), pa.large_binary())
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise InvalidInput(f"row values must be bytes: {exc}") from exc
+    if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        raise InvalidInput(f"row values must be binary, not {values.type}")
+    return values
+
+
+def _lengths(header: np.ndarray, slot: _Slot) -> np.ndarray:
+    block = np.ascontiguousarray(header[:, slot.start: slot.start + 4])
+    return block.view("<u4").ravel().astype(np.int64)
+
+
+def _fixed_array(block: np.ndarray, t: pa.DataType, null: np.ndarray | None) -> pa.Array:
+    """An Arrow array from an ``n x width`` block of little-endian value bytes."""
+    n = block.shape[0]
+    if pa.types.is_boolean(t):
+        values = pa.py_buffer(np.packbits(block[:, 0] != 0, bitorder="little"))
+    else:
+        values = pa.py_buffer(np.ascontiguousarray(block))
+    return pa.Array.from_buffers(t, n, [_validity(null), values])
+
+
+def _gather_variable(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, t: pa.DataType,
+                     null: np.ndarray | None) -> pa.Array:
+    """Gather one variable-width column's bytes (``lengths`` at ``starts``) into an Arrow array."""
+    n = len(lengths)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+    if not large and total >= 1 << 31:
+        raise InvalidInput(f"{total} bytes of {t} in one batch; use the large_ type or fewer rows")
+    if total == 0:
+        gathered = np.zeros(0, np.uint8)
+    elif (starts[1:] == starts[:-1] + lengths[:-1]).all():
+        gathered = data[starts[0]: starts[0] + total]  # already contiguous (one row, ...)
+    else:
+        gathered = data[np.repeat(starts - offsets[:-1], lengths) + np.arange(total)]
+    return pa.Array.from_buffers(t, n, [_validity(null),
+                                        pa.py_buffer(offsets if large else offsets.astype(np.int32)),
+                                        pa.py_buffer(gathered)])

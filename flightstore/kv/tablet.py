@@ -1,0 +1,319 @@
+"""One bucket of a primary-key table: RocksDB rows kept equal to the fold of the bucket's changelog.
+
+Applying a write (``apply``):
+
+1. encode the keys, group the rows by key (groups in order of first occurrence) and fetch the stored
+   row of every group with ONE multi-get;
+2. let the table's merge engine compute the row each key holds afterwards (partial updates keep the
+   unwritten columns);
+3. derive the changelog (``+I``; ``-U``/``+U``, no ``-U`` with ``table.changelog.image = WAL``;
+   ``-D``) and append it to the bucket's log: the log is durable before the write is acknowledged;
+4. write the new rows to RocksDB in ONE WriteBatch that also stores the applied log offset, the row
+   count and the writer's batch sequence.
+
+A crash between 3 and 4 is repaired by :meth:`recover` (run on open), which replays the changelog
+after the applied offset; :meth:`rebuild` recreates the KV from the log alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from rocksdict import Options, Rdict, WriteBatch
+
+from flightstore import changetype
+from flightstore.errors import CorruptData, InvalidInput
+from flightstore.expressions import Predicate
+from flightstore.kv.encoding import RowCodec, encode_keys
+from flightstore.kv.merge import MergeInput, merger_for
+from flightstore.kv.merge.base import take_or_null
+from flightstore.log import LogTablet
+from flightstore.schema import TableDescriptor
+
+__all__ = ["KvTablet", "ApplyResult", "changelog_schema"]
+
+_APPLIED = b"applied_offset"
+_ROWS = b"row_count"
+_WRITER = b"writer:"
+_INT = struct.Struct(">q")
+SCAN_CHUNK_ROWS = 65_536
+
+
+def changelog_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema of a primary-key table's log: the table columns + int8 ``_change_type``."""
+    return schema.append(pa.field(changetype.CHANGE_TYPE_COLUMN, pa.int8(), nullable=False))
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What one ``apply`` did: the changelog's first offset (None if nothing changed)."""
+
+    base_offset: int | None
+    changes: int
+    duplicate: bool = False
+
+
+def _null_safe_equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
+    eq = pc.fill_null(pc.equal(a, b), False)
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    return pc.or_(eq, both_null).to_numpy(zero_copy_only=False)
+
+
+class KvTablet:
+    """The RocksDB state of one bucket of a primary-key table, fed through its changelog."""
+
+    def __init__(self, directory: str | Path, descriptor: TableDescriptor, log: LogTablet) -> None:
+        self.directory = Path(directory)
+        self.descriptor = descriptor
+        self.schema = descriptor.schema
+        self.primary_key = descriptor.primary_key
+        self.log = log
+        self.codec = RowCodec(self.schema)
+        self.merger = merger_for(descriptor)
+        self.full_image = descriptor.option("table.changelog.image") == "FULL"
+        self._lock = threading.RLock()
+        self._open_db()
+        self.recover()
+
+    # ---- RocksDB plumbing ---------------------------------------------------------------------
+    def _open_db(self) -> None:
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._db = Rdict(str(self.directory), options=options,
+                         column_families={"meta": Options(raw_mode=True)})
+        self._meta_cf = self._db.get_column_family_handle("meta")
+        self._meta = self._db.get_column_family("meta")
+
+    def _meta_int(self, key: bytes, default: int = 0) -> int:
+        raw = self._meta.get(key)
+        return default if raw is None else _INT.unpack(raw)[0]
+
+    @property
+    def applied_offset(self) -> int:
+        """Log offset up to which the changelog is reflected in RocksDB."""
+        return self._meta_int(_APPLIED)
+
+    @property
+    def row_count(self) -> int:
+        return self._meta_int(_ROWS)
+
+    def writer_sequence(self, writer_id: str) -> int | None:
+        raw = self._meta.get(_WRITER + writer_id.encode())
+        return None if raw is None else _INT.unpack(raw)[0]
+
+    def writer_state(self) -> dict[str, int]:
+        state = {}
+        for key, value in self._meta.items(from_key=_WRITER):
+            if not key.startswith(_WRITER):
+                break
+            state[key[len(_WRITER):].decode()] = _INT.unpack(value)[0]
+        return state
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                del self._meta, self._meta_cf
+                self._db.close()
+                self._db = None
+
+    # ---- writes -------------------------------------------------------------------------------
+    def apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None = None,
+              *, writer_id: str | None = None, sequence: int | None = None,
+              overwrite: bool = False) -> ApplyResult:
+        """Apply rows (every table column, conformed by the caller) with per-row change types.
+
+        ``overwrite`` bypasses the merge engine: rows replace (+I/+U) or remove (-D) stored rows as
+        they are (used to restore before-images). A batch whose ``sequence`` this writer already
+        applied is skipped and reported as ``duplicate``.
+        """
+        with self._lock:
+            if writer_id is not None and sequence is not None:
+                last = self.writer_sequence(writer_id)
+                if last is not None and sequence <= last:
+                    return ApplyResult(None, 0, duplicate=True)
+            keys = encode_keys(batch, self.primary_key)
+            encoded = pa.array(keys, pa.binary()).dictionary_encode()
+            group = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            unique_keys = encoded.dictionary.to_pylist()
+            num_groups = len(unique_keys)
+            old, found = self._fetch(unique_keys)
+            merger = merger_for_overwrite(self.descriptor) if overwrite else self.merger
+            result = merger.merge(MergeInput(batch, kinds, group, num_groups, old, found,
+                                             None if overwrite else target_columns))
+            new, exists = result.new, result.exists
+            same = np.ones(num_groups, dtype=bool)
+            both = found & exists
+            if both.any():
+                for name in self.schema.names:
+                    same &= _null_safe_equal(old.column(name), new.column(name))
+            inserted = ~found & exists
+            updated = both & ~same
+            deleted = found & ~exists
+            changelog = self._changelog(old, new, inserted, updated, deleted)
+            base_offset = None
+            if changelog.num_rows:
+                base_offset = self.log.append(changelog, writer_id=writer_id, sequence=sequence)
+            write = WriteBatch(raw_mode=True)
+            put_mask = inserted | updated
+            if put_mask.any():
+                put_keys = np.asarray(unique_keys, dtype=object)[put_mask]
+                values = self.codec.encode(new.filter(pa.array(put_mask)))
+                for key, value in zip(put_keys, values):
+                    write.put(key, value)
+            if deleted.any():
+                for key in np.asarray(unique_keys, dtype=object)[deleted]:
+                    write.delete(key)
+            write.put(_APPLIED, _INT.pack(self.log.end_offset), self._meta_cf)
+            write.put(_ROWS, _INT.pack(self.row_count + int(inserted.sum()) - int(deleted.sum())),
+                      self._meta_cf)
+            if writer_id is not None and sequence is not None:
+                write.put(_WRITER + writer_id.encode(), _INT.pack(sequence), self._meta_cf)
+            self._db.write(write)
+            return ApplyResult(base_offset, changelog.num_rows)
+
+    def _fetch(self, unique_keys: list[bytes]) -> tuple[pa.Table, np.ndarray]:
+        """Stored rows of ``unique_keys`` (one multi-get), aligned, with a found mask."""
+        values = self._db.get(unique_keys) if unique_keys else []
+        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        present = self.codec.decode([v for v in values if v is not None])
+        positions = np.cumsum(found) - 1
+        positions[~found] = -1
+        columns = [take_or_null(present.column(name), positions) for name in self.schema.names]
+        return pa.Table.from_arrays(columns, schema=self.schema), found
+
+    def _changelog(self, old: pa.Table, new: pa.Table, inserted: np.ndarray, updated: np.ndarray,
+                   deleted: np.ndarray) -> pa.Table:
+        """Changelog rows in key-group order: +I new | -U old, +U new | -D old."""
+        num_groups = len(inserted)
+        groups = np.arange(num_groups, dtype=np.int64)
+        parts = [  # (group, position within group, change type, row index into old+new)
+            (groups[inserted], 0, changetype.INSERT, groups[inserted] + num_groups),
+            (groups[updated], 1, changetype.UPDATE_AFTER, groups[updated] + num_groups),
+            (groups[deleted], 0, changetype.DELETE, groups[deleted]),
+        ]
+        if self.full_image:
+            parts.append((groups[updated], 0, changetype.UPDATE_BEFORE, groups[updated]))
+        group_ids = np.concatenate([p[0] for p in parts])
+        sub = np.concatenate([np.full(len(p[0]), p[1], dtype=np.int8) for p in parts])
+        kinds = np.concatenate([np.full(len(p[0]), p[2], dtype=np.int8) for p in parts])
+        rows = np.concatenate([p[3] for p in parts])
+        order = np.lexsort((sub, group_ids))
+        both = pa.concat_tables([old, new])
+        table = both.take(pa.array(rows[order]))
+        return table.append_column(
+            pa.field(changetype.CHANGE_TYPE_COLUMN, pa.int8(), nullable=False),
+            pa.array(kinds[order], pa.int8()))
+
+    # ---- recovery -----------------------------------------------------------------------------
+    def recover(self) -> int:
+        """Replay the changelog after the applied offset into RocksDB; returns rows replayed."""
+        with self._lock:
+            applied = self.applied_offset
+            if applied > self.log.end_offset:
+                raise CorruptData(f"{self.directory}: KV applied offset {applied} is past the log end "
+                                  f"{self.log.end_offset}; the log lost acknowledged data")
+            if applied < self.log.start_offset:
+                raise CorruptData(f"{self.directory}: the log no longer holds offsets {applied}.."
+                                  f"{self.log.start_offset}; cannot catch up the KV")
+            replayed = 0
+            for record in self.log.read(applied):
+                replayed += self._replay(record)
+            return replayed
+
+    def _replay(self, record) -> int:
+        batch = pa.Table.from_batches([record.batch])
+        kinds = batch.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
+        rows = batch.drop_columns([changetype.CHANGE_TYPE_COLUMN])
+        keys = encode_keys(rows, self.primary_key)
+        upsert = (kinds == changetype.INSERT) | (kinds == changetype.UPDATE_AFTER)
+        values = iter(self.codec.encode(rows.filter(pa.array(upsert)))) if upsert.any() else iter(())
+        write = WriteBatch(raw_mode=True)
+        for key, kind in zip(keys, kinds):
+            if kind == changetype.INSERT or kind == changetype.UPDATE_AFTER:
+                write.put(key, next(values))
+            elif kind == changetype.DELETE:
+                write.delete(key)
+        delta = int((kinds == changetype.INSERT).sum()) - int((kinds == changetype.DELETE).sum())
+        write.put(_APPLIED, _INT.pack(record.next_offset), self._meta_cf)
+        write.put(_ROWS, _INT.pack(self.row_count + delta), self._meta_cf)
+        if record.writer_id is not None and record.sequence is not None:
+            write.put(_WRITER + record.writer_id.encode(), _INT.pack(record.sequence), self._meta_cf)
+        self._db.write(write)
+        return batch.num_rows
+
+    def rebuild(self) -> int:
+        """Throw the RocksDB state away and rebuild it from the log alone."""
+        with self._lock:
+            if self.log.start_offset > 0:
+                raise CorruptData(f"{self.directory}: the log starts at offset {self.log.start_offset}; "
+                                  "earlier changes are gone, the KV cannot be rebuilt from it")
+            self.close()
+            shutil.rmtree(self.directory)
+            self._open_db()
+            return self.recover()
+
+    # ---- reads --------------------------------------------------------------------------------
+    def lookup(self, keys: pa.Table, columns: Sequence[str] | None = None) -> tuple[np.ndarray, pa.Table]:
+        """Rows of ``keys`` (PK columns) with one multi-get: (found mask, rows of the found keys)."""
+        encoded = encode_keys(keys, self.primary_key)
+        values = self._db.get(encoded) if encoded else []
+        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        return found, self.codec.decode([v for v in values if v is not None], columns)
+
+    def prefix_lookup(self, prefixes: Sequence[bytes], columns: Sequence[str] | None = None,
+                      limit: int | None = None) -> pa.Table:
+        """Rows whose encoded key starts with one of ``prefixes``, in key order per prefix."""
+        values: list[bytes] = []
+        for prefix in prefixes:
+            for key, value in self._db.items(from_key=prefix):
+                if not key.startswith(prefix) or (limit is not None and len(values) >= limit):
+                    break
+                values.append(value)
+        return self.codec.decode(values, columns)
+
+    def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+             limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Every stored row in key order as record batches, filtered exactly, stopping at ``limit``."""
+        wanted = list(columns) if columns is not None else self.schema.names
+        needed = wanted + [c for c in sorted(filter.columns()) if c not in wanted] if filter else wanted
+        remaining = limit
+        chunk: list[bytes] = []
+
+        def emit(values: list[bytes]) -> pa.Table:
+            table = self.codec.decode(values, needed)
+            if filter is not None:
+                table = table.filter(filter.to_arrow())
+            return table.select(wanted)
+
+        for value in self._db.values():
+            chunk.append(value)
+            if len(chunk) >= SCAN_CHUNK_ROWS:
+                table = emit(chunk)
+                chunk = []
+                if remaining is not None:
+                    table = table.slice(0, remaining)
+                    remaining -= table.num_rows
+                yield from table.to_batches()
+                if remaining is not None and remaining <= 0:
+                    return
+        if chunk:
+            table = emit(chunk)
+            if remaining is not None:
+                table = table.slice(0, remaining)
+            yield from table.to_batches()
+
+
+def merger_for_overwrite(descriptor: TableDescriptor):
+    """A last-row merger regardless of the table's engine: overwrite mode restores rows as given."""
+    from flightstore.kv.merge.last_row import LastRowMerger
+    return LastRowMerger(descriptor)

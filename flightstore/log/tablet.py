@@ -1,0 +1,371 @@
+"""One bucket's log: append record batches, read them back by offset with column and filter pushdown.
+
+A :class:`LogTablet` owns a directory of segments (format in :mod:`flightstore.log.segment`). Every
+row gets an offset, increasing from 0 without gaps; one append is one record covering
+``[base_offset, base_offset + num_rows)``. Appends are serialized by a lock and durable in the OS
+(or on disk with ``fsync=True``) when :meth:`LogTablet.append` returns. Reads take a snapshot of the
+end offset and never block appends; they read only the requested columns from disk and skip records
+whose statistics prove a filter cannot match.
+
+The tablet stores whatever schema it is given; it does not interpret any column (the KV layer's
+``_change_type`` is just another int8 column here).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from flightstore.errors import CorruptData, FlightstoreError, InvalidInput, SchemaMismatch
+from flightstore.expressions import Predicate
+from flightstore.log.segment import COMPRESSIONS, RecordHeader, Segment, compute_statistics, \
+    encode_payload, encode_record, statistics_from_json
+
+__all__ = ["LogBatch", "LogTablet"]
+
+_SEGMENT_SUFFIX = ".log"
+
+
+@dataclass(frozen=True)
+class LogBatch:
+    """Rows of one stored record, as returned by :meth:`LogTablet.read`.
+
+    ``base_offset``/``next_offset`` describe the stored record; ``batch`` holds only the requested
+    columns and only the rows inside the read range that pass the filter, and ``row_offsets`` gives
+    the offset of each of those rows.
+    """
+
+    base_offset: int
+    next_offset: int
+    timestamp_ms: int
+    batch: pa.RecordBatch
+    row_offsets: pa.Array
+    writer_id: str | None
+    sequence: int | None
+
+
+class LogTablet:
+    """The log of one bucket: a directory of append-only segment files."""
+
+    def __init__(self, directory: str | os.PathLike, schema: pa.Schema, *,
+                 compression: str = "NONE", segment_bytes: int = 256 * 1024 * 1024,
+                 statistics_columns: Sequence[str] = (), ttl_ms: int | None = None,
+                 fsync: bool = False) -> None:
+        """Open the log in ``directory`` (created if missing), recovering a torn tail.
+
+        ``statistics_columns`` may contain ``"*"`` for every column; columns whose type has no
+        min/max simply get no statistics. Raises :class:`InvalidInput` for an unknown compression
+        or statistics column.
+        """
+        if compression not in COMPRESSIONS:
+            raise InvalidInput(f"unknown log compression {compression!r}; use one of "
+                               f"{', '.join(COMPRESSIONS)}")
+        if segment_bytes < 1:
+            raise InvalidInput("segment_bytes must be positive")
+        if "*" in statistics_columns:
+            statistics_columns = schema.names
+        unknown = [c for c in statistics_columns if c not in schema.names]
+        if unknown:
+            raise InvalidInput(f"unknown statistics column(s) {', '.join(unknown)}")
+        self.schema = schema.remove_metadata()
+        self.directory = Path(directory)
+        self.compression = compression
+        self.segment_bytes = segment_bytes
+        self.ttl_ms = ttl_ms
+        self.fsync = fsync
+        self._stats_columns = tuple(dict.fromkeys(statistics_columns))
+        self._lock = threading.Lock()
+        self._appended = threading.Condition(self._lock)
+        self._stats_lock = threading.Lock()
+        self._io = {"bytes_read": 0, "records_read": 0, "records_skipped": 0}
+        self._closed = False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._segments = self._open_segments()
+        self._end_offset = self._segments[-1].next_offset
+        self._writers: dict[str, int] = {}
+        for segment in self._segments:
+            for record in segment.records:
+                if record.writer_id is not None and record.sequence is not None:
+                    self._writers[record.writer_id] = record.sequence
+
+    def _open_segments(self) -> list[Segment]:
+        bases = sorted(int(p.stem) for p in self.directory.glob("*" + _SEGMENT_SUFFIX)
+                       if p.stem.isdigit())
+        if not bases:
+            return [Segment.create(self.directory, 0, self.fsync)]
+        segments = [Segment.load(self.directory, base, verify=(i == len(bases) - 1))
+                    for i, base in enumerate(bases)]
+        for previous, segment in zip(segments, segments[1:]):
+            if segment.base_offset != previous.next_offset:
+                raise CorruptData(f"{self.directory}: segment {segment.path.name} starts at "
+                                  f"{segment.base_offset}, expected {previous.next_offset}")
+        return segments
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset still retained."""
+        return self._segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next appended row will get."""
+        return self._end_offset
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _conform(self, data: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+        if isinstance(data, pa.Table):
+            batches = data.to_batches()
+            data = (pa.concat_batches(batches) if batches
+                    else pa.RecordBatch.from_pylist([], schema=data.schema))
+        elif not isinstance(data, pa.RecordBatch):
+            raise InvalidInput(f"append needs a pyarrow RecordBatch or Table, not "
+                               f"{type(data).__name__}")
+        got, want = data.schema, self.schema
+        if got.names != want.names or any(not g.type.equals(w.type) for g, w in zip(got, want)):
+            raise SchemaMismatch(
+                f"data schema ({', '.join(f'{f.name} {f.type}' for f in got)}) does not match the "
+                f"log schema ({', '.join(f'{f.name} {f.type}' for f in want)})")
+        if not got.equals(want, check_metadata=False) or got.metadata:
+            data = pa.RecordBatch.from_arrays(data.columns, schema=want)
+        for field, column in zip(want, data.columns):
+            if not field.nullable and column.null_count:
+                raise SchemaMismatch(f"column {field.name!r} is NOT NULL but has "
+                                     f"{column.null_count} null value(s)")
+        return data
+
+    def append(self, data: pa.RecordBatch | pa.Table, *, writer_id: str | None = None,
+               sequence: int | None = None, timestamp_ms: int | None = None) -> int:
+        """Append all rows of ``data`` as one record; return the offset of its first row.
+
+        ``data`` must have the log's column names and types (nullability may differ; NOT NULL
+        columns must hold no nulls), else :class:`SchemaMismatch` and nothing is written. Empty
+        data writes nothing and returns :attr:`end_offset`. When this returns, the record is in the
+        OS (and fsynced with ``fsync=True``); a crash mid-write leaves a tail that recovery cuts.
+        """
+        self._check_open()
+        if writer_id is not None and not isinstance(writer_id, str):
+            raise InvalidInput(f"writer_id must be a string, not {type(writer_id).__name__}")
+        for name, value in (("sequence", sequence), ("timestamp_ms", timestamp_ms)):
+            if value is not None and (not isinstance(value, (int, np.integer))
+                                      or not -2**63 <= value < 2**63):
+                raise InvalidInput(f"{name} must be a 64-bit integer, not {value!r}")
+        batch = self._conform(data)
+        if batch.num_rows == 0:
+            return self._end_offset
+        stats = compute_statistics(batch, self._stats_columns)
+        payload = encode_payload(batch, self.compression)
+        with self._lock:
+            self._check_open()
+            base = self._end_offset
+            ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+            header_bytes = encode_record(base, batch.num_rows, ts, writer_id, sequence, stats,
+                                         payload)
+            active = self._segments[-1]
+            if active.size > 0 and active.size + len(header_bytes) + payload.size > self.segment_bytes:
+                active.seal()
+                active = Segment.create(self.directory, base, self.fsync)
+                self._segments = self._segments + [active]
+            position = active.append(header_bytes, payload, self.fsync)
+            header = RecordHeader(
+                base, batch.num_rows, ts, writer_id, sequence,
+                statistics_from_json(stats), position,
+                position + len(header_bytes), payload.size, 0)
+            active.add(header)
+            if writer_id is not None and sequence is not None:
+                self._writers[writer_id] = sequence
+            self._end_offset = header.next_offset
+            self._appended.notify_all()
+        return base
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(self, from_offset: int = 0, *, columns: Sequence[str] | None = None,
+             filter: Predicate | None = None, to_offset: int | None = None,
+             max_bytes: int | None = None, max_rows: int | None = None) -> Iterator[LogBatch]:
+        """Records overlapping ``[from_offset, to_offset)``, in offset order.
+
+        ``from_offset`` below :attr:`start_offset` is clamped to it; ``to_offset`` defaults to the
+        end offset at call time (later appends are not seen). Rows outside the range are sliced
+        off. Only ``columns`` (default: all, in the requested order) are read from disk. ``filter``
+        must be bound to the log schema: records whose statistics rule it out are not read, the
+        others are filtered row by row; records left with no rows are not yielded. ``max_rows`` /
+        ``max_bytes`` (of the returned batches) stop the read after the record that reaches them.
+        Unknown columns raise :class:`InvalidInput` at call time.
+        """
+        self._check_open()
+        names = list(self.schema.names if columns is None else columns)
+        unknown = [c for c in names if c not in self.schema.names]
+        if filter is not None:
+            unknown += [c for c in sorted(filter.columns()) if c not in self.schema.names]
+        if unknown:
+            raise InvalidInput(f"unknown column(s) {', '.join(unknown)}; the log has "
+                               f"{', '.join(self.schema.names)}")
+        with self._lock:
+            segments, end = self._segments, self._end_offset
+        upper = end if to_offset is None else min(int(to_offset), end)
+        lower = max(int(from_offset), segments[0].base_offset)
+        return self._read(segments, lower, upper, names, filter, max_bytes, max_rows)
+
+    def _read(self, segments: list[Segment], lower: int, upper: int, names: list[str],
+              filter: Predicate | None, max_bytes: int | None,
+              max_rows: int | None) -> Iterator[LogBatch]:
+        needed = set(names) | (filter.columns() if filter is not None else set())
+        included = [i for i, name in enumerate(self.schema.names) if name in needed]
+        include_all = len(included) == len(self.schema)
+        expression = filter.to_arrow() if filter is not None else None
+        rows_out = bytes_out = 0
+        if upper <= lower:
+            return
+        first = max(bisect.bisect_right([s.base_offset for s in segments], lower) - 1, 0)
+        for segment in segments[first:]:
+            if segment.base_offset >= upper:
+                break
+            index = max(bisect.bisect_right(segment.bases, lower) - 1, 0)
+            for record in segment.records[index:]:
+                if record.base_offset >= upper:
+                    break
+                if record.next_offset <= lower:
+                    continue
+                if filter is not None and not filter.might_match(record.stats):
+                    self._count(0, skipped=1)
+                    continue
+                batch = self._decode(segment, record, included, include_all)
+                start = max(lower, record.base_offset) - record.base_offset
+                stop = min(upper, record.next_offset) - record.base_offset
+                if start or stop < record.num_rows:
+                    batch = batch.slice(start, stop - start)
+                offsets = pa.array(np.arange(record.base_offset + start,
+                                             record.base_offset + stop, dtype=np.int64))
+                if expression is not None:
+                    batch, offsets = _filter_rows(batch, offsets, expression)
+                    if batch.num_rows == 0:
+                        continue
+                if batch.schema.names != names:
+                    batch = batch.select(names)
+                yield LogBatch(record.base_offset, record.next_offset, record.timestamp_ms, batch,
+                               offsets, record.writer_id, record.sequence)
+                rows_out += batch.num_rows
+                bytes_out += batch.nbytes
+                if (max_rows is not None and rows_out >= max_rows) or (
+                        max_bytes is not None and bytes_out >= max_bytes):
+                    return
+
+    def _decode(self, segment: Segment, record: RecordHeader, included: list[int],
+                include_all: bool) -> pa.RecordBatch:
+        if not included:  # no column needed (e.g. a count): nothing to read
+            self._count(0, read=1)
+            return pa.RecordBatch.from_struct_array(pa.nulls(record.num_rows, pa.struct([])))
+        batch, nbytes = segment.read_batch(record, None if include_all else included)
+        self._count(nbytes, read=1)
+        return batch
+
+    def _count(self, nbytes: int, read: int = 0, skipped: int = 0) -> None:
+        with self._stats_lock:
+            self._io["bytes_read"] += nbytes
+            self._io["records_read"] += read
+            self._io["records_skipped"] += skipped
+
+    def io_stats(self) -> dict:
+        """I/O of :meth:`read` since open: ``bytes_read`` from segment files, ``records_read``
+        (decoded) and ``records_skipped`` (ruled out by statistics)."""
+        with self._stats_lock:
+            return dict(self._io)
+
+    # -- time, retention, writers ------------------------------------------------------------
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """The first offset of the first record whose timestamp is >= ``timestamp_ms``;
+        :attr:`end_offset` if there is none."""
+        with self._lock:
+            segments, end = self._segments, self._end_offset
+        for segment in segments:
+            if segment.max_timestamp_ms is None or segment.max_timestamp_ms < timestamp_ms:
+                continue
+            for record in segment.records:
+                if record.timestamp_ms >= timestamp_ms:
+                    return record.base_offset
+        return end
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete the oldest closed segments whose newest record is older than ``ttl_ms``.
+
+        Only a contiguous run from the start is deleted (no holes), never the active segment.
+        Returns the new :attr:`start_offset`.
+        """
+        if self.ttl_ms is None:
+            return self.start_offset
+        now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+        with self._lock:
+            keep = 0
+            while keep < len(self._segments) - 1:
+                newest = self._segments[keep].max_timestamp_ms
+                if newest is not None and newest >= now - self.ttl_ms:
+                    break
+                keep += 1
+            expired, self._segments = self._segments[:keep], self._segments[keep:]
+            for segment in expired:
+                segment.delete()
+            return self._segments[0].base_offset
+
+    def writer_state(self) -> dict[str, int]:
+        """The last sequence appended per writer id (rebuilt from record headers on open)."""
+        with self._lock:
+            return dict(self._writers)
+
+    # -- waiting and closing -----------------------------------------------------------------
+
+    def wait_for(self, offset: int, timeout: float | None) -> bool:
+        """Block until :attr:`end_offset` > ``offset`` (or the tablet closes, or ``timeout``
+        seconds pass); True when data at ``offset`` exists."""
+        with self._appended:
+            self._appended.wait_for(lambda: self._end_offset > offset or self._closed, timeout)
+            return self._end_offset > offset
+
+    def close(self) -> None:
+        """Close every file and wake waiters. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
+            self._appended.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FlightstoreError(f"log tablet {self.directory} is closed")
+
+    def __enter__(self) -> "LogTablet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"LogTablet({str(self.directory)!r}, offsets=[{self.start_offset}, "
+                f"{self.end_offset}), segments={len(self._segments)})")
+
+
+def _filter_rows(batch: pa.RecordBatch, offsets: pa.Array,
+                 expression) -> tuple[pa.RecordBatch, pa.Array]:
+    """Rows of ``batch`` (and their offsets) where ``expression`` is true."""
+    column = "__offset"
+    while column in batch.schema.names:
+        column = "_" + column
+    filtered = batch.append_column(column, offsets).filter(expression)
+    return filtered.drop_columns([column]), filtered.column(column)

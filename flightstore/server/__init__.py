@@ -1,0 +1,1 @@
+"""The Flight SQL server: wire messages (protocol), metadata answers, service and auth."""

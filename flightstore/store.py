@@ -1,0 +1,541 @@
+"""The embedded storage API: a data directory of databases and tables, no server needed.
+
+``Store`` owns the catalog and opens tables lazily; a ``Table`` splits writes by bucket and routes
+them to the bucket's log (log tables) or KV tablet (primary-key tables). Every write is validated in
+full before any bucket is touched, so bad input changes nothing. Writes may carry a writer id and a
+batch sequence: a retried batch is applied once, a gap in the sequence is refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flightstore import changetype
+from flightstore.bucketing import bucket_ids
+from flightstore.catalog import DEFAULT_DATABASE, Catalog
+from flightstore.errors import InvalidInput, OutOfOrderSequence, SchemaMismatch, Unsupported
+from flightstore.expressions import Predicate
+from flightstore.kv.encoding import encode_keys
+from flightstore.kv.tablet import KvTablet, changelog_schema
+from flightstore.log import LogBatch, LogTablet
+from flightstore.schema import TableDescriptor, TablePath
+
+__all__ = ["Store", "Table", "WriteResult", "changelog_output_schema"]
+
+_UPSERT_KINDS = (changetype.INSERT, changetype.UPDATE_AFTER, changetype.APPEND_ONLY)
+
+
+def changelog_output_schema(schema: pa.Schema) -> pa.Schema:
+    """Schema of ``t$changelog``: the table's columns + change type, log offset, commit time."""
+    return pa.schema(list(schema) + [
+        pa.field(changetype.CHANGE_TYPE_COLUMN, pa.string(), nullable=False),
+        pa.field(changetype.LOG_OFFSET_COLUMN, pa.int64(), nullable=False),
+        pa.field(changetype.COMMIT_TIMESTAMP_COLUMN, pa.timestamp("ms", tz="UTC"), nullable=False),
+    ])
+
+
+class WriteResult(dict):
+    """Per-bucket outcome of a write: ``{bucket: base_offset or None}``, plus ``duplicate`` flag."""
+
+    duplicate: bool = False
+
+
+def _as_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, Mapping):
+        return pa.table(dict(data))
+    if isinstance(data, list):
+        return pa.Table.from_pylist(data)
+    raise InvalidInput(f"expected an Arrow table, record batch, dict of columns or list of rows, "
+                       f"got {type(data).__name__}")
+
+
+class Table:
+    """A handle on one table: writes, lookups, scans and changelog reads."""
+
+    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = False) -> None:
+        self.descriptor = descriptor
+        self.path = descriptor.path
+        self.schema = descriptor.schema
+        self.directory = directory
+        self._lock = threading.RLock()
+        self._round_robin = itertools.count()
+        log_schema = changelog_schema(self.schema) if descriptor.has_primary_key else self.schema
+        self.logs: list[LogTablet] = []
+        self.kvs: list[KvTablet] = []
+        ttl = descriptor.option("table.log.ttl")
+        for bucket in range(descriptor.num_buckets):
+            log = LogTablet(
+                directory / f"bucket-{bucket}" / "log", log_schema,
+                compression=descriptor.option("table.log.arrow.compression.type"),
+                segment_bytes=descriptor.option("table.log.segment.bytes"),
+                statistics_columns=descriptor.statistics_columns,
+                ttl_ms=None if descriptor.has_primary_key else ttl, fsync=fsync)
+            self.logs.append(log)
+            if descriptor.has_primary_key:
+                self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log))
+        self._writers: dict[str, int] = {}
+        for state in (self.kvs or self.logs):
+            for writer, sequence in state.writer_state().items():
+                self._writers[writer] = max(sequence, self._writers.get(writer, -1))
+
+    @property
+    def num_buckets(self) -> int:
+        return self.descriptor.num_buckets
+
+    @property
+    def has_primary_key(self) -> bool:
+        return self.descriptor.has_primary_key
+
+    def close(self) -> None:
+        for kv in self.kvs:
+            kv.close()
+        for log in self.logs:
+            log.close()
+
+    # ---- validation ---------------------------------------------------------------------------
+    def conform(self, data: Any, columns: Sequence[str] | None = None) -> tuple[pa.Table, tuple | None]:
+        """Cast ``data`` to the table schema (missing columns null); return it and the target columns.
+
+        Raises SchemaMismatch for unknown columns, uncastable values, or missing non-null columns.
+        """
+        table = self._known_columns(_as_table(data))
+        names = self.schema.names
+        target: tuple | None = None
+        if columns is not None:
+            target = tuple(columns)
+            bad = [c for c in target if c not in names]
+            if bad:
+                raise SchemaMismatch(f"table {self.path} has no column(s) {', '.join(map(repr, bad))} "
+                                     "named in the partial update")
+            missing = [c for c in target if c not in table.column_names]
+            if missing:
+                raise SchemaMismatch(f"partial update of {self.path} names {missing} but the data "
+                                     "lacks them")
+            missing_pk = [c for c in self.descriptor.primary_key if c not in target]
+            if missing_pk:
+                raise SchemaMismatch(f"partial update of {self.path} must include the primary key "
+                                     f"column(s) {missing_pk}")
+            if set(target) == set(names):
+                target = None
+        arrays = []
+        for field in self.schema:
+            if field.name in table.column_names and (target is None or field.name in target):
+                column = table.column(field.name)
+                if column.type != field.type:
+                    try:
+                        column = pc.cast(column, field.type)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                        raise SchemaMismatch(f"column {field.name!r} of {self.path}: cannot convert "
+                                             f"{column.type} to {field.type}: {exc}") from None
+                if not field.nullable and column.null_count:
+                    what = "primary key column" if field.name in self.descriptor.primary_key else "column"
+                    raise InvalidInput(f"{what} {field.name!r} of {self.path} must not be null")
+                arrays.append(column)
+            else:
+                if (not field.nullable and target is None) or field.name in self.descriptor.primary_key:
+                    raise SchemaMismatch(f"data written to {self.path} lacks the non-null column "
+                                         f"{field.name!r}")
+                arrays.append(pa.nulls(table.num_rows, field.type))
+        return pa.Table.from_arrays(arrays, schema=self.schema), target
+
+    def _known_columns(self, table: pa.Table) -> pa.Table:
+        names = self.schema.names
+        unknown = [c for c in table.column_names if c not in names]
+        if unknown:
+            raise SchemaMismatch(f"table {self.path} has no column(s) {', '.join(map(repr, unknown))}; "
+                                 f"columns are {', '.join(names)}")
+        if len(set(table.column_names)) != table.num_columns:
+            raise SchemaMismatch(f"duplicate columns in data written to {self.path}")
+        return table
+
+    def _check_sequence(self, writer_id: str | None, sequence: int | None) -> None:
+        if writer_id is None or sequence is None:
+            return
+        last = self._writers.get(writer_id)
+        expected = 0 if last is None else last + 1
+        if sequence > expected:
+            raise OutOfOrderSequence(f"writer {writer_id!r} sent batch {sequence} of {self.path} but the "
+                                     f"next expected batch is {expected}; batches in between were lost")
+
+    def _note_sequence(self, writer_id: str | None, sequence: int | None) -> None:
+        if writer_id is not None and sequence is not None:
+            self._writers[writer_id] = max(sequence, self._writers.get(writer_id, -1))
+
+    def writer_sequence(self, writer_id: str) -> int | None:
+        """The last batch sequence applied for ``writer_id`` (None if it never wrote)."""
+        with self._lock:
+            return self._writers.get(writer_id)
+
+    def buckets_of(self, data: pa.Table) -> np.ndarray:
+        key = self.descriptor.bucket_key
+        if key:
+            return bucket_ids(data, key, self.num_buckets)
+        return np.full(data.num_rows, next(self._round_robin) % self.num_buckets, dtype=np.int32)
+
+    # ---- writes -------------------------------------------------------------------------------
+    def append(self, data: Any, *, writer_id: str | None = None, sequence: int | None = None) -> WriteResult:
+        """Append rows to a log table (all columns; missing nullable columns are null)."""
+        if self.has_primary_key:
+            raise Unsupported(f"{self.path} is a primary-key table: use upsert/delete")
+        table, _ = self.conform(data)
+        with self._lock:
+            self._check_sequence(writer_id, sequence)
+            result = WriteResult()
+            states = [log.writer_state().get(writer_id) if writer_id else None for log in self.logs]
+            for bucket, part in self._split(table):
+                last = states[bucket]
+                if sequence is not None and last is not None and sequence <= last:
+                    result.duplicate = True
+                    continue
+                result[bucket] = self.logs[bucket].append(part, writer_id=writer_id, sequence=sequence)
+            self._note_sequence(writer_id, sequence)
+            return result
+
+    def upsert(self, data: Any, columns: Sequence[str] | None = None, *, writer_id: str | None = None,
+               sequence: int | None = None) -> WriteResult:
+        """Insert or update rows of a primary-key table; ``columns`` makes it a partial update."""
+        table, target = self._conform_pk(data, columns)
+        kinds = np.full(table.num_rows, changetype.UPDATE_AFTER, dtype=np.int8)
+        return self.write(table, kinds, target, writer_id=writer_id, sequence=sequence, conformed=True)
+
+    def delete(self, keys: Any, columns: Sequence[str] | None = None, *, writer_id: str | None = None,
+               sequence: int | None = None) -> WriteResult:
+        """Delete rows by primary key; with ``columns`` only those columns are nulled (partial delete)."""
+        table, target = self._conform_pk(keys, columns, keys_only=columns is None)
+        kinds = np.full(table.num_rows, changetype.DELETE, dtype=np.int8)
+        return self.write(table, kinds, target, writer_id=writer_id, sequence=sequence, conformed=True)
+
+    def _conform_pk(self, data: Any, columns: Sequence[str] | None,
+                    keys_only: bool = False) -> tuple[pa.Table, tuple | None]:
+        if not self.has_primary_key:
+            raise Unsupported(f"{self.path} is a log table (append-only): use append")
+        table = self._known_columns(_as_table(data))
+        if keys_only:
+            missing = [c for c in self.descriptor.primary_key if c not in table.column_names]
+            if missing:
+                raise SchemaMismatch(f"delete from {self.path} needs the primary key column(s) {missing}")
+            table = table.select(list(self.descriptor.primary_key))
+            conformed, _ = self.conform(table, self.descriptor.primary_key)
+            return conformed, None
+        if columns is None and set(table.column_names) != set(self.schema.names):
+            missing = [c for c in self.schema.names if c not in table.column_names]
+            if missing and not any(c in self.descriptor.primary_key for c in missing):
+                raise SchemaMismatch(
+                    f"data written to {self.path} lacks column(s) {missing}; pass columns=[...] for a "
+                    "partial update")
+        return self.conform(table, columns)
+
+    def write(self, data: Any, kinds: np.ndarray | pa.Array | None = None,
+              columns: Sequence[str] | None = None, *, writer_id: str | None = None,
+              sequence: int | None = None, overwrite: bool = False, conformed: bool = False) -> WriteResult:
+        """Write changelog rows (int8 change type per row) into a primary-key table.
+
+        Validates everything first (schema, null keys, the merge engine's and delete behavior's
+        rules), then applies bucket by bucket.
+        """
+        if not self.has_primary_key:
+            return self.append(data, writer_id=writer_id, sequence=sequence)
+        if conformed:
+            table, target = data, (tuple(columns) if columns is not None else None)
+        else:
+            table, target = self.conform(data, columns)
+        if kinds is None:
+            kinds = np.full(table.num_rows, changetype.UPDATE_AFTER, dtype=np.int8)
+        kinds = np.asarray(kinds.to_numpy(zero_copy_only=False) if isinstance(kinds, (pa.Array, pa.ChunkedArray))
+                           else kinds, dtype=np.int8)
+        if len(kinds) != table.num_rows:
+            raise InvalidInput("one change type per row is required")
+        if ((kinds < 0) | (kinds > changetype.APPEND_ONLY)).any():
+            raise InvalidInput("unknown change type code in the write")
+        if not overwrite:
+            table, kinds = self._apply_delete_behavior(table, kinds)
+            self.kvs[0].merger.check_write(kinds, target)
+        with self._lock:
+            self._check_sequence(writer_id, sequence)
+            result = WriteResult()
+            buckets = self.buckets_of(table)
+            for bucket in np.unique(buckets):
+                mask = buckets == bucket
+                outcome = self.kvs[bucket].apply(
+                    table.filter(pa.array(mask)), kinds[mask], target, writer_id=writer_id,
+                    sequence=sequence, overwrite=overwrite)
+                result.duplicate |= outcome.duplicate
+                result[int(bucket)] = outcome.base_offset
+            self._note_sequence(writer_id, sequence)
+            return result
+
+    def _apply_delete_behavior(self, table: pa.Table, kinds: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        retracting = (kinds == changetype.DELETE) | (kinds == changetype.UPDATE_BEFORE)
+        if not retracting.any():
+            return table, kinds
+        behavior = self.delete_behavior
+        engine = self.descriptor.merge_engine
+        if behavior == "disable":
+            raise InvalidInput(f"table {self.path} disables deletes ('table.delete.behavior' = 'disable')")
+        if behavior == "ignore" or (engine in ("first_row", "versioned")):
+            keep = ~retracting
+            return table.filter(pa.array(keep)), kinds[keep]
+        if engine != "aggregation":
+            keep = kinds != changetype.UPDATE_BEFORE  # a -U is followed by its +U
+            return table.filter(pa.array(keep)), kinds[keep]
+        return table, kinds
+
+    @property
+    def delete_behavior(self) -> str:
+        if "table.delete.behavior" in self.descriptor.options:
+            return self.descriptor.option("table.delete.behavior")
+        return "ignore" if self.descriptor.merge_engine in ("first_row", "versioned") else "allow"
+
+    def _split(self, table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
+        buckets = self.buckets_of(table)
+        for bucket in np.unique(buckets):
+            yield int(bucket), table.filter(pa.array(buckets == bucket))
+
+    # ---- reads --------------------------------------------------------------------------------
+    def _pk_table(self, keys: Any, columns: Sequence[str]) -> pa.Table:
+        table = _as_table(keys)
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise InvalidInput(f"lookup in {self.path} needs column(s) {missing}")
+        arrays = []
+        for name in columns:
+            field = self.schema.field(name)
+            column = table.column(name)
+            if column.null_count:
+                raise InvalidInput(f"lookup key column {name!r} must not be null")
+            try:
+                arrays.append(pc.cast(column, field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise SchemaMismatch(f"key column {name!r}: cannot convert {column.type} to "
+                                     f"{field.type}: {exc}") from None
+        return pa.Table.from_arrays(arrays, names=list(columns))
+
+    def _check_columns(self, columns: Sequence[str] | None) -> list[str]:
+        if columns is None:
+            return self.schema.names
+        bad = [c for c in columns if c not in self.schema.names]
+        if bad:
+            raise InvalidInput(f"table {self.path} has no column(s) {bad}")
+        return list(columns)
+
+    def lookup(self, keys: Any, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows with the given primary keys (multi-get per bucket), in key order of ``keys``."""
+        self._require_pk("lookup")
+        columns = self._check_columns(columns)
+        keys = self._pk_table(keys, self.descriptor.primary_key)
+        out_schema = pa.schema([self.schema.field(c) for c in columns])
+        if keys.num_rows == 0:
+            return out_schema.empty_table()
+        buckets = self.buckets_of(keys)
+        parts, positions = [], []
+        for bucket in np.unique(buckets):
+            mask = buckets == bucket
+            found, rows = self.kvs[bucket].lookup(keys.filter(pa.array(mask)), columns)
+            parts.append(rows)
+            positions.append(np.flatnonzero(mask)[found])
+        result = pa.concat_tables(parts)
+        order = np.argsort(np.concatenate(positions), kind="stable")
+        return result.take(pa.array(order)).cast(out_schema)
+
+    def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
+                      limit: int | None = None) -> pa.Table:
+        """Rows whose leading primary-key columns (at least the bucket key) equal ``prefix`` rows."""
+        self._require_pk("prefix lookup")
+        columns = self._check_columns(columns)
+        table = _as_table(prefix)
+        key = self.descriptor.primary_key
+        width = len(table.column_names)
+        if tuple(table.column_names) != key[:width] or width < len(self.descriptor.bucket_key):
+            raise InvalidInput(f"a prefix lookup on {self.path} needs the leading primary key columns "
+                               f"{list(key[:max(width, len(self.descriptor.bucket_key))])} (bucket key "
+                               f"{list(self.descriptor.bucket_key)}), got {table.column_names}")
+        table = self._pk_table(table, key[:width])
+        out_schema = pa.schema([self.schema.field(c) for c in columns])
+        buckets = self.buckets_of(table)
+        prefixes = encode_keys(table, key[:width])
+        parts = []
+        for bucket, prefix_key in zip(buckets, prefixes):
+            remaining = None if limit is None else limit - sum(p.num_rows for p in parts)
+            if remaining is not None and remaining <= 0:
+                break
+            parts.append(self.kvs[bucket].prefix_lookup([prefix_key], columns, remaining))
+        return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
+
+    def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+             limit: int | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
+        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs)."""
+        columns = self._check_columns(columns)
+        if filter is not None:
+            filter = filter.bind(self.schema)
+        remaining = limit
+        for bucket in (range(self.num_buckets) if buckets is None else buckets):
+            if remaining is not None and remaining <= 0:
+                return
+            if self.has_primary_key:
+                source = self.kvs[bucket].scan(columns, filter, remaining)
+            else:
+                source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter))
+            for batch in source:
+                if remaining is not None:
+                    batch = batch.slice(0, remaining)
+                    remaining -= batch.num_rows
+                if batch.num_rows:
+                    yield batch
+                if remaining is not None and remaining <= 0:
+                    return
+
+    def scan_table(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+                   limit: int | None = None) -> pa.Table:
+        columns = self._check_columns(columns)
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        return pa.Table.from_batches(list(self.scan(columns, filter, limit)), schema=schema)
+
+    def row_count(self) -> int:
+        """Rows in the table without a scan: maintained KV counts, or log offsets."""
+        if self.has_primary_key:
+            return sum(kv.row_count for kv in self.kvs)
+        return sum(log.end_offset - log.start_offset for log in self.logs)
+
+    # ---- changelog ----------------------------------------------------------------------------
+    def end_offsets(self) -> dict[int, int]:
+        return {bucket: log.end_offset for bucket, log in enumerate(self.logs)}
+
+    def start_offsets(self) -> dict[int, int]:
+        return {bucket: log.start_offset for bucket, log in enumerate(self.logs)}
+
+    def offsets_for_timestamp(self, timestamp_ms: int) -> dict[int, int]:
+        return {b: log.offset_for_timestamp(timestamp_ms) for b, log in enumerate(self.logs)}
+
+    def changelog_batch(self, record: LogBatch, columns: Sequence[str] | None = None) -> pa.RecordBatch:
+        """A log record as ``t$changelog`` rows: columns + _change_type, _log_offset, _commit_timestamp."""
+        batch = record.batch
+        n = batch.num_rows
+        if self.has_primary_key:
+            kinds = changetype.to_strings(batch.column(changetype.CHANGE_TYPE_COLUMN))
+        else:
+            kinds = pa.array(np.full(n, "+A", dtype=object), pa.string())
+        out_schema = changelog_output_schema(self.schema)
+        wanted = list(columns) if columns is not None else out_schema.names
+        values = {
+            changetype.CHANGE_TYPE_COLUMN: kinds,
+            changetype.LOG_OFFSET_COLUMN: record.row_offsets,
+            changetype.COMMIT_TIMESTAMP_COLUMN: pa.array(np.full(n, record.timestamp_ms, dtype=np.int64),
+                                                         pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+        }
+        arrays = [values[name] if name in values else batch.column(name) for name in wanted]
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([out_schema.field(n) for n in wanted]))
+
+    def read_changelog(self, bucket: int, from_offset: int = 0, *, columns: Sequence[str] | None = None,
+                       to_offset: int | None = None, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """``t$changelog`` rows of one bucket from ``from_offset`` (exclusive of ``to_offset``)."""
+        meta = {changetype.CHANGE_TYPE_COLUMN, changetype.LOG_OFFSET_COLUMN,
+                changetype.COMMIT_TIMESTAMP_COLUMN}
+        stored = None
+        if columns is not None:
+            stored = [c for c in columns if c not in meta]
+            self._check_columns(stored)
+            if self.has_primary_key:
+                stored.append(changetype.CHANGE_TYPE_COLUMN)
+        for record in self.logs[bucket].read(from_offset, columns=stored, to_offset=to_offset,
+                                             max_rows=max_rows):
+            yield self.changelog_batch(record, columns)
+
+    def _require_pk(self, what: str) -> None:
+        if not self.has_primary_key:
+            raise Unsupported(f"{what} needs a primary-key table; {self.path} is a log table")
+
+
+class Store:
+    """A data directory of databases and tables. Thread-safe; close() when done."""
+
+    def __init__(self, data_dir: str | os.PathLike, *, fsync: bool = False) -> None:
+        self.data_dir = Path(data_dir)
+        self.catalog = Catalog(self.data_dir)
+        self.fsync = fsync
+        self._tables: dict[TablePath, Table] = {}
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- DDL ----------------------------------------------------------------------------------
+    def create_database(self, name: str, if_not_exists: bool = False) -> None:
+        self.catalog.create_database(name, if_not_exists)
+
+    def drop_database(self, name: str, if_exists: bool = False, cascade: bool = False) -> None:
+        with self._lock:
+            for path in [p for p in self._tables if p.database == name]:
+                if cascade:
+                    self._tables.pop(path).close()
+            self.catalog.drop_database(name, if_exists, cascade)
+
+    def create_table(self, path: TablePath | str, schema: pa.Schema | None = None, *,
+                     primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
+                     options: Mapping[str, Any] | None = None, if_not_exists: bool = False,
+                     descriptor: TableDescriptor | None = None) -> Table:
+        """Create a table (or pass a prepared ``descriptor``) and return its handle."""
+        if descriptor is None:
+            if schema is None:
+                raise InvalidInput("create_table needs a schema")
+            descriptor = TableDescriptor.create(path, schema, primary_key, partition_keys, options)
+        if descriptor.merge_engine in ("first_row", "versioned") and \
+                descriptor.options.get("table.delete.behavior") == "allow":
+            raise InvalidInput(f"table {descriptor.path}: the {descriptor.merge_engine} merge engine "
+                               "cannot allow deletes; use 'ignore' or 'disable'")
+        if descriptor.merge_engine == "aggregation":
+            from flightstore.kv.merge.aggregation import validate_aggregation
+            validate_aggregation(descriptor)
+        with self._lock:
+            self.catalog.create_table(descriptor, if_not_exists)
+            return self.table(descriptor.path)
+
+    def drop_table(self, path: TablePath | str, if_exists: bool = False) -> None:
+        path = self._path(path)
+        with self._lock:
+            table = self._tables.pop(path, None)
+            if table is not None:
+                table.close()
+            self.catalog.drop_table(path, if_exists)
+
+    # ---- access -------------------------------------------------------------------------------
+    def _path(self, path: TablePath | str) -> TablePath:
+        return path if isinstance(path, TablePath) else TablePath.parse(path, DEFAULT_DATABASE)
+
+    def table(self, path: TablePath | str) -> Table:
+        """Open (once) and return the table handle; TableNotFound / CorruptData otherwise."""
+        path = self._path(path)
+        with self._lock:
+            table = self._tables.get(path)
+            if table is None:
+                descriptor = self.catalog.get_table(path)
+                table = Table(descriptor, self.catalog.table_dir(path), fsync=self.fsync)
+                self._tables[path] = table
+            return table
+
+    def list_databases(self) -> list[str]:
+        return self.catalog.list_databases()
+
+    def list_tables(self, database: str = DEFAULT_DATABASE) -> list[str]:
+        return self.catalog.list_tables(database)
+
+    def close(self) -> None:
+        with self._lock:
+            for table in self._tables.values():
+                table.close()
+            self._tables.clear()
+

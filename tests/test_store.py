@@ -1,0 +1,152 @@
+"""The embedded API: writes, reads, bad input that writes nothing, idempotent writers."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from flightstore.errors import (InvalidInput, InvalidOption, OutOfOrderSequence, SchemaMismatch,
+                                TableNotFound, Unsupported)
+from flightstore.expressions import Comparison
+from flightstore.store import Store
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
+
+
+def pk_table(store, buckets=4):
+    return store.create_table("default.users", SCHEMA, primary_key=["id"], options={"bucket.num": buckets})
+
+
+def data(n, start=0):
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
+                     "name": [f"n{i}" for i in range(start, start + n)],
+                     "score": [float(i) for i in range(start, start + n)]})
+
+
+def test_lookup_prefix_scan_count(store):
+    table = pk_table(store)
+    table.upsert(data(100))
+    assert table.row_count() == 100
+    got = table.lookup({"id": [5, 99, 1000, 3]})
+    assert got.column("id").to_pylist() == [5, 99, 3]
+    assert table.prefix_lookup({"id": [7]}).column("name").to_pylist() == ["n7"]
+    filtered = table.scan_table(["id"], Comparison("score", ">=", 95))
+    assert sorted(filtered.column("id").to_pylist()) == [95, 96, 97, 98, 99]
+    assert table.scan_table(limit=7).num_rows == 7
+    assert sum(1 for _ in table.scan(["name"])) >= 1
+
+
+def test_composite_key_prefix_lookup(store):
+    schema = pa.schema([("user", pa.int64()), ("order", pa.int64()), ("amount", pa.float64())])
+    table = store.create_table("orders", schema, primary_key=["user", "order"],
+                               options={"bucket.num": 3, "bucket.key": "user"})
+    table.upsert(pa.table({"user": [1, 1, 2, 1, 3], "order": [10, 11, 10, 12, 1], "amount": [1.0] * 5}))
+    got = table.prefix_lookup({"user": [1]})
+    assert got.column("order").to_pylist() == [10, 11, 12]
+    assert table.prefix_lookup({"user": [2, 3]}).num_rows == 2
+    with pytest.raises(InvalidInput, match="leading primary key"):
+        table.prefix_lookup({"order": [10]})
+
+
+def test_log_table_append_scan_changelog(store):
+    table = store.create_table("events", SCHEMA, options={"bucket.num": 2})
+    table.append(data(10))
+    table.append(data(5, 10))
+    assert table.row_count() == 15
+    assert sorted(table.scan_table(["id"]).column("id").to_pylist()) == list(range(15))
+    rows = [r for b in range(2) for batch in table.read_changelog(b) for r in batch.to_pylist()]
+    assert {r["_change_type"] for r in rows} == {"+A"}
+    assert len(rows) == 15
+    with pytest.raises(Unsupported):
+        table.upsert(data(1))
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (pa.table({"id": [1], "nope": [1]}), SchemaMismatch, "no column"),
+    (pa.table({"id": pa.array([None, 2], pa.int64()), "name": ["a", "b"], "score": [1.0, 2.0]}),
+     InvalidInput, "must not be null"),
+    (pa.table({"id": ["x"], "name": ["a"], "score": [1.0]}), SchemaMismatch, "cannot convert"),
+    (pa.table({"name": ["a"], "score": [1.0]}), SchemaMismatch, "id"),
+])
+def test_bad_writes_raise_and_write_nothing(store, bad, error, message):
+    table = pk_table(store)
+    table.upsert(data(3))
+    before = table.end_offsets()
+    with pytest.raises(error, match=message):
+        table.upsert(bad)
+    assert table.end_offsets() == before
+    assert table.row_count() == 3
+
+
+def test_partial_update_with_unknown_column_writes_nothing(store):
+    table = pk_table(store)
+    table.upsert(data(3))
+    with pytest.raises(SchemaMismatch, match="no column"):
+        table.upsert(pa.table({"id": [1], "bogus": [1]}), columns=["id", "bogus"])
+    with pytest.raises(SchemaMismatch, match="primary key"):
+        table.upsert(pa.table({"name": ["x"]}), columns=["name"])
+    assert table.lookup({"id": [1]}).column("name").to_pylist() == ["n1"]
+
+
+def test_null_key_in_second_bucket_writes_nothing_anywhere(store):
+    table = pk_table(store)
+    bad = pa.table({"id": pa.array(list(range(20)) + [None], pa.int64()),
+                    "name": ["a"] * 21, "score": [1.0] * 21})
+    with pytest.raises(InvalidInput):
+        table.upsert(bad)
+    assert table.row_count() == 0
+    assert all(offset == 0 for offset in table.end_offsets().values())
+
+
+def test_unknown_and_ill_typed_options_are_refused(store):
+    with pytest.raises(InvalidOption, match="unknown table option 'bucket.nums'"):
+        store.create_table("t1", SCHEMA, options={"bucket.nums": 3})
+    with pytest.raises(InvalidOption, match="'bucket.num'"):
+        store.create_table("t2", SCHEMA, options={"bucket.num": "four"})
+    with pytest.raises(InvalidOption, match="table.merge-engine"):
+        store.create_table("t3", SCHEMA, primary_key=["id"], options={"table.merge-engine": "nope"})
+    assert store.list_tables() == []
+
+
+def test_idempotent_writer_applies_retry_once_and_refuses_gaps(tmp_path):
+    with Store(tmp_path) as store:
+        table = pk_table(store)
+        log = store.create_table("log", SCHEMA, options={"bucket.num": 2, "bucket.key": "id"})
+        for t, write in ((table, table.upsert), (log, log.append)):
+            write(data(10), writer_id="w1", sequence=0)
+            retry = write(data(10), writer_id="w1", sequence=0)
+            assert retry.duplicate
+            with pytest.raises(OutOfOrderSequence, match="next expected batch is 1"):
+                write(data(1, 50), writer_id="w1", sequence=5)
+            write(data(5, 10), writer_id="w1", sequence=1)
+        assert log.row_count() == 15
+        offsets = table.end_offsets()
+    with Store(tmp_path) as store:  # writer state survives a restart
+        table = store.table("users")
+        assert table.upsert(data(5, 10), writer_id="w1", sequence=1).duplicate
+        assert table.end_offsets() == offsets
+        assert store.table("log").append(data(5, 10), writer_id="w1", sequence=1).duplicate
+        assert store.table("log").row_count() == 15
+
+
+def test_catalog_survives_restart_and_reports_missing_data(tmp_path):
+    import shutil
+    with Store(tmp_path) as store:
+        store.create_database("shop")
+        store.create_table("shop.a", SCHEMA, primary_key=["id"]).upsert(data(3))
+        store.create_table("shop.b", SCHEMA)
+    with Store(tmp_path) as store:
+        assert store.list_databases() == ["default", "shop"]
+        assert store.list_tables("shop") == ["a", "b"]
+        assert store.table("shop.a").row_count() == 3
+        directory = store.catalog.table_dir(store.table("shop.b").path)
+    shutil.rmtree(directory)
+    from flightstore.errors import CorruptData
+    with Store(tmp_path) as store:
+        with pytest.raises(CorruptData, match="missing"):
+            store.table("shop.b")
+        assert not directory.exists()  # reported, not silently recreated
+        with pytest.raises(TableNotFound):
+            store.table("shop.zzz")
+        store.drop_table("shop.b")
+        assert store.list_tables("shop") == ["a"]
