@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -70,6 +71,7 @@ class Table:
         self.schema = descriptor.schema
         self.directory = directory
         self._lock = threading.RLock()
+        self._written = threading.Condition()
         self._round_robin = itertools.count()
         log_schema = changelog_schema(self.schema) if descriptor.has_primary_key else self.schema
         self.logs: list[LogTablet] = []
@@ -201,7 +203,8 @@ class Table:
                     continue
                 result[bucket] = self.logs[bucket].append(part, writer_id=writer_id, sequence=sequence)
             self._note_sequence(writer_id, sequence)
-            return result
+        self._notify()
+        return result
 
     def upsert(self, data: Any, columns: Sequence[str] | None = None, *, writer_id: str | None = None,
                sequence: int | None = None) -> WriteResult:
@@ -274,7 +277,8 @@ class Table:
                 result.duplicate |= outcome.duplicate
                 result[int(bucket)] = outcome.base_offset
             self._note_sequence(writer_id, sequence)
-            return result
+        self._notify()
+        return result
 
     def _apply_delete_behavior(self, table: pa.Table, kinds: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         retracting = (kinds == changetype.DELETE) | (kinds == changetype.UPDATE_BEFORE)
@@ -451,6 +455,77 @@ class Table:
         for record in self.logs[bucket].read(from_offset, columns=stored, to_offset=to_offset,
                                              max_rows=max_rows):
             yield self.changelog_batch(record, columns)
+
+    def _notify(self) -> None:
+        with self._written:
+            self._written.notify_all()
+
+    def resolve_start(self, start: Any) -> dict[int, int]:
+        """Per-bucket offsets of a start position: ``earliest``, ``latest``, a timestamp in ms
+        (``{"timestamp": ms}`` or an int) or explicit ``{bucket: offset}``."""
+        if start in (None, "earliest"):
+            return self.start_offsets()
+        if start == "latest":
+            return self.end_offsets()
+        if isinstance(start, int):
+            return self.offsets_for_timestamp(start)
+        if isinstance(start, Mapping):
+            if "timestamp" in start:
+                return self.offsets_for_timestamp(int(start["timestamp"]))
+            offsets = self.start_offsets()
+            for bucket, offset in start.items():
+                if int(bucket) not in offsets:
+                    raise InvalidInput(f"table {self.path} has no bucket {bucket}")
+                offsets[int(bucket)] = max(int(offset), offsets[int(bucket)])
+            return offsets
+        raise InvalidInput(f"unknown start position {start!r}: use earliest, latest, a timestamp or "
+                           "per-bucket offsets")
+
+    def subscribe(self, start: Any = "earliest", *, columns: Sequence[str] | None = None,
+                  stop: Any = None, heartbeat_s: float | None = 1.0,
+                  until: Mapping | None = None) -> Iterator[pa.RecordBatch]:
+        """Changelog batches from ``start`` as they are written, bucket by bucket in offset order.
+
+        Runs until ``stop.is_set()`` (any object with ``is_set``) or, when ``until`` gives per-bucket
+        end offsets, until every bucket reached them. Yields an empty batch as a heartbeat after
+        ``heartbeat_s`` without data, so a server notices clients that went away.
+        """
+        offsets = self.resolve_start(start)
+        ends = None if until is None else {int(b): int(o) for b, o in until.items()}
+        meta = {changetype.CHANGE_TYPE_COLUMN, changetype.LOG_OFFSET_COLUMN,
+                changetype.COMMIT_TIMESTAMP_COLUMN}
+        stored = None
+        if columns is not None:
+            stored = [c for c in columns if c not in meta]
+            self._check_columns(stored)
+            if self.has_primary_key:
+                stored.append(changetype.CHANGE_TYPE_COLUMN)
+        out_schema = changelog_output_schema(self.schema)
+        empty = pa.schema([out_schema.field(c) for c in (columns or out_schema.names)]).empty_table()
+        idle_since = time.monotonic()
+        while stop is None or not stop.is_set():
+            with self._written:
+                before = self.end_offsets()
+            progressed = False
+            for bucket, log in enumerate(self.logs):
+                limit = None if ends is None else ends.get(bucket, offsets[bucket])
+                if limit is not None and offsets[bucket] >= limit:
+                    continue
+                for record in log.read(offsets[bucket], columns=stored, to_offset=limit):
+                    offsets[bucket] = record.next_offset if limit is None else min(record.next_offset, limit)
+                    progressed = True
+                    yield self.changelog_batch(record, columns)
+            if ends is not None and all(offsets[b] >= o for b, o in ends.items()):
+                return
+            if progressed:
+                idle_since = time.monotonic()
+                continue
+            with self._written:
+                if self.end_offsets() == before:
+                    self._written.wait(0.1)
+            if heartbeat_s is not None and time.monotonic() - idle_since >= heartbeat_s:
+                idle_since = time.monotonic()
+                yield from empty.to_batches() or [pa.RecordBatch.from_pylist([], schema=empty.schema)]
 
     def _require_pk(self, what: str) -> None:
         if not self.has_primary_key:

@@ -1,0 +1,538 @@
+"""The Flight SQL server: Flight RPCs -> planner/executor/store, errors -> Flight status codes.
+
+GetFlightInfo plans a query and answers its exact schema with one endpoint per partition (bucket)
+for scans; statements (DDL, writes) arriving on the query path run once and answer a
+``rows_affected`` row. DoGet re-plans from the stateless ticket and streams Arrow batches kept well
+below gRPC's message limit. DoPut handles Flight SQL updates, prepared-statement parameter binding,
+bulk ingest and flightstore's own write commands. Errors are translated in exactly one place,
+:func:`_translate`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from flightstore import changetype
+from flightstore.errors import FlightstoreError, InvalidInput, NotFound, TableNotFound, Unsupported
+from flightstore.expressions import from_json
+from flightstore.schema import TableDescriptor, TablePath
+from flightstore.server import metadata, protocol, tickets
+from flightstore.server.auth import BasicAuthHandler, NoAuthHandler
+from flightstore.sql import nodes
+from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, is_query
+from flightstore.sql.plan import parameter_schema
+from flightstore.store import Store, changelog_output_schema
+
+__all__ = ["FlightSqlServer", "serve", "MAX_BATCH_BYTES"]
+
+log = logging.getLogger("flightstore.server")
+MAX_BATCH_BYTES = 4 * 1024 * 1024
+MAX_BATCH_ROWS = 65_536
+RESULT_TTL_S = 600
+
+
+def _translate(exc: BaseException) -> BaseException:
+    """The Flight error a client sees for ``exc`` (one place for every RPC)."""
+    if isinstance(exc, flight.FlightError):
+        return exc
+    if isinstance(exc, FlightstoreError):
+        message = str(exc)
+        status = exc.flight_status
+        if status in ("invalid_argument", "already_exists"):
+            return pa.ArrowInvalid(message)
+        if status == "not_found":
+            return pa.ArrowKeyError(message)
+        if status == "unimplemented":
+            return NotImplementedError(message)
+        if status == "unauthenticated":
+            return flight.FlightUnauthenticatedError(message)
+        if status == "unauthorized":
+            return flight.FlightUnauthorizedError(message)
+        if status == "cancelled":
+            return flight.FlightCancelledError(message)
+        return flight.FlightInternalError(message)
+    if isinstance(exc, (pa.ArrowInvalid, pa.ArrowTypeError)):
+        return pa.ArrowInvalid(str(exc))
+    log.exception("internal error", exc_info=exc)
+    return flight.FlightInternalError(f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _rpc(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - every error leaves through _translate
+            raise _translate(exc) from None
+    return wrapper
+
+
+def _guarded(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Translate errors raised while a stream is being produced."""
+    try:
+        yield from batches
+    except BaseException as exc:  # noqa: BLE001
+        raise _translate(exc) from None
+
+
+def _rechunk(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[pa.RecordBatch]:
+    """Split batches so each Flight message stays far below gRPC's 16 MiB limit."""
+    for item in batches:
+        for batch in (item.to_batches() if isinstance(item, pa.Table) else [item]):
+            if batch.num_rows == 0:
+                continue
+            per_row = max(1, batch.nbytes // max(batch.num_rows, 1))
+            step = max(1, min(MAX_BATCH_ROWS, MAX_BATCH_BYTES // per_row))
+            for start in range(0, batch.num_rows, step):
+                yield batch.slice(start, step)
+
+
+@dataclass
+class PreparedStatement:
+    sql: str
+    database: str
+    dataset_schema: pa.Schema | None
+    parameter_schema: pa.Schema
+    params: list[list[Any]] = field(default_factory=list)
+
+
+class FlightSqlServer(flight.FlightServerBase):
+    """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
+
+    def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
+                 users: dict[str, str] | None = None, **kwargs: Any) -> None:
+        auth = BasicAuthHandler(users) if users else NoAuthHandler()
+        super().__init__(location, auth_handler=auth, **kwargs)
+        self.store = store
+        self.executor = Executor(store)
+        self.database = "default"
+        self._prepared: dict[bytes, PreparedStatement] = {}
+        self._results: dict[str, tuple[float, pa.Table]] = {}
+        self._cancelled: set[bytes] = set()
+        self._session: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    @property
+    def uri(self) -> str:
+        return f"grpc://127.0.0.1:{self.port}"
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        super().shutdown()
+
+    # ---- GetFlightInfo ------------------------------------------------------------------------
+    @_rpc
+    def get_flight_info(self, context: flight.ServerCallContext,
+                        descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        if descriptor.descriptor_type != flight.DescriptorType.CMD:
+            raise InvalidInput("flightstore answers command descriptors only")
+        command_bytes = descriptor.command
+        if tickets.is_custom(command_bytes):
+            return self._custom_info(descriptor, tickets.decode_custom(command_bytes))
+        command = protocol.unpack_any(command_bytes)
+        name = command.DESCRIPTOR.name
+        if name == "CommandStatementQuery":
+            return self._query_info(descriptor, command.query, None, self.database)
+        if name == "CommandPreparedStatementQuery":
+            prepared = self._prepared_statement(command.prepared_statement_handle)
+            params = prepared.params[-1] if prepared.params else None
+            return self._query_info(descriptor, prepared.sql, params, prepared.database)
+        schema = self._metadata_schema(command)
+        if schema is None:
+            raise Unsupported(f"{name} is not supported by flightstore")
+        return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(command_bytes, [])], -1, -1)
+
+    def _query_info(self, descriptor: flight.FlightDescriptor, sql: str, params: list | None,
+                    database: str) -> flight.FlightInfo:
+        plan = self.executor.plan(sql, params, database)
+        if isinstance(plan, nodes.UseDatabase):
+            self.executor.run_statement(plan)
+            self.database = plan.name
+        if not is_query(plan):
+            rows = self.executor.run_statement(plan)
+            result = pa.table({"rows_affected": pa.array([rows], pa.int64())}, schema=ROWS_AFFECTED_SCHEMA)
+            ticket = self._keep_result(result)
+            return flight.FlightInfo(ROWS_AFFECTED_SCHEMA, descriptor,
+                                     [flight.FlightEndpoint(ticket, [])], 1, -1)
+        schema = self.executor.output_schema(plan)
+        endpoints = []
+        for partition in self.executor.partitions(plan):
+            payload = {"sql": sql, "params": tickets.encode_params(params), "db": database,
+                       "partition": partition}
+            endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
+        return flight.FlightInfo(schema, descriptor, endpoints, -1, -1)
+
+    def _keep_result(self, table: pa.Table) -> bytes:
+        result_id = uuid.uuid4().hex
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, (t, _) in self._results.items() if now - t > RESULT_TTL_S]:
+                del self._results[key]
+            self._results[result_id] = (now, table)
+        return tickets.encode_custom({"op": "result", "id": result_id})
+
+    # ---- DoGet --------------------------------------------------------------------------------
+    @_rpc
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
+        data = ticket.ticket
+        if data in self._cancelled:
+            raise flight.FlightCancelledError("this query was cancelled")
+        if tickets.is_custom(data):
+            schema, batches = self._custom_get(tickets.decode_custom(data), context)
+        else:
+            command = protocol.unpack_any(data)
+            if command.DESCRIPTOR.name == "TicketStatementQuery":
+                payload = tickets.decode_query_handle(command.statement_handle)
+                plan = self.executor.plan(payload["sql"], tickets.decode_params(payload.get("params")),
+                                          payload.get("db", "default"))
+                if not is_query(plan):
+                    raise InvalidInput("statements run when their FlightInfo is requested")
+                schema = self.executor.output_schema(plan)
+                batches = self.executor.execute(plan, payload.get("partition"))
+            else:
+                table = self._metadata_table(command)
+                schema, batches = table.schema, iter(table.to_batches())
+        return flight.GeneratorStream(schema, _guarded(_rechunk(batches)))
+
+    # ---- metadata commands --------------------------------------------------------------------
+    def _metadata_schema(self, command: Any) -> pa.Schema | None:
+        name = command.DESCRIPTOR.name
+        if name == "CommandGetTables":
+            return metadata.TABLES_SCHEMA_WITH_SCHEMA if command.include_schema else metadata.TABLES_SCHEMA
+        return {
+            "CommandGetCatalogs": metadata.CATALOGS_SCHEMA,
+            "CommandGetDbSchemas": metadata.DB_SCHEMAS_SCHEMA,
+            "CommandGetTableTypes": metadata.TABLE_TYPES_SCHEMA,
+            "CommandGetPrimaryKeys": metadata.PRIMARY_KEYS_SCHEMA,
+            "CommandGetImportedKeys": metadata.IMPORTED_KEYS_SCHEMA,
+            "CommandGetExportedKeys": metadata.IMPORTED_KEYS_SCHEMA,
+            "CommandGetCrossReference": metadata.IMPORTED_KEYS_SCHEMA,
+            "CommandGetSqlInfo": metadata.SQL_INFO_SCHEMA,
+            "CommandGetXdbcTypeInfo": metadata.XDBC_TYPE_INFO_SCHEMA,
+        }.get(name)
+
+    def _descriptors(self) -> list[TableDescriptor]:
+        found = []
+        for path in self.store.catalog.all_tables():
+            try:
+                found.append(self.store.catalog.get_table(path))
+            except FlightstoreError:
+                continue
+        return found
+
+    def _metadata_table(self, command: Any) -> pa.Table:
+        name = command.DESCRIPTOR.name
+        optional = lambda field: getattr(command, field) if command.HasField(field) else None  # noqa: E731
+        if name == "CommandGetCatalogs":
+            return metadata.catalogs_table()
+        if name == "CommandGetDbSchemas":
+            return metadata.db_schemas_table(self.store.list_databases(), optional("catalog"),
+                                             optional("db_schema_filter_pattern"))
+        if name == "CommandGetTables":
+            return metadata.tables_table(
+                self._descriptors(), catalog=optional("catalog"),
+                db_schema_filter_pattern=optional("db_schema_filter_pattern"),
+                table_name_filter_pattern=optional("table_name_filter_pattern"),
+                table_types=list(command.table_types), include_schema=command.include_schema)
+        if name == "CommandGetTableTypes":
+            return metadata.table_types_table()
+        if name == "CommandGetPrimaryKeys":
+            database = optional("db_schema") or self.database
+            try:
+                descriptor = self.store.catalog.get_table(TablePath(database, command.table))
+            except NotFound:
+                descriptor = None
+            return metadata.primary_keys_table(descriptor)
+        if name in ("CommandGetImportedKeys", "CommandGetExportedKeys", "CommandGetCrossReference"):
+            return metadata.IMPORTED_KEYS_SCHEMA.empty_table()
+        if name == "CommandGetSqlInfo":
+            return metadata.sql_info_table(list(command.info))
+        if name == "CommandGetXdbcTypeInfo":
+            return metadata.xdbc_type_info_table(optional("data_type"))
+        raise Unsupported(f"{name} is not supported by flightstore")
+
+    # ---- DoAction -----------------------------------------------------------------------------
+    @_rpc
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
+        kind = action.type
+        body = action.body.to_pybytes() if action.body is not None else b""
+        if kind.startswith("flightstore."):
+            return iter([self._custom_action(kind, tickets.decode_custom(body))])
+        request = protocol.decode_action(kind, body)
+        if kind == protocol.CREATE_PREPARED_STATEMENT:
+            result = self._prepare(request.query)
+        elif kind == protocol.CLOSE_PREPARED_STATEMENT:
+            with self._lock:
+                self._prepared.pop(request.prepared_statement_handle, None)
+            return iter([])
+        elif kind == protocol.CANCEL_FLIGHT_INFO:
+            info = flight.FlightInfo.deserialize(request.info)
+            with self._lock:
+                self._cancelled.update(e.ticket.ticket for e in info.endpoints)
+            result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
+        elif kind == protocol.SET_SESSION_OPTIONS:
+            with self._lock:
+                for key, value in request.session_options.items():
+                    self._session[key] = value
+            result = protocol.SetSessionOptionsResult()
+        elif kind == protocol.GET_SESSION_OPTIONS:
+            result = protocol.GetSessionOptionsResult()
+            with self._lock:
+                for key, value in self._session.items():
+                    result.session_options[key].CopyFrom(value)
+        elif kind == protocol.CLOSE_SESSION:
+            result = protocol.CloseSessionResult(status=1)  # CLOSED
+        else:
+            raise Unsupported(f"action {kind} is not supported by flightstore (no transactions, "
+                              "savepoints or Substrait plans)")
+        return iter([protocol.encode_action_result(result)])
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return [(protocol.CREATE_PREPARED_STATEMENT, "prepare a SQL statement"),
+                (protocol.CLOSE_PREPARED_STATEMENT, "close a prepared statement"),
+                (protocol.CANCEL_FLIGHT_INFO, "cancel a query's endpoints"),
+                (protocol.SET_SESSION_OPTIONS, "set session options"),
+                (protocol.GET_SESSION_OPTIONS, "get session options"),
+                (protocol.CLOSE_SESSION, "close the session"),
+                ("flightstore.offsets", "log offsets of a table's buckets")]
+
+    def _prepare(self, sql: str) -> Any:
+        database = self.database
+        catalog_view = __import__("flightstore.sql.execute", fromlist=["StoreCatalog"]).StoreCatalog(
+            self.store, database)
+        params_schema = parameter_schema(sql, catalog_view)
+        dataset_schema: pa.Schema | None = None
+        probe = [_probe_value(f.type) for f in params_schema] if len(params_schema) else None
+        plan = self.executor.plan(sql, probe, database)
+        if is_query(plan):
+            dataset_schema = self.executor.output_schema(plan)
+        handle = uuid.uuid4().hex.encode()
+        with self._lock:
+            self._prepared[handle] = PreparedStatement(sql, database, dataset_schema, params_schema)
+        return protocol.ActionCreatePreparedStatementResult(
+            prepared_statement_handle=handle,
+            dataset_schema=dataset_schema.serialize().to_pybytes() if dataset_schema is not None else b"",
+            parameter_schema=params_schema.serialize().to_pybytes())
+
+    def _prepared_statement(self, handle: bytes) -> PreparedStatement:
+        with self._lock:
+            prepared = self._prepared.get(handle)
+        if prepared is None:
+            raise InvalidInput("unknown or closed prepared statement handle")
+        return prepared
+
+    # ---- DoPut --------------------------------------------------------------------------------
+    @_rpc
+    def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+               reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
+        command_bytes = descriptor.command
+        if tickets.is_custom(command_bytes):
+            result = self._custom_put(tickets.decode_custom(command_bytes), reader)
+            writer.write(pa.py_buffer(tickets.encode_custom(result)))
+            return
+        command = protocol.unpack_any(command_bytes)
+        name = command.DESCRIPTOR.name
+        if name == "CommandStatementUpdate":
+            count = self._run_update(command.query, None, self.database)
+            writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
+        elif name == "CommandPreparedStatementQuery":
+            prepared = self._prepared_statement(command.prepared_statement_handle)
+            prepared.params = _param_rows(reader.read_all())
+            result = protocol.DoPutPreparedStatementResult(
+                prepared_statement_handle=command.prepared_statement_handle)
+            writer.write(pa.py_buffer(result.SerializeToString()))
+        elif name == "CommandPreparedStatementUpdate":
+            prepared = self._prepared_statement(command.prepared_statement_handle)
+            rows = _param_rows(reader.read_all()) or prepared.params or [None]
+            count = sum(self._run_update(prepared.sql, row, prepared.database) for row in rows)
+            writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
+        elif name == "CommandStatementIngest":
+            count = self._ingest(command, reader.read_all())
+            writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
+        else:
+            raise Unsupported(f"{name} is not supported by DoPut")
+
+    def _run_update(self, sql: str, params: list | None, database: str) -> int:
+        plan = self.executor.plan(sql, params, database)
+        if is_query(plan):
+            raise InvalidInput("a query was sent as an update; use a query command for SELECT")
+        return self.executor.run_statement(plan)
+
+    def _ingest(self, command: Any, data: pa.Table) -> int:
+        options = command.table_definition_options
+        database = command.schema if command.HasField("schema") and command.schema else self.database
+        path = TablePath(database, command.table)
+        create = options.if_not_exist  # 0 unspecified, 1 CREATE, 2 FAIL
+        exists = options.if_exists      # 0 unspecified, 1 FAIL, 2 APPEND, 3 REPLACE
+        try:
+            table = self.store.table(path)
+            if exists in (0, 1):
+                raise InvalidInput(f"table {path} already exists (ingest mode 'create' fails on it)")
+            if exists == 3:
+                self.store.drop_table(path)
+                table = self.store.create_table(path, data.schema)
+        except TableNotFound:
+            if create == 2:
+                raise TableNotFound(f"table {path} does not exist (ingest mode 'append' fails)") from None
+            table = self.store.create_table(path, data.schema)
+        if table.has_primary_key:
+            table.upsert(data)
+        else:
+            table.append(data)
+        return data.num_rows
+
+    # ---- flightstore's own commands (Python client) -------------------------------------------
+    def _custom_info(self, descriptor: flight.FlightDescriptor, payload: dict) -> flight.FlightInfo:
+        schema, _ = self._custom_get(payload, None, plan_only=True)
+        return flight.FlightInfo(schema, descriptor,
+                                 [flight.FlightEndpoint(descriptor.command, [])], -1, -1)
+
+    def _custom_get(self, payload: dict, context: Any, plan_only: bool = False
+                    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch | pa.Table]]:
+        op = payload["op"]
+        if op == "result":
+            with self._lock:
+                entry = self._results.get(payload["id"])
+            if entry is None:
+                raise InvalidInput("this result expired or was already read")
+            return entry[1].schema, iter([entry[1]])
+        table = self.store.table(payload["table"])
+        columns = payload.get("columns")
+        if op in ("lookup", "prefix_lookup"):
+            keys = pa.table(payload["keys"])
+            schema = pa.schema([table.schema.field(c) for c in (columns or table.schema.names)])
+            if plan_only:
+                return schema, iter(())
+            if op == "lookup":
+                return schema, iter([table.lookup(keys, columns)])
+            return schema, iter([table.prefix_lookup(keys, columns, payload.get("limit"))])
+        if op == "scan":
+            filter = from_json(payload["filter"]) if payload.get("filter") else None
+            schema = pa.schema([table.schema.field(c) for c in (columns or table.schema.names)])
+            buckets = payload.get("buckets")
+            return schema, table.scan(columns, filter, payload.get("limit"), buckets)
+        if op == "subscribe":
+            full = changelog_output_schema(table.schema)
+            schema = pa.schema([full.field(c) for c in (columns or full.names)])
+            stop = threading.Event() if context is None else _CallStop(context, self._stop)
+            return schema, table.subscribe(payload.get("start", "earliest"), columns=columns,
+                                           stop=stop, heartbeat_s=payload.get("heartbeat_s", 1.0),
+                                           until=payload.get("until"))
+        if op == "count":
+            schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
+            return schema, iter([pa.table({"count": [table.row_count()]}, schema=schema)])
+        raise InvalidInput(f"unknown flightstore read command {op!r}")
+
+    def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader) -> dict:
+        op = payload["op"]
+        table = self.store.table(payload["table"])
+        data = reader.read_all()
+        writer_id, sequence = payload.get("writer_id"), payload.get("sequence")
+        columns = payload.get("columns")
+        if op == "append":
+            result = table.append(data, writer_id=writer_id, sequence=sequence)
+        elif op == "upsert":
+            result = table.upsert(data, columns, writer_id=writer_id, sequence=sequence)
+        elif op == "delete":
+            result = table.delete(data, columns, writer_id=writer_id, sequence=sequence)
+        elif op == "write":
+            if changetype.CHANGE_TYPE_COLUMN not in data.column_names:
+                raise InvalidInput("a changelog write needs a _change_type column")
+            kinds = changetype.from_strings(data.column(changetype.CHANGE_TYPE_COLUMN).combine_chunks())
+            rows = data.drop_columns([changetype.CHANGE_TYPE_COLUMN])
+            if table.has_primary_key:
+                result = table.write(rows, kinds, columns, writer_id=writer_id, sequence=sequence)
+            else:
+                result = table.append(rows, writer_id=writer_id, sequence=sequence)
+        else:
+            raise InvalidInput(f"unknown flightstore write command {op!r}")
+        return {"rows": data.num_rows, "duplicate": bool(result.duplicate),
+                "offsets": {str(k): v for k, v in result.items()}}
+
+    def _custom_action(self, kind: str, payload: dict) -> bytes:
+        if kind == "flightstore.offsets":
+            table = self.store.table(payload["table"])
+            which = payload.get("which", "end")
+            if which == "end":
+                offsets = table.end_offsets()
+            elif which == "start":
+                offsets = table.start_offsets()
+            else:
+                offsets = table.offsets_for_timestamp(int(payload["timestamp_ms"]))
+            return tickets.encode_custom({"op": "offsets", "offsets": {str(k): v for k, v in offsets.items()}})
+        if kind == "flightstore.writer":
+            table = self.store.table(payload["table"])
+            return tickets.encode_custom({"op": "writer",
+                                          "sequence": table.writer_sequence(payload["writer_id"])})
+        raise Unsupported(f"action {kind} is not supported by flightstore")
+
+
+class _CallStop:
+    """A stop flag for a streaming DoGet: set when the client cancels or the server stops."""
+
+    def __init__(self, context: flight.ServerCallContext, server_stop: threading.Event) -> None:
+        self.context = context
+        self.server_stop = server_stop
+
+    def is_set(self) -> bool:
+        return self.server_stop.is_set() or self.context.is_cancelled()
+
+
+def _probe_value(arrow_type: pa.DataType) -> Any:
+    """A harmless typed value standing in for a parameter while preparing."""
+    if pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_decimal(arrow_type):
+        return 0
+    if pa.types.is_boolean(arrow_type):
+        return False
+    if pa.types.is_binary(arrow_type):
+        return b""
+    if pa.types.is_timestamp(arrow_type):
+        return "1970-01-01 00:00:00"
+    if pa.types.is_date(arrow_type):
+        return "1970-01-01"
+    return ""
+
+
+def _param_rows(table: pa.Table) -> list[list[Any]]:
+    """Bound parameter rows (columns "0", "1", ... or any names, in column order)."""
+    if table.num_columns == 0 or table.num_rows == 0:
+        return []
+    columns = []
+    for column in table.columns:
+        if pa.types.is_union(column.type):  # flightsql-dbapi sends a dense union per parameter
+            values = [v for v in column.to_pylist()]
+        else:
+            values = column.to_pylist()
+        columns.append(values)
+    return [list(row) for row in zip(*columns)]
+
+
+def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bool = False,
+          users: dict[str, str] | None = None) -> None:
+    """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = Store(data_dir, fsync=fsync)
+    server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users)
+    print(f"flightstore serving {data_dir} at grpc://{host}:{server.port}", flush=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.serve()
+    finally:
+        store.close()
+        print("flightstore stopped", flush=True)

@@ -1,0 +1,64 @@
+"""Ticket and custom-command payloads of flightstore's Flight endpoints.
+
+Flight SQL query tickets are ``TicketStatementQuery`` messages (wrapped in ``Any``) whose
+``statement_handle`` is a small JSON document: the SQL, its parameters, the default database and
+the partition (bucket). Tickets are stateless, so every endpoint can be read alone, by any client,
+in any order. flightstore's own commands (the Python client's writes, lookups and subscriptions)
+are JSON documents prefixed by :data:`CUSTOM_PREFIX`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flightstore.errors import InvalidInput
+from flightstore.expressions import _decode_value, _encode_value
+from flightstore.server import protocol
+
+__all__ = ["CUSTOM_PREFIX", "encode_custom", "decode_custom", "is_custom", "query_ticket",
+           "decode_query_handle", "encode_params", "decode_params"]
+
+CUSTOM_PREFIX = b"flightstore/1 "
+
+
+def encode_params(params: list | None) -> list | None:
+    return None if params is None else [_encode_value(v) for v in params]
+
+
+def decode_params(params: list | None) -> list | None:
+    return None if params is None else [_decode_value(v) for v in params]
+
+
+def encode_custom(payload: dict[str, Any]) -> bytes:
+    return CUSTOM_PREFIX + json.dumps(payload, separators=(",", ":")).encode()
+
+
+def is_custom(data: bytes) -> bool:
+    return data.startswith(CUSTOM_PREFIX)
+
+
+def decode_custom(data: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(data[len(CUSTOM_PREFIX):])
+    except ValueError as exc:
+        raise InvalidInput(f"malformed flightstore command: {exc}") from None
+    if not isinstance(payload, dict) or "op" not in payload:
+        raise InvalidInput("malformed flightstore command: no 'op'")
+    return payload
+
+
+def query_ticket(payload: dict[str, Any]) -> bytes:
+    """A Flight SQL ticket for a query partition (``TicketStatementQuery`` in ``Any``)."""
+    handle = json.dumps(payload, separators=(",", ":")).encode()
+    return protocol.pack_any(protocol.TicketStatementQuery(statement_handle=handle))
+
+
+def decode_query_handle(handle: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(handle)
+    except ValueError:
+        raise InvalidInput("unknown or expired statement handle") from None
+    if not isinstance(payload, dict):
+        raise InvalidInput("unknown or expired statement handle")
+    return payload

@@ -1,0 +1,357 @@
+"""Run a plan against the store and yield Arrow record batches.
+
+The routes of the planner map one-to-one onto the embedded API (``flightstore.store``): point and
+prefix lookups onto KV multi-gets and prefix scans, ``Count`` onto maintained counts, ``Scan`` onto
+column-pruned, statistics-skipping scans (one partition per bucket), ``Changelog`` onto the logs.
+``Residual`` SQL runs on an embedded DuckDB fed by pruned, pre-filtered Arrow inputs. Statements
+(DDL, writes) run once and answer one ``rows_affected`` row.
+
+Every query has an exact :meth:`Executor.output_schema` known before it runs (Flight SQL clients
+check that FlightInfo's schema equals the stream's, nullability included), and every batch a
+partition yields is cast to it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator, Sequence
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flightstore import changetype
+from flightstore.catalog import DEFAULT_DATABASE
+from flightstore.errors import InvalidInput, SqlError, Unsupported
+from flightstore.schema import TableDescriptor, TablePath, arrow_type_to_sql
+from flightstore.sql import nodes as n
+from flightstore.sql.plan import plan as plan_sql
+from flightstore.sql.resolve import binlog_schema, changelog_schema
+from flightstore.store import Store, Table
+
+__all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
+
+ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
+_QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.Count, n.Changelog, n.Residual,
+                n.ShowDatabases, n.ShowTables, n.Describe, n.Explain)
+_DESCRIBE_SCHEMA = pa.schema([pa.field("name", pa.string(), nullable=False),
+                              pa.field("type", pa.string(), nullable=False),
+                              pa.field("null", pa.bool_(), nullable=False),
+                              pa.field("key", pa.string())])
+
+
+def is_query(plan: n.PlanNode) -> bool:
+    """Whether the plan returns rows (as opposed to a statement that changes something)."""
+    return isinstance(plan, _QUERY_NODES)
+
+
+class StoreCatalog:
+    """The planner's view of the store's catalog."""
+
+    def __init__(self, store: Store, default_database: str = DEFAULT_DATABASE) -> None:
+        self.store = store
+        self.default_database = default_database
+
+    def get_table(self, path: TablePath) -> TableDescriptor:
+        return self.store.catalog.get_table(path)
+
+    def list_databases(self) -> list[str]:
+        return self.store.list_databases()
+
+    def list_tables(self, database: str) -> list[str]:
+        return self.store.list_tables(database)
+
+
+def _fields(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    return pa.schema([schema.field(c) for c in columns])
+
+
+def _cast(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.RecordBatch | pa.Table:
+    if batch.schema.equals(schema):
+        return batch
+    return batch.rename_columns(schema.names).cast(schema)
+
+
+class Executor:
+    """Plans and runs SQL against one store. Thread-safe (no per-query state is kept here)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._schema_cache: dict[str, pa.Schema] = {}
+        self._lock = threading.Lock()
+
+    # ---- planning -----------------------------------------------------------------------------
+    def plan(self, sql: str, params: Sequence[Any] | None = None,
+             database: str = DEFAULT_DATABASE) -> n.PlanNode:
+        return plan_sql(sql, StoreCatalog(self.store, database), params)
+
+    def output_schema(self, plan: n.PlanNode) -> pa.Schema:
+        """The exact schema of the plan's result (statements: ``rows_affected``)."""
+        if isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan)):
+            return _fields(self.store.table(plan.table).schema, plan.columns)
+        if isinstance(plan, n.Count):
+            return pa.schema([pa.field(plan.column_name, pa.int64(), nullable=False)])
+        if isinstance(plan, n.Changelog):
+            descriptor = self.store.table(plan.table).descriptor
+            full = binlog_schema(descriptor) if plan.kind == "binlog" else changelog_schema(descriptor)
+            return _fields(full, plan.columns)
+        if isinstance(plan, n.Residual):
+            return self._residual_schema(plan)
+        if isinstance(plan, n.ShowDatabases):
+            return pa.schema([pa.field("database_name", pa.string(), nullable=False)])
+        if isinstance(plan, n.ShowTables):
+            return pa.schema([pa.field("table_name", pa.string(), nullable=False)])
+        if isinstance(plan, n.Describe):
+            return _DESCRIBE_SCHEMA
+        if isinstance(plan, n.Explain):
+            return pa.schema([pa.field("plan", pa.string(), nullable=False)])
+        return ROWS_AFFECTED_SCHEMA
+
+    def partitions(self, plan: n.PlanNode) -> list[int | None]:
+        """Independent pieces of the result: one per bucket for scans, else a single ``None``."""
+        if isinstance(plan, (n.Scan, n.Changelog)) and plan.limit is None:
+            table = self.store.table(plan.table)
+            if table.num_buckets > 1 and not (isinstance(plan, n.Changelog) and plan.kind == "binlog"):
+                return list(range(table.num_buckets))
+        return [None]
+
+    # ---- running ------------------------------------------------------------------------------
+    def execute(self, plan: n.PlanNode, partition: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Yield the result batches of ``plan`` (of one bucket when ``partition`` is given)."""
+        schema = self.output_schema(plan)
+        for batch in self._run(plan, partition):
+            if batch.num_rows:
+                yield _cast(batch, schema)
+
+    def execute_table(self, plan: n.PlanNode) -> pa.Table:
+        schema = self.output_schema(plan)
+        batches = [b for p in self.partitions(plan) for b in self.execute(plan, p)]
+        return pa.Table.from_batches(batches, schema=schema)
+
+    def run_statement(self, plan: n.PlanNode) -> int:
+        """Execute a DDL or write statement; return the number of rows it affected."""
+        store = self.store
+        if isinstance(plan, n.CreateDatabase):
+            store.create_database(plan.name, plan.if_not_exists)
+        elif isinstance(plan, n.DropDatabase):
+            store.drop_database(plan.name, plan.if_exists, plan.cascade)
+        elif isinstance(plan, n.CreateTable):
+            store.create_table(plan.descriptor.path, descriptor=plan.descriptor,
+                               if_not_exists=plan.if_not_exists)
+        elif isinstance(plan, n.DropTable):
+            store.drop_table(plan.table, plan.if_exists)
+        elif isinstance(plan, n.UseDatabase):
+            if not store.catalog.database_exists(plan.name):
+                from flightstore.errors import DatabaseNotFound
+                raise DatabaseNotFound(f"database {plan.name!r} does not exist")
+        elif isinstance(plan, n.Insert):
+            return self._write(store.table(plan.table), plan.data, plan.columns)
+        elif isinstance(plan, n.InsertSelect):
+            result = self.execute_table(plan.query)
+            table = store.table(plan.table)
+            target = plan.columns or tuple(table.schema.names)
+            if result.num_columns != len(target):
+                raise SqlError(f"INSERT INTO {plan.table} names {len(target)} columns but the query "
+                               f"returns {result.num_columns}")
+            return self._write(table, result.rename_columns(list(target)), plan.columns)
+        elif isinstance(plan, n.Delete):
+            return self._delete(store.table(plan.table), plan)
+        elif isinstance(plan, n.Update):
+            return self._update(store.table(plan.table), plan)
+        elif isinstance(plan, n.Explain):
+            return 0
+        else:
+            raise Unsupported(f"cannot execute {type(plan).__name__}")
+        return 0
+
+    def _write(self, table: Table, data: pa.Table, columns: tuple[str, ...] | None) -> int:
+        if table.has_primary_key:
+            table.upsert(data, columns=columns)
+        else:
+            table.append(data)
+        return data.num_rows
+
+    def _selected_keys(self, table: Table, keys: pa.Table | None, filter) -> pa.Table:
+        pk = list(table.descriptor.primary_key)
+        if keys is not None:
+            found = table.lookup(keys, columns=None)
+            if filter is not None:
+                found = found.filter(filter.bind(table.schema).to_arrow())
+            return found
+        return table.scan_table(None, filter)
+
+    def _delete(self, table: Table, plan: n.Delete) -> int:
+        if not table.has_primary_key:
+            raise Unsupported(f"{table.path} is a log table: log tables are append-only")
+        rows = self._selected_keys(table, plan.keys, plan.filter)
+        if rows.num_rows:
+            table.delete(rows.select(list(table.descriptor.primary_key)))
+        return rows.num_rows
+
+    def _update(self, table: Table, plan: n.Update) -> int:
+        rows = self._selected_keys(table, plan.keys, plan.filter)
+        if not rows.num_rows:
+            return 0
+        pk = list(table.descriptor.primary_key)
+        data = rows.select(pk)
+        for column, value in plan.assignments.items():
+            field = table.schema.field(column)
+            data = data.append_column(field, pa.array([value] * rows.num_rows, field.type))
+        table.upsert(data, columns=pk + list(plan.assignments))
+        return rows.num_rows
+
+    def _run(self, plan: n.PlanNode, partition: int | None) -> Iterator[pa.RecordBatch | pa.Table]:
+        store = self.store
+        if isinstance(plan, n.PointLookup):
+            table = store.table(plan.table)
+            found = table.lookup(plan.keys, _with_filter_columns(plan.columns, plan.filter))
+            yield _filtered(found, plan.filter, table).select(list(plan.columns))
+        elif isinstance(plan, n.PrefixLookup):
+            table = store.table(plan.table)
+            limit = plan.limit if plan.filter is None else None
+            found = table.prefix_lookup(plan.prefix, _with_filter_columns(plan.columns, plan.filter), limit)
+            found = _filtered(found, plan.filter, table).select(list(plan.columns))
+            yield found if plan.limit is None else found.slice(0, plan.limit)
+        elif isinstance(plan, n.Scan):
+            table = store.table(plan.table)
+            buckets = None if partition is None else [partition]
+            yield from table.scan(list(plan.columns), plan.filter, plan.limit, buckets)
+        elif isinstance(plan, n.Count):
+            yield pa.table({plan.column_name: pa.array([store.table(plan.table).row_count()], pa.int64())})
+        elif isinstance(plan, n.Changelog):
+            yield from self._changelog(plan, partition)
+        elif isinstance(plan, n.Residual):
+            yield from self._residual(plan)
+        elif isinstance(plan, n.ShowDatabases):
+            yield pa.table({"database_name": store.list_databases()})
+        elif isinstance(plan, n.ShowTables):
+            yield pa.table({"table_name": pa.array(store.list_tables(plan.database), pa.string())})
+        elif isinstance(plan, n.Describe):
+            descriptor = store.table(plan.table).descriptor
+            yield pa.table({
+                "name": [f.name for f in descriptor.schema],
+                "type": [arrow_type_to_sql(f.type) for f in descriptor.schema],
+                "null": [f.nullable for f in descriptor.schema],
+                "key": [("PRI" if f.name in descriptor.primary_key else None) for f in descriptor.schema],
+            })
+        elif isinstance(plan, n.Explain):
+            yield pa.table({"plan": [plan.plan.explain()]})
+        else:
+            yield pa.table({"rows_affected": pa.array([self.run_statement(plan)], pa.int64())})
+
+    # ---- changelog ----------------------------------------------------------------------------
+    def changelog_table(self, path: TablePath, kind: str, partition: int | None = None) -> pa.Table:
+        table = self.store.table(path)
+        buckets = range(table.num_buckets) if partition is None else [partition]
+        schema = changelog_schema(table.descriptor)
+        batches = [b for bucket in buckets for b in table.read_changelog(bucket)]
+        full = pa.Table.from_batches(batches, schema=schema)
+        return _binlog(full, table) if kind == "binlog" else full
+
+    def _changelog(self, plan: n.Changelog, partition: int | None) -> Iterator[pa.Table]:
+        table = self.store.table(plan.table)
+        if plan.kind == "changelog" and plan.filter is None:
+            remaining = plan.limit
+            buckets = range(table.num_buckets) if partition is None else [partition]
+            for bucket in buckets:
+                for batch in table.read_changelog(bucket, columns=list(plan.columns), max_rows=remaining):
+                    if remaining is not None:
+                        batch = batch.slice(0, remaining)
+                        remaining -= batch.num_rows
+                    yield batch
+                    if remaining is not None and remaining <= 0:
+                        return
+            return
+        full = self.changelog_table(plan.table, plan.kind, partition)
+        if plan.filter is not None:
+            full = full.filter(plan.filter.bind(full.schema).to_arrow())
+        if plan.limit is not None:
+            full = full.slice(0, plan.limit)
+        yield full.select(list(plan.columns))
+
+    # ---- residual SQL on DuckDB ---------------------------------------------------------------
+    def _input_schema(self, item: n.ResidualInput) -> pa.Schema:
+        descriptor = self.store.table(item.table).descriptor
+        if item.source == "table":
+            full = descriptor.schema
+        elif item.source == "changelog":
+            full = changelog_schema(descriptor)
+        else:
+            full = binlog_schema(descriptor)
+        return _fields(full, item.columns)
+
+    def _input_data(self, item: n.ResidualInput) -> pa.Table:
+        if item.source == "table":
+            return self.store.table(item.table).scan_table(list(item.columns), item.filter)
+        full = self.changelog_table(item.table, item.source)
+        if item.filter is not None:
+            full = full.filter(item.filter.bind(full.schema).to_arrow())
+        return full.select(list(item.columns))
+
+    def _duckdb(self, sql: str, inputs: dict[str, pa.Table]) -> pa.Table:
+        connection = duckdb.connect(config={"enable_external_access": False})
+        try:
+            for name, data in inputs.items():
+                connection.register(name, data)
+            try:
+                return connection.execute(sql).to_arrow_table()
+            except duckdb.Error as exc:
+                raise SqlError(f"query failed: {exc}") from None
+        finally:
+            connection.close()
+
+    def _residual_schema(self, plan: n.Residual) -> pa.Schema:
+        empty = {item.name: self._input_schema(item).empty_table() for item in plan.inputs}
+        return self._duckdb(plan.sql, empty).schema
+
+    def _residual(self, plan: n.Residual) -> Iterator[pa.Table]:
+        inputs = {item.name: self._input_data(item) for item in plan.inputs}
+        yield self._duckdb(plan.sql, inputs)
+
+
+def _with_filter_columns(columns: Sequence[str], filter) -> list[str]:
+    extra = sorted(filter.columns()) if filter is not None else []
+    return list(columns) + [c for c in extra if c not in columns]
+
+
+def _filtered(rows: pa.Table, filter, table: Table) -> pa.Table:
+    if filter is None or rows.num_rows == 0:
+        return rows
+    return rows.filter(filter.bind(table.schema).to_arrow())
+
+
+def _binlog(changelog: pa.Table, table: Table) -> pa.Table:
+    """Pair each -U with its +U: one row per change with ``before`` and ``after`` images."""
+    kinds = changelog.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
+    rows = changelog.select(table.schema.names)
+    row_type = pa.struct(list(table.schema))
+    images = pa.StructArray.from_arrays([c.combine_chunks() for c in rows.columns], fields=list(table.schema)) \
+        if rows.num_rows else pa.array([], row_type)
+    n_rows = len(kinds)
+    idx = np.arange(n_rows)
+    before_row = np.full(n_rows, -1)
+    after_row = np.full(n_rows, -1)
+    keep = np.zeros(n_rows, dtype=bool)
+    inserts = kinds == "+I"
+    deletes = kinds == "-D"
+    updates = kinds == "+U"
+    after_row[inserts | updates] = idx[inserts | updates]
+    before_row[deletes] = idx[deletes]
+    ub = np.flatnonzero(updates)
+    has_before = (ub > 0) & (kinds[np.maximum(ub - 1, 0)] == "-U")
+    before_row[ub[has_before]] = ub[has_before] - 1
+    keep[inserts | deletes | updates] = True
+    labels = np.where(inserts, "insert", np.where(deletes, "delete", "update"))
+
+    def pick(positions: np.ndarray) -> pa.Array:
+        chosen = positions[keep]
+        return pc.take(images, pa.array(chosen, pa.int64(), mask=chosen < 0))
+
+    mask = pa.array(keep)
+    return pa.table({
+        changetype.CHANGE_TYPE_COLUMN: pa.array(labels[keep], pa.string()),
+        changetype.LOG_OFFSET_COLUMN: changelog.column(changetype.LOG_OFFSET_COLUMN).filter(mask),
+        changetype.COMMIT_TIMESTAMP_COLUMN: changelog.column(changetype.COMMIT_TIMESTAMP_COLUMN).filter(mask),
+        "before": pick(before_row), "after": pick(after_row),
+    }, schema=binlog_schema(table.descriptor))

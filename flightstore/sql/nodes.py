@@ -1,0 +1,270 @@
+"""Plan nodes: immutable values the planner returns and the executor runs.
+
+Every node renders itself as one deterministic line with :meth:`PlanNode.explain` (used by
+``EXPLAIN`` and the golden plan files): ``Name(field=value, ...)`` in field order, where tables
+render as ``db.table``, column tuples as ``[a, b]``, Arrow tables as lists of row tuples, filters
+as SQL-like text and nested plans by their own ``explain()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from flightstore.expressions import (AlwaysTrue, And, Comparison, In, IsNotNull, IsNull, Not, Or,
+                                     Predicate, StartsWith)
+from flightstore.schema import TableDescriptor, TablePath
+from flightstore.sql.literals import render_value
+
+__all__ = [
+    "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "Count", "Changelog", "Residual",
+    "ResidualInput", "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
+    "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain", "UseDatabase",
+    "render_predicate",
+]
+
+
+def render_predicate(predicate: Predicate | None) -> str:
+    """SQL-like text of a filter; ``None`` renders as ``None``."""
+    if predicate is None:
+        return "None"
+    if isinstance(predicate, Comparison):
+        return f"{predicate.column} {predicate.op} {render_value(predicate.value)}"
+    if isinstance(predicate, In):
+        return f"{predicate.column} IN {render_value(tuple(predicate.values))}"
+    if isinstance(predicate, IsNull):
+        return f"{predicate.column} IS NULL"
+    if isinstance(predicate, IsNotNull):
+        return f"{predicate.column} IS NOT NULL"
+    if isinstance(predicate, StartsWith):
+        return f"STARTS_WITH({predicate.column}, {render_value(predicate.prefix)})"
+    if isinstance(predicate, And):
+        return f"({render_predicate(predicate.left)} AND {render_predicate(predicate.right)})"
+    if isinstance(predicate, Or):
+        return f"({render_predicate(predicate.left)} OR {render_predicate(predicate.right)})"
+    if isinstance(predicate, Not):
+        return f"NOT {render_predicate(predicate.child)}"
+    if isinstance(predicate, AlwaysTrue):
+        return "TRUE"
+    return repr(predicate)
+
+
+def _render(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, PlanNode):
+        return value.explain()
+    if isinstance(value, Predicate):
+        return render_predicate(value)
+    if isinstance(value, TablePath):
+        return str(value)
+    if isinstance(value, TableDescriptor):
+        return _render_descriptor(value)
+    if isinstance(value, pa.Table):
+        rows = zip(*(column.to_pylist() for column in value.columns)) if value.num_columns else []
+        return "[" + ", ".join(_render_row(row) for row in rows) + "]"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_render(v) if not isinstance(v, str) else v for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {render_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str):
+        return value
+    return render_value(value)
+
+
+def _render_row(row: tuple) -> str:
+    inner = ", ".join(render_value(v) for v in row)
+    return f"({inner},)" if len(row) == 1 else f"({inner})"
+
+
+def _render_descriptor(d: TableDescriptor) -> str:
+    from flightstore.schema import arrow_type_to_sql
+
+    cols = ", ".join(f"{f.name} {arrow_type_to_sql(f.type)}{'' if f.nullable else ' NOT NULL'}"
+                     for f in d.schema)
+    options = ", ".join(f"{k}={v}" for k, v in sorted(d.options.items()))
+    return (f"{d.path}({cols}) primary_key={_render(d.primary_key)} "
+            f"bucket_key={_render(d.bucket_key)} partition_keys={_render(d.partition_keys)} "
+            f"buckets={d.num_buckets} options={{{options}}} comment={render_value(d.comment)}")
+
+
+class PlanNode:
+    """Base of every plan node."""
+
+    def explain(self) -> str:
+        """One deterministic line describing this node."""
+        parts = []
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            text = render_value(value) if f.name == "sql" else _render(value)
+            parts.append(f"{f.name}={text}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+Plan = PlanNode
+
+
+# ---- queries ------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=True)
+class PointLookup(PlanNode):
+    """Multi-get of whole primary keys; ``keys`` holds the PK columns cast to their types."""
+
+    table: TablePath
+    keys: pa.Table
+    columns: tuple[str, ...]
+    filter: Predicate | None = None
+
+
+@dataclass(frozen=True)
+class PrefixLookup(PlanNode):
+    """Rows whose bucket-key columns equal a row of ``prefix`` (the bucket key leads the PK)."""
+
+    table: TablePath
+    prefix: pa.Table
+    columns: tuple[str, ...]
+    filter: Predicate | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class Scan(PlanNode):
+    """Column-pruned scan with an optional filter and row limit."""
+
+    table: TablePath
+    columns: tuple[str, ...]
+    filter: Predicate | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class Count(PlanNode):
+    """``SELECT COUNT(*) FROM t``: one row, one BIGINT column named ``column_name``."""
+
+    table: TablePath
+    column_name: str
+
+
+@dataclass(frozen=True)
+class Changelog(PlanNode):
+    """The table's log with its change-type, offset and commit-timestamp columns."""
+
+    table: TablePath
+    kind: Literal["changelog", "binlog"]
+    columns: tuple[str, ...]
+    filter: Predicate | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class ResidualInput(PlanNode):
+    """One table feeding a residual query, registered under ``name`` (pruned and pre-filtered)."""
+
+    name: str
+    table: TablePath
+    source: Literal["table", "changelog", "binlog"]
+    columns: tuple[str, ...]
+    filter: Predicate | None = None
+
+
+@dataclass(frozen=True)
+class Residual(PlanNode):
+    """DuckDB SQL over named inputs; the filters of the inputs are also still in ``sql``."""
+
+    sql: str
+    inputs: tuple[ResidualInput, ...] = ()
+
+
+# ---- writes -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Insert(PlanNode):
+    """Rows to write; ``columns`` None means every column, else a partial update of those."""
+
+    table: TablePath
+    data: pa.Table
+    columns: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class InsertSelect(PlanNode):
+    """Write the result of ``query`` (its columns in order) into ``columns`` (None = all)."""
+
+    table: TablePath
+    query: PlanNode
+    columns: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Delete(PlanNode):
+    """Delete the rows with ``keys`` (then matching ``filter``), or matching ``filter``.
+
+    Both None deletes every row.
+    """
+
+    table: TablePath
+    keys: pa.Table | None = None
+    filter: Predicate | None = None
+
+
+@dataclass(frozen=True)
+class Update(PlanNode):
+    """Set ``assignments`` (column -> value cast to the column type) on the selected rows."""
+
+    table: TablePath
+    assignments: dict[str, Any] = field(default_factory=dict)
+    keys: pa.Table | None = None
+    filter: Predicate | None = None
+
+
+# ---- DDL and metadata ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CreateDatabase(PlanNode):
+    name: str
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class DropDatabase(PlanNode):
+    name: str
+    if_exists: bool = False
+    cascade: bool = False
+
+
+@dataclass(frozen=True)
+class CreateTable(PlanNode):
+    descriptor: TableDescriptor
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class DropTable(PlanNode):
+    table: TablePath
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class ShowDatabases(PlanNode):
+    pass
+
+
+@dataclass(frozen=True)
+class ShowTables(PlanNode):
+    database: str
+
+
+@dataclass(frozen=True)
+class Describe(PlanNode):
+    table: TablePath
+
+
+@dataclass(frozen=True)
+class Explain(PlanNode):
+    plan: PlanNode
+
+
+@dataclass(frozen=True)
+class UseDatabase(PlanNode):
+    name: str

@@ -1,0 +1,243 @@
+"""SQL text -> one sqlglot statement, in the Flink SQL dialect Fluss users write.
+
+The dialect is sqlglot's default (ANSI-ish) dialect plus backtick-quoted identifiers, which parses
+Flink DDL (``STRING``, ``BYTES``, ``TIMESTAMP_LTZ(3)``, ``PRIMARY KEY (..) NOT ENFORCED``,
+``PARTITIONED BY``, ``WITH ('k' = 'v')``) as is. Statements sqlglot only knows as opaque commands
+(``SHOW ...``, ``EXPLAIN ...``) are recognised from the token stream before parsing.
+
+Every failure is a :class:`~flightstore.errors.SqlError` whose message carries sqlglot's description
+with the line, column and offending text; a well-formed statement flightstore does not implement is
+:class:`~flightstore.errors.Unsupported` naming the statement kind.
+
+Parameters (``?`` and ``$1`` style) are substituted by :func:`bind_parameters` before planning, as
+literals, so the plan and any residual SQL carry plain values.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import sqlglot
+from sqlglot import exp, tokens
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
+
+from flightstore.errors import SqlError, Unsupported
+
+__all__ = [
+    "FlinkSql", "DIALECT", "Show", "Explain", "Statement", "parse_statement", "placeholders",
+    "bind_parameters", "value_to_sql",
+]
+
+
+class FlinkSql(Dialect):
+    """sqlglot's default dialect with Flink's backtick identifiers and ``X'..'`` bytes."""
+
+    class Tokenizer(tokens.Tokenizer):
+        IDENTIFIERS = ['"', "`"]
+        HEX_STRINGS = [("x'", "'"), ("X'", "'")]
+
+
+DIALECT = FlinkSql
+
+_PARAM_NAME = re.compile(r"^\$(\d+)$")
+
+
+@dataclass(frozen=True)
+class Show:
+    """``SHOW DATABASES`` (``what='databases'``) or ``SHOW TABLES [IN|FROM db]``."""
+
+    what: str
+    database: str | None = None
+
+
+@dataclass(frozen=True)
+class Explain:
+    """``EXPLAIN [PLAN FOR] <statement>``."""
+
+    statement: "Statement"
+
+
+Statement = Any  # exp.Expression | Show | Explain
+
+
+def _tokenize(sql: str) -> list[tokens.Token]:
+    try:
+        return FlinkSql().tokenize(sql)
+    except TokenError as exc:
+        raise SqlError(f"cannot read the SQL text: {exc}") from None
+
+
+def _syntax_error(exc: ParseError) -> SqlError:
+    if not exc.errors:
+        return SqlError(f"syntax error: {exc}")
+    first = exc.errors[0]
+    near = (first.get("highlight") or "").strip()
+    where = f"line {first.get('line')}, column {first.get('col')}"
+    context = f" near {near!r}" if near else " at the end of the statement"
+    return SqlError(f"syntax error at {where}{context}: {first.get('description')}")
+
+
+def _split_statements(sql: str, toks: list[tokens.Token]) -> list[tuple[str, list[tokens.Token]]]:
+    """Split on top-level semicolons; each part keeps its source text and tokens."""
+    parts: list[tuple[str, list[tokens.Token]]] = []
+    current: list[tokens.Token] = []
+    for token in toks:
+        if token.token_type == TokenType.SEMICOLON:
+            if current:
+                parts.append((sql[current[0].start: current[-1].end + 1], current))
+            current = []
+        else:
+            current.append(token)
+    if current:
+        parts.append((sql[current[0].start: current[-1].end + 1], current))
+    return parts
+
+
+def _parse_show(text: str) -> Show:
+    # The tokenizer keeps everything after SHOW as one opaque string: re-tokenize that text.
+    toks = _tokenize(text[4:].strip())
+    words = ["SHOW"] + [t.text.upper() for t in toks]
+    toks = [None] + toks  # type: ignore[list-item]
+    if words[1:] == ["DATABASES"] or words[1:] == ["SCHEMAS"]:
+        return Show("databases")
+    if len(words) >= 2 and words[1] == "TABLES":
+        if len(words) == 2:
+            return Show("tables")
+        if len(words) == 4 and words[2] in ("IN", "FROM"):
+            return Show("tables", toks[3].text)  # type: ignore[union-attr]
+        raise SqlError(f"syntax error in {text!r}: expected SHOW TABLES [IN|FROM database]")
+    raise Unsupported(f"unsupported statement: {' '.join(words[:3])}")
+
+
+def parse_statement(sql: str) -> Statement:
+    """Parse exactly one statement (a trailing ``;`` is fine).
+
+    Returns a sqlglot expression, or :class:`Show` / :class:`Explain` for statements sqlglot keeps
+    opaque. Raises SqlError for syntax errors, empty input or several statements.
+    """
+    if not isinstance(sql, str):
+        raise SqlError(f"SQL must be a string, not {type(sql).__name__}")
+    statements = _split_statements(sql, _tokenize(sql))
+    if not statements:
+        raise SqlError("empty SQL statement")
+    if len(statements) > 1:
+        raise SqlError(f"expected one SQL statement, got {len(statements)}; send them one by one")
+    text, toks = statements[0]
+    head = toks[0].text.upper()
+    if head == "SHOW":
+        return _parse_show(text)
+    if head == "EXPLAIN":
+        inner = re.sub(r"^PLAN\s+FOR\b", "", text[len(toks[0].text):].strip(), flags=re.I).strip()
+        if not inner:
+            raise SqlError("EXPLAIN needs a statement to explain")
+        return Explain(parse_statement(inner))
+    text = _number_question_marks(text, toks)
+    try:
+        parsed = sqlglot.parse(text, read=FlinkSql)
+    except ParseError as exc:
+        raise _syntax_error(exc) from None
+    except TokenError as exc:
+        raise SqlError(f"cannot read the SQL text: {exc}") from None
+    parsed = [p for p in parsed if p is not None]
+    if len(parsed) != 1:
+        raise SqlError(f"expected one SQL statement, got {len(parsed)}")
+    statement = parsed[0]
+    if isinstance(statement, exp.Command):
+        raise Unsupported(f"unsupported statement: {statement.name.upper()}")
+    return _normalize_placeholders(statement)
+
+
+def _number_question_marks(text: str, toks: list[tokens.Token]) -> str:
+    """Rewrite ``?`` placeholders as ``$1``, ``$2``... (text order) so every parameter is numbered."""
+    marks = [t for t in toks if t.token_type == TokenType.PLACEHOLDER and t.text == "?"]
+    if not marks:
+        return text
+    if any(t.token_type == TokenType.VAR and _PARAM_NAME.match(t.text) for t in toks) or \
+            any(t.token_type == TokenType.PARAMETER for t in toks):
+        raise SqlError("do not mix ? and $n parameter styles in one statement")
+    offset = toks[0].start
+    pieces, last = [], 0
+    for number, mark in enumerate(marks, start=1):
+        pieces.append(text[last: mark.start - offset])
+        pieces.append(f"${number}")
+        last = mark.end + 1 - offset
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
+def _normalize_placeholders(statement: exp.Expression) -> exp.Expression:
+    """Turn ``$1``-style names (parsed as columns) into numbered placeholders."""
+    for column in list(statement.find_all(exp.Column)):
+        if not column.table and not column.this.quoted and _PARAM_NAME.match(column.name):
+            column.replace(exp.Placeholder(this=column.name[1:]))
+    return statement
+
+
+def placeholders(statement: exp.Expression) -> list[tuple[exp.Placeholder, int]]:
+    """Every placeholder with its 0-based parameter index, in text order.
+
+    :func:`parse_statement` numbers ``?`` placeholders left to right, so ``?`` and ``$n`` both
+    arrive here as ``$n``, referring to parameter ``n - 1``.
+    """
+    result = []
+    for node in statement.find_all(exp.Placeholder):
+        if not str(node.this or "").isdigit():
+            raise SqlError(f"unsupported parameter {node.sql()!r}; use ? or $1, $2, ...")
+        number = int(node.this)
+        if number < 1:
+            raise SqlError(f"parameter ${number} is invalid; parameters count from $1")
+        result.append((node, number - 1))
+    result.sort(key=lambda pair: pair[1])
+    return result
+
+
+def value_to_sql(value: Any) -> exp.Expression:
+    """A Python parameter value as a sqlglot literal expression."""
+    if value is None:
+        return exp.Null()
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, (int, decimal.Decimal)):
+        text = str(value)
+        return exp.Neg(this=exp.Literal.number(text[1:])) if text.startswith("-") \
+            else exp.Literal.number(text)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return exp.Cast(this=exp.Literal.string(str(value)), to=exp.DataType.build("DOUBLE"))
+        text = repr(value)
+        return exp.Neg(this=exp.Literal.number(text[1:])) if text.startswith("-") \
+            else exp.Literal.number(text)
+    if isinstance(value, str):
+        return exp.Literal.string(value)
+    if isinstance(value, _dt.datetime):
+        return exp.Cast(this=exp.Literal.string(value.isoformat(sep=" ")),
+                        to=exp.DataType.build("TIMESTAMP"))
+    if isinstance(value, _dt.date):
+        return exp.Cast(this=exp.Literal.string(value.isoformat()), to=exp.DataType.build("DATE"))
+    if isinstance(value, _dt.time):
+        return exp.Cast(this=exp.Literal.string(value.isoformat()), to=exp.DataType.build("TIME"))
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return exp.HexString(this=bytes(value).hex())
+    raise SqlError(f"unsupported parameter value {value!r} of type {type(value).__name__}")
+
+
+def bind_parameters(statement: exp.Expression, params: Sequence[Any] | None) -> exp.Expression:
+    """Replace every placeholder by the literal of its parameter (in place; returns the statement).
+
+    Raises SqlError when the number of parameters does not match the placeholders.
+    """
+    found = placeholders(statement)
+    params = list(params or [])
+    needed = max((index for _, index in found), default=-1) + 1
+    if needed != len(params):
+        raise SqlError(f"the statement has {needed} parameter(s) but {len(params)} value(s) "
+                       "were given")
+    for node, index in found:
+        node.replace(value_to_sql(params[index]))
+    return statement

@@ -1,0 +1,215 @@
+"""The pure planner: SQL text + a catalog view in, a plan out. No I/O, no storage calls.
+
+Queries take the route table of ARCHITECTURE.md when the SELECT is a plain projection of columns
+(or ``*``) from one table with an optional storage-evaluable WHERE and LIMIT:
+
+* every primary-key column pinned by ``=`` / ``IN`` -> :class:`PointLookup`;
+* every bucket-key column pinned, the bucket key a strict prefix of the PK -> :class:`PrefixLookup`;
+* ``SELECT COUNT(*) FROM t`` -> :class:`Count`;
+* ``FROM t$changelog`` / ``t$binlog`` -> :class:`Changelog`;
+* otherwise -> :class:`Scan` with the WHERE as a bound predicate.
+
+Everything else is a :class:`Residual` (see :mod:`flightstore.sql.residual`). Writes are planned in
+:mod:`flightstore.sql.dml`, DDL and metadata statements in :mod:`flightstore.sql.ddl`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from sqlglot import exp
+
+from flightstore.errors import InvalidInput, SqlError
+from flightstore.expressions import Predicate, and_all
+from flightstore.sql import ddl, dml
+from flightstore.sql import nodes
+from flightstore.sql.literals import NotALiteral, literal_value
+from flightstore.sql.nodes import *  # noqa: F401,F403 - the nodes are part of this module's API
+from flightstore.sql.nodes import __all__ as _NODES
+from flightstore.sql.nodes import Changelog, Count, Plan, PointLookup, PrefixLookup, Scan
+from flightstore.sql.parameters import parameter_schema
+from flightstore.sql.parse import Explain as ParsedExplain
+from flightstore.sql.parse import Show, bind_parameters, parse_statement
+from flightstore.sql.predicates import conjuncts, extract_keys, to_predicate
+from flightstore.sql.residual import plan_residual
+from flightstore.sql.resolve import CatalogView, ResolvedTable, resolve_column, resolve_table_node
+
+__all__ = ["CatalogView", "plan", "plan_statement", "plan_query", "parameter_schema", "COUNT_COLUMN",
+           *_NODES]
+
+COUNT_COLUMN = "count_star()"  # the name DuckDB gives COUNT(*), so both routes agree
+
+_PLAIN_ARGS = {"expressions", "from", "from_", "where", "limit"}
+
+
+def plan(sql: str, catalog: CatalogView, params: Sequence[Any] | None = None) -> Plan:
+    """Plan one SQL statement; ``params`` fill its ``?`` / ``$n`` placeholders in order.
+
+    Raises SqlError (syntax, unknown column, literal mismatch, parameter count), TableNotFound,
+    DatabaseNotFound, Unsupported, and InvalidInput subclasses from table validation.
+    """
+    statement = parse_statement(sql)
+    return plan_statement(_bind(statement, params), catalog)
+
+
+def _bind(statement: Any, params: Sequence[Any] | None) -> Any:
+    if isinstance(statement, ParsedExplain):
+        return ParsedExplain(_bind(statement.statement, params))
+    if isinstance(statement, exp.Expression):
+        return bind_parameters(statement, params)
+    if params:
+        raise SqlError(f"the statement takes no parameters but {len(params)} were given")
+    return statement
+
+
+def plan_statement(statement: Any, catalog: CatalogView) -> Plan:
+    """Plan a parsed statement (parameters already bound)."""
+    if isinstance(statement, ParsedExplain):
+        return nodes.Explain(plan_statement(statement.statement, catalog))
+    if isinstance(statement, Show):
+        return ddl.plan_show(statement, catalog)
+    if isinstance(statement, exp.Query):
+        return plan_query(statement, catalog)
+    if isinstance(statement, exp.Insert):
+        return dml.plan_insert(statement, catalog, plan_query)
+    if isinstance(statement, exp.Delete):
+        return dml.plan_delete(statement, catalog)
+    if isinstance(statement, exp.Update):
+        return dml.plan_update(statement, catalog)
+    return ddl.plan_ddl(statement, catalog)
+
+
+def plan_query(ast: exp.Expression, catalog: CatalogView) -> Plan:
+    """Route a query: a storage route for plain projections, else a residual plan."""
+    if isinstance(ast, exp.Select) and _is_plain(ast):
+        routed = _plan_plain(ast, catalog)
+        if routed is not None:
+            return routed
+    return plan_residual(ast, catalog)
+
+
+def _is_plain(select: exp.Select) -> bool:
+    for key, value in select.args.items():
+        if key not in _PLAIN_ARGS and value not in (None, False, [], ""):
+            return False
+    source = select.args.get("from_") or select.args.get("from")
+    if source is None or not isinstance(source.this, exp.Table):
+        return False
+    limit = select.args.get("limit")
+    if limit is not None and (not isinstance(limit, exp.Limit) or limit.args.get("offset")):
+        return False
+    where = select.args.get("where")
+    return where is None or not where.find(exp.Select, exp.Subquery)
+
+
+def _limit(select: exp.Select) -> int | None | bool:
+    """The LIMIT as an int, None without LIMIT, False when it is not a literal count."""
+    limit = select.args.get("limit")
+    if limit is None:
+        return None
+    try:
+        value = literal_value(limit.expression)
+    except NotALiteral:
+        return False
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SqlError(f"LIMIT must be a non-negative integer, not {limit.expression.sql()}")
+    return value
+
+
+def _count_name(select: exp.Select) -> str | None:
+    """The output column name when the projection is exactly ``COUNT(*) [AS name]``."""
+    if len(select.expressions) != 1:
+        return None
+    item = select.expressions[0]
+    name = COUNT_COLUMN
+    if isinstance(item, exp.Alias):
+        name, item = item.alias, item.this
+    if isinstance(item, exp.Count) and isinstance(item.this, exp.Star):
+        return name
+    return None
+
+
+def _plan_plain(select: exp.Select, catalog: CatalogView) -> Plan | None:
+    source = (select.args.get("from_") or select.args.get("from")).this
+    table = resolve_table_node(catalog, source)
+    qualifiers = {source.alias_or_name.lower(), source.name.lower()}
+
+    limit = _limit(select)
+    if limit is False:
+        return None
+    count_name = _count_name(select)
+    if count_name is not None:
+        if table.source == "table" and select.args.get("where") is None and limit is None:
+            return Count(table=table.path, column_name=count_name)
+        return None
+
+    columns = _projection(select, table, qualifiers)
+    if columns is None:
+        return None
+
+    def column_of(column: exp.Column) -> str | None:
+        if column.table and column.table.lower() not in qualifiers:
+            return None
+        return resolve_column(table.schema, column.name, _shown(table))
+
+    predicates: list[Predicate] = []
+    where = select.args.get("where")
+    for term in conjuncts(where.this if where is not None else None):
+        predicate = to_predicate(term, column_of, table.schema)
+        if predicate is None:
+            return None
+        try:
+            predicates.append(predicate.bind(table.schema))
+        except InvalidInput as exc:
+            raise SqlError(str(exc)) from None
+
+    if table.source != "table":
+        return Changelog(table=table.path, kind=table.source, columns=columns,  # type: ignore[arg-type]
+                         filter=and_all(predicates), limit=limit)
+    return _route(table, columns, predicates, limit)
+
+
+def _shown(table: ResolvedTable) -> str:
+    return str(table.path) if table.source == "table" else f"{table.path}${table.source}"
+
+
+def _projection(select: exp.Select, table: ResolvedTable, qualifiers: set[str]
+                ) -> tuple[str, ...] | None:
+    """The selected column names, or None when the projection is not plain columns / ``*``."""
+    items = select.expressions
+    if len(items) == 1 and isinstance(items[0], exp.Star):
+        return tuple(table.schema.names)
+    columns: list[str] = []
+    for item in items:
+        if not isinstance(item, exp.Column) or isinstance(item.this, exp.Star):
+            return None
+        if item.table and item.table.lower() not in qualifiers:
+            return None
+        columns.append(resolve_column(table.schema, item.name, _shown(table)))
+    if len(set(columns)) != len(columns):
+        return None
+    return tuple(columns)
+
+
+def _route(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Predicate],
+           limit: int | None) -> Plan:
+    descriptor = table.descriptor
+    schema = table.schema
+    pk = descriptor.primary_key
+    if pk:
+        found = extract_keys(predicates, pk, schema)
+        if found is not None:
+            keys, remaining = found
+            if limit is None or limit >= keys.num_rows:
+                return PointLookup(table=table.path, keys=keys, columns=columns,
+                                   filter=and_all(remaining))
+            return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit)
+        bucket_key = descriptor.bucket_key
+        if bucket_key and len(bucket_key) < len(pk) and pk[: len(bucket_key)] == bucket_key:
+            found = extract_keys(predicates, bucket_key, schema)
+            if found is not None:
+                prefix, remaining = found
+                return PrefixLookup(table=table.path, prefix=prefix, columns=columns,
+                                    filter=and_all(remaining), limit=limit)
+    return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit)
+

@@ -1,0 +1,161 @@
+"""Residual planning: any query the storage routes cannot answer runs in the embedded engine.
+
+Each catalog table reference becomes a named input (``"__t0"``, ``"__t1"``, ...) that keeps the
+reference's alias, so the query text is otherwise unchanged and transpiled to DuckDB. sqlglot's
+``qualify`` (with a schema mapping built from the catalog) tells which columns each input must
+provide; WHERE conjuncts of the outermost SELECT that touch one top-level input and convert to a
+:class:`~flightstore.expressions.Predicate` are pushed into that input (and kept in the SQL), unless
+the query has outer joins, where pushing below the join would change the result.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sqlglot import exp
+from sqlglot.errors import OptimizeError, SqlglotError
+from sqlglot.optimizer.qualify import qualify
+from sqlglot.optimizer.scope import Scope, traverse_scope
+
+from flightstore.errors import InvalidInput, SqlError
+from flightstore.expressions import Predicate, and_all
+from flightstore.sql.nodes import Residual, ResidualInput
+from flightstore.sql.predicates import conjuncts, to_predicate
+from flightstore.sql.resolve import CatalogView, ResolvedTable, resolve_column, resolve_table_node
+
+__all__ = ["plan_residual", "INPUT_PREFIX"]
+
+INPUT_PREFIX = "__t"
+_UNRESOLVED = re.compile(r"Column '(?:\"?[^\"']*\"?\.)?\"?([^\"']+)\"?' could not be resolved")
+
+
+def _cte_names(ast: exp.Expression) -> set[str]:
+    return {cte.alias_or_name.lower() for cte in ast.find_all(exp.CTE)}
+
+
+def _table_refs(ast: exp.Expression) -> list[exp.Table]:
+    """Catalog table references (CTE references excluded), in text order."""
+    ctes = _cte_names(ast)
+    refs = []
+    for node in ast.find_all(exp.Table, bfs=False):
+        if not node.db and node.name.lower() in ctes:
+            continue
+        refs.append(node)
+    return refs
+
+
+def _has_outer_join(ast: exp.Expression) -> bool:
+    for join in ast.find_all(exp.Join):
+        side = (join.side or "").upper()
+        kind = (join.kind or "").upper()
+        if side or kind not in ("", "INNER", "CROSS"):
+            return True
+    return False
+
+
+def plan_residual(ast: exp.Expression, catalog: CatalogView) -> Residual:
+    """Plan ``ast`` (a query) as DuckDB SQL over pruned, pre-filtered inputs."""
+    ast = ast.copy()
+    resolved: list[ResolvedTable] = []
+    for index, node in enumerate(_table_refs(ast)):
+        resolved.append(resolve_table_node(catalog, node))
+        alias = node.args.get("alias")
+        if alias is None:
+            alias = exp.TableAlias(this=exp.Identifier(this=node.name, quoted=True))
+        node.replace(exp.Table(this=exp.Identifier(this=f"{INPUT_PREFIX}{index}", quoted=True),
+                               alias=alias))
+    try:
+        sql = ast.sql(dialect="duckdb")
+    except SqlglotError as exc:
+        raise SqlError(f"cannot translate the query for the embedded engine: {exc}") from None
+    if not resolved:
+        return Residual(sql=sql, inputs=())
+
+    analysis = _qualified(ast, resolved)
+    used: list[set[str]] = [set() for _ in resolved]
+    scopes = traverse_scope(analysis)
+    for scope in scopes:
+        for column in scope.columns:
+            index = _input_of(scope, column.table)
+            if index is not None:
+                used[index].add(column.name)
+
+    filters: list[list[Predicate]] = [[] for _ in resolved]
+    root = scopes[-1] if scopes else None
+    if root is not None and isinstance(analysis, exp.Select) and not _has_outer_join(analysis):
+        _push_filters(root, analysis, resolved, filters)
+
+    inputs = []
+    for index, table in enumerate(resolved):
+        lowered = {name.lower() for name in used[index]}
+        columns = tuple(n for n in table.schema.names if n.lower() in lowered)
+        if not columns:  # e.g. COUNT(*): one narrow column keeps the row count
+            columns = (table.descriptor.primary_key or table.schema.names)[:1]
+        predicate = and_all(filters[index])
+        inputs.append(ResidualInput(name=f"{INPUT_PREFIX}{index}", table=table.path,
+                                    source=table.source, columns=tuple(columns), filter=predicate))
+    return Residual(sql=sql, inputs=tuple(inputs))
+
+
+def _qualified(ast: exp.Expression, resolved: list[ResolvedTable]) -> exp.Expression:
+    """A lower-cased, fully qualified copy of ``ast`` (stars expanded) for analysis only."""
+    mapping = {f"{INPUT_PREFIX}{i}": {name.lower(): "TEXT" for name in table.schema.names}
+               for i, table in enumerate(resolved)}
+    analysis = ast.copy()
+    for identifier in analysis.find_all(exp.Identifier):
+        if not identifier.name.startswith(INPUT_PREFIX):
+            identifier.set("this", identifier.name.lower())
+            identifier.set("quoted", False)
+    try:
+        return qualify(analysis, schema=mapping, dialect="duckdb", quote_identifiers=False,
+                       validate_qualify_columns=True)
+    except OptimizeError as exc:
+        match = _UNRESOLVED.search(str(exc))
+        tables = ", ".join(sorted({str(t.path) + ("" if t.source == "table" else f"${t.source}")
+                                   for t in resolved}))
+        if match:
+            raise SqlError(f"unknown column {match.group(1)!r} in table {tables}") from None
+        raise SqlError(f"cannot resolve the query over {tables}: {exc}") from None
+    except SqlglotError as exc:
+        raise SqlError(f"cannot analyse the query: {exc}") from None
+
+
+def _input_of(scope: Scope | None, alias: str) -> int | None:
+    while scope is not None:
+        source = scope.sources.get(alias)
+        if source is not None:
+            if isinstance(source, exp.Table) and source.name.startswith(INPUT_PREFIX):
+                return int(source.name[len(INPUT_PREFIX):])
+            return None
+        scope = scope.parent
+    return None
+
+
+def _push_filters(root: Scope, select: exp.Select, resolved: list[ResolvedTable],
+                  filters: list[list[Predicate]]) -> None:
+    where = select.args.get("where")
+    if where is None:
+        return
+    for term in conjuncts(where.this):
+        if term.find(exp.Select, exp.Subquery):
+            continue
+        aliases = {column.table for column in term.find_all(exp.Column)}
+        if len(aliases) != 1:
+            continue
+        alias = aliases.pop()
+        index = _input_of(root, alias) if alias in root.sources else None
+        if index is None:
+            continue
+        schema = resolved[index].schema
+        table = resolved[index].path
+
+        def column_of(column: exp.Column, alias: str = alias, schema=schema, table=table) -> str | None:
+            return resolve_column(schema, column.name, table) if column.table == alias else None
+
+        predicate = to_predicate(term, column_of, schema)
+        if predicate is None:
+            continue
+        try:
+            filters[index].append(predicate.bind(schema))
+        except InvalidInput as exc:
+            raise SqlError(str(exc)) from None
