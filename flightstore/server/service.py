@@ -457,7 +457,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 result = table.append(rows, writer_id=writer_id, sequence=sequence)
         else:
             raise InvalidInput(f"unknown flightstore write command {op!r}")
-        return {"rows": data.num_rows, "duplicate": bool(result.duplicate),
+        return {"op": "written", "rows": data.num_rows, "duplicate": bool(result.duplicate),
                 "offsets": {str(k): v for k, v in result.items()}}
 
     def _custom_action(self, kind: str, payload: dict) -> bytes:

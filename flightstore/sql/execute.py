@@ -295,7 +295,7 @@ class Executor:
             for name, data in inputs.items():
                 connection.register(name, data)
             try:
-                return connection.execute(sql).to_arrow_table()
+                return connection.sql(sql).to_arrow_table()
             except duckdb.Error as exc:
                 raise SqlError(f"query failed: {exc}") from None
         finally:

@@ -1,0 +1,223 @@
+"""A thin Python client over pyarrow.flight: SQL, and table handles for writes, lookups, scans and
+changelog subscriptions. Arrow in, Arrow out.
+
+Writes are idempotent: every :class:`TableClient` has a writer id and numbers its batches; a batch
+whose acknowledgement was lost is retried with the same sequence and applied once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Iterator, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from flightstore.expressions import Predicate
+from flightstore.server import protocol, tickets
+
+__all__ = ["connect", "Connection", "TableClient", "Subscription"]
+
+
+def connect(uri: str = "grpc://127.0.0.1:8815", *, username: str | None = None,
+            password: str | None = None, timeout: float | None = None) -> "Connection":
+    """Connect to a flightstore server."""
+    return Connection(uri, username=username, password=password, timeout=timeout)
+
+
+def _as_table(data: Any) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, Mapping):
+        return pa.table(dict(data))
+    if isinstance(data, list):
+        return pa.Table.from_pylist(data)
+    raise TypeError(f"expected Arrow data, a dict of columns or a list of rows, got {type(data).__name__}")
+
+
+class Connection:
+    """A connection to one server. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, uri: str, *, username: str | None = None, password: str | None = None,
+                 timeout: float | None = None) -> None:
+        self.uri = uri
+        self._client = flight.FlightClient(uri)
+        self._options = flight.FlightCallOptions(timeout=timeout)
+        if username is not None:
+            header = self._client.authenticate_basic_token(username, password or "")
+            self._options = flight.FlightCallOptions(timeout=timeout, headers=[header])
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ---- SQL ----------------------------------------------------------------------------------
+    def sql(self, text: str) -> pa.Table:
+        """Run one SQL statement; queries return their rows, statements ``rows_affected``."""
+        command = protocol.pack_any(protocol.CommandStatementQuery(query=text))
+        info = self._client.get_flight_info(flight.FlightDescriptor.for_command(command), self._options)
+        return self.read_info(info)
+
+    def read_info(self, info: flight.FlightInfo) -> pa.Table:
+        """Read every endpoint of ``info`` (in order) into one table."""
+        parts = [self._client.do_get(endpoint.ticket, self._options).read_all()
+                 for endpoint in info.endpoints]
+        if not parts:
+            return info.schema.empty_table()
+        return pa.concat_tables(parts)
+
+    def execute(self, text: str) -> int:
+        """Run a statement through the Flight SQL update path; returns the affected row count."""
+        command = protocol.pack_any(protocol.CommandStatementUpdate(query=text))
+        writer, reader = self._client.do_put(flight.FlightDescriptor.for_command(command),
+                                             pa.schema([]), self._options)
+        writer.done_writing()
+        result = reader.read()
+        writer.close()
+        return protocol.parse("DoPutUpdateResult", result.to_pybytes()).record_count
+
+    def table(self, name: str, *, writer_id: str | None = None) -> "TableClient":
+        return TableClient(self, name, writer_id=writer_id)
+
+    # ---- plumbing for TableClient -------------------------------------------------------------
+    def _get(self, payload: dict) -> flight.FlightStreamReader:
+        return self._client.do_get(flight.Ticket(tickets.encode_custom(payload)), self._options)
+
+    def _put(self, payload: dict, data: pa.Table) -> dict:
+        descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
+        writer, reader = self._client.do_put(descriptor, data.schema, self._options)
+        writer.write_table(data, max_chunksize=65_536)
+        writer.done_writing()
+        answer = reader.read()
+        writer.close()
+        return tickets.decode_custom(answer.to_pybytes())
+
+    def _action(self, kind: str, payload: dict) -> dict:
+        body = tickets.encode_custom({"op": kind, **payload})
+        results = list(self._client.do_action(flight.Action(kind, body), self._options))
+        return tickets.decode_custom(results[0].body.to_pybytes())
+
+
+class Subscription:
+    """An iterator over changelog batches as they are written; :meth:`close` ends it."""
+
+    def __init__(self, reader: flight.FlightStreamReader) -> None:
+        self._reader = reader
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            try:
+                chunk = self._reader.read_chunk()
+            except StopIteration:
+                return
+            if chunk.data is not None and chunk.data.num_rows:
+                yield chunk.data
+
+    def close(self) -> None:
+        self._reader.cancel()
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TableClient:
+    """Writes and reads of one table through the server."""
+
+    RETRIES = 3
+
+    def __init__(self, connection: Connection, name: str, *, writer_id: str | None = None) -> None:
+        self.connection = connection
+        self.name = name
+        self.writer_id = writer_id or uuid.uuid4().hex
+        self._sequence = None
+
+    # ---- writes -------------------------------------------------------------------------------
+    def _next_sequence(self) -> int:
+        if self._sequence is None:
+            last = self.connection._action("flightstore.writer", {"table": self.name,
+                                                                  "writer_id": self.writer_id})["sequence"]
+            self._sequence = -1 if last is None else last
+        return self._sequence + 1
+
+    def _write(self, op: str, data: Any, columns: Sequence[str] | None = None) -> dict:
+        table = _as_table(data)
+        sequence = self._next_sequence()
+        payload = {"op": op, "table": self.name, "columns": list(columns) if columns else None,
+                   "writer_id": self.writer_id, "sequence": sequence}
+        for attempt in range(self.RETRIES):
+            try:
+                result = self.connection._put(payload, table)
+                break
+            except flight.FlightUnavailableError:
+                if attempt == self.RETRIES - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        self._sequence = sequence
+        return result
+
+    def append(self, data: Any) -> dict:
+        """Append rows to a log table."""
+        return self._write("append", data)
+
+    def upsert(self, data: Any, columns: Sequence[str] | None = None) -> dict:
+        """Insert or update rows of a primary-key table; ``columns`` = partial update."""
+        return self._write("upsert", data, columns)
+
+    def delete(self, keys: Any, columns: Sequence[str] | None = None) -> dict:
+        """Delete rows by primary key (``columns``: null only those columns)."""
+        return self._write("delete", keys, columns)
+
+    def write_changelog(self, data: Any, columns: Sequence[str] | None = None) -> dict:
+        """Write rows with a ``_change_type`` column (+I, -U, +U, -D)."""
+        return self._write("write", data, columns)
+
+    # ---- reads --------------------------------------------------------------------------------
+    @staticmethod
+    def _keys(keys: Any) -> dict:
+        table = _as_table(keys)
+        return {name: table.column(name).to_pylist() for name in table.column_names}
+
+    def lookup(self, keys: Any, columns: Sequence[str] | None = None) -> pa.Table:
+        payload = {"op": "lookup", "table": self.name, "keys": self._keys(keys),
+                   "columns": list(columns) if columns else None}
+        return self.connection._get(payload).read_all()
+
+    def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
+                      limit: int | None = None) -> pa.Table:
+        payload = {"op": "prefix_lookup", "table": self.name, "keys": self._keys(prefix),
+                   "columns": list(columns) if columns else None, "limit": limit}
+        return self.connection._get(payload).read_all()
+
+    def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+             limit: int | None = None) -> pa.Table:
+        payload = {"op": "scan", "table": self.name, "columns": list(columns) if columns else None,
+                   "filter": filter.to_dict() if filter is not None else None, "limit": limit}
+        return self.connection._get(payload).read_all()
+
+    def row_count(self) -> int:
+        return self.connection._get({"op": "count", "table": self.name}).read_all().column(0)[0].as_py()
+
+    def offsets(self, which: str = "end") -> dict[int, int]:
+        answer = self.connection._action("flightstore.offsets", {"table": self.name, "which": which})
+        return {int(k): v for k, v in answer["offsets"].items()}
+
+    def subscribe(self, start: Any = "earliest", columns: Sequence[str] | None = None,
+                  until: Mapping[int, int] | None = None) -> Subscription:
+        """Follow the changelog from ``start`` (earliest, latest, {"timestamp": ms} or
+        {bucket: offset}); with ``until`` ({bucket: end offset}) the stream ends there."""
+        payload = {"op": "subscribe", "table": self.name, "columns": list(columns) if columns else None,
+                   "start": start if not isinstance(start, Mapping) else {str(k): v for k, v in start.items()},
+                   "until": None if until is None else {str(k): v for k, v in until.items()}}
+        return Subscription(self.connection._get(payload))
