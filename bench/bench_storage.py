@@ -62,9 +62,9 @@ def bench_upserts_and_lookups(root: Path) -> list[Row]:
             db.write(write)
         db.close()
 
-    counter = iter(range(100))
-    ours = best_of(lambda: ours_upsert(str(next(counter))), 2)
-    peer = best_of(lambda: raw_upsert(str(next(counter))), 2)
+    ours_runs, raw_runs = iter(range(100)), iter(range(100))
+    ours = best_of(lambda: ours_upsert(str(next(ours_runs))), 2)
+    peer = best_of(lambda: raw_upsert(str(next(raw_runs))), 2)
     out = [Row("PK upserts, 500k rows x 5 cols, batches of 50k", UPSERT_ROWS / ours,
                UPSERT_ROWS / peer, "rows/s", "raw rocksdict WriteBatch.put (pre-encoded)")]
 
@@ -75,7 +75,8 @@ def bench_upserts_and_lookups(root: Path) -> list[Row]:
     with Store(root / "ours-0") as store:
         table = store.table("t")
         ours = best_of(lambda: [table.lookup(p) for p in probe], 3)
-    db = _raw_db(root / "raw-1")
+    db = _raw_db(root / "raw-0")  # the same rows, written by the peer's first run
+    assert all(v is not None for v in db.get(probe_keys[0])), "peer database lacks the rows"
     peer = best_of(lambda: [db.get(k) for k in probe_keys], 3)
     db.close()
     out.append(Row("PK lookups, batches of 1,000 keys (decoded to Arrow)", 100_000 / ours,

@@ -27,7 +27,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
 from flightstore import changetype
 from flightstore.errors import CorruptData, InvalidInput
@@ -86,6 +86,11 @@ class KvTablet:
     # ---- RocksDB plumbing ---------------------------------------------------------------------
     def _open_db(self) -> None:
         options = Options(raw_mode=True)
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)  # misses (new keys on upsert) skip SST files
+        options.set_block_based_table_factory(table)
+        options.set_memtable_whole_key_filtering(True)
+        options.set_memtable_prefix_bloom_ratio(0.1)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
         self.directory.mkdir(parents=True, exist_ok=True)

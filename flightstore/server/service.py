@@ -167,9 +167,10 @@ class FlightSqlServer(flight.FlightServerBase):
                                      [flight.FlightEndpoint(ticket, [])], 1, -1)
         schema = self.executor.output_schema(plan)
         endpoints = []
+        query_id = uuid.uuid4().hex  # tickets of one FlightInfo only: CancelFlightInfo cancels just these
         for partition in self.executor.partitions(plan):
             payload = {"sql": sql, "params": tickets.encode_params(params), "db": database,
-                       "partition": partition}
+                       "partition": partition, "query": query_id}
             endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
         return flight.FlightInfo(schema, descriptor, endpoints, -1, -1)
 
@@ -278,8 +279,9 @@ class FlightSqlServer(flight.FlightServerBase):
             return iter([])
         elif kind == protocol.CANCEL_FLIGHT_INFO:
             info = flight.FlightInfo.deserialize(request.info)
-            with self._lock:
-                self._cancelled.update(e.ticket.ticket for e in info.endpoints)
+            with self._lock:  # metadata tickets are the (shared) command bytes: never cancel those
+                self._cancelled.update(e.ticket.ticket for e in info.endpoints
+                                       if _is_query_ticket(e.ticket.ticket))
             result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
         elif kind == protocol.SET_SESSION_OPTIONS:
             with self._lock:
@@ -489,6 +491,16 @@ class _CallStop:
         return self.server_stop.is_set() or self.context.is_cancelled()
 
 
+def _is_query_ticket(data: bytes) -> bool:
+    """Whether ``data`` names one query's result (unique per FlightInfo, so cancellable)."""
+    if tickets.is_custom(data):
+        return tickets.decode_custom(data).get("op") == "result"
+    try:
+        return protocol.unpack_any(data).DESCRIPTOR.name == "TicketStatementQuery"
+    except FlightstoreError:
+        return False
+
+
 def _probe_value(arrow_type: pa.DataType) -> Any:
     """A harmless typed value standing in for a parameter while preparing."""
     if pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_decimal(arrow_type):
@@ -523,7 +535,11 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
     """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     store = Store(data_dir, fsync=fsync)
-    server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users)
+    try:
+        server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users)
+    except pa.ArrowException as exc:
+        store.close()
+        raise SystemExit(f"flightstore: cannot listen on {host}:{port} ({exc}); is the port in use?")
     print(f"flightstore serving {data_dir} at grpc://{host}:{server.port}", flush=True)
 
     def stop(signum: int, frame: Any) -> None:
