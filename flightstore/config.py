@@ -132,6 +132,8 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("log.fsync", "bool", False,
                  "fsync every log append before acknowledging (survives power loss, not only a "
                  "process crash)."),
+    ConfigOption("log.retention.check-interval", "duration", 60_000,
+                 "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,
                  "Largest record batch sent in one Flight message."),
 )

@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
-from flightstore.errors import InvalidInput, OutOfOrderSequence, SchemaMismatch, Unsupported
+from flightstore.errors import (FlightstoreError, InvalidInput, OutOfOrderSequence, SchemaMismatch,
+                                Unsupported)
 from flightstore.expressions import Predicate
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.tablet import KvTablet, changelog_schema
@@ -412,6 +413,16 @@ class Table:
             return sum(kv.row_count for kv in self.kvs)
         return sum(log.end_offset - log.start_offset for log in self.logs)
 
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete log segments older than ``table.log.ttl`` (log tables); returns rows dropped.
+
+        Primary-key tables keep their whole log: it is what their KV is recovered from.
+        """
+        before = self.start_offsets()
+        for log in self.logs:
+            log.enforce_retention(now_ms)
+        return sum(self.start_offsets()[b] - offset for b, offset in before.items())
+
     # ---- changelog ----------------------------------------------------------------------------
     def end_offsets(self) -> dict[int, int]:
         return {bucket: log.end_offset for bucket, log in enumerate(self.logs)}
@@ -604,6 +615,17 @@ class Store:
 
     def list_databases(self) -> list[str]:
         return self.catalog.list_databases()
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Apply ``table.log.ttl`` to every table; returns the rows dropped. Unreadable tables are
+        left for their owner to notice."""
+        dropped = 0
+        for path in self.catalog.all_tables():
+            try:
+                dropped += self.table(path).enforce_retention(now_ms)
+            except FlightstoreError:
+                continue
+        return dropped
 
     def list_tables(self, database: str = DEFAULT_DATABASE) -> list[str]:
         return self.catalog.list_tables(database)

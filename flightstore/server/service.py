@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightstore import changetype
+from flightstore.config import SERVER_OPTIONS
 from flightstore.errors import FlightstoreError, InvalidInput, NotFound, TableNotFound, Unsupported
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
@@ -357,7 +358,7 @@ class FlightSqlServer(flight.FlightServerBase):
         elif name == "CommandPreparedStatementUpdate":
             prepared = self._prepared_statement(command.prepared_statement_handle)
             rows = _param_rows(reader.read_all()) or prepared.params or [None]
-            count = sum(self._run_update(prepared.sql, row, prepared.database) for row in rows)
+            count = self._run_updates(prepared.sql, rows, prepared.database)
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         elif name == "CommandStatementIngest":
             count = self._ingest(command, reader.read_all())
@@ -370,6 +371,18 @@ class FlightSqlServer(flight.FlightServerBase):
         if is_query(plan):
             raise InvalidInput("a query was sent as an update; use a query command for SELECT")
         return self.executor.run_statement(plan)
+
+    def _run_updates(self, sql: str, rows: list, database: str) -> int:
+        """Run ``sql`` once per parameter row: every row is planned (validated) before any runs,
+        and INSERT rows are written as one batch, so a bad row means nothing is written."""
+        plans = [self.executor.plan(sql, row, database) for row in rows]
+        if any(is_query(plan) for plan in plans):
+            raise InvalidInput("a query was sent as an update; use a query command for SELECT")
+        if len(plans) > 1 and all(isinstance(p, nodes.Insert) and p.table == plans[0].table
+                                  and p.columns == plans[0].columns for p in plans):
+            data = pa.concat_tables([p.data for p in plans], promote_options="permissive")
+            plans = [nodes.Insert(table=plans[0].table, data=data, columns=plans[0].columns)]
+        return sum(self.executor.run_statement(plan) for plan in plans)
 
     def _ingest(self, command: Any, data: pa.Table) -> int:
         options = command.table_definition_options
@@ -547,6 +560,18 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    interval_s = SERVER_OPTIONS["log.retention.check-interval"].default / 1000
+
+    def retention() -> None:
+        while not server._stop.wait(interval_s):
+            try:
+                dropped = store.enforce_retention()
+                if dropped:
+                    log.info("retention dropped %d expired log rows", dropped)
+            except Exception:  # noqa: BLE001 - keep serving; the next round retries
+                log.exception("retention failed")
+
+    threading.Thread(target=retention, name="retention", daemon=True).start()
     try:
         server.serve()
     finally:

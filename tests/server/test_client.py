@@ -87,3 +87,43 @@ def test_subscriber_sees_every_change_once_in_order(server):
             elif row["_change_type"] == "-D":
                 state.pop(row["k"])
         assert state == {r["k"]: r["v"] for r in conn.sql("SELECT k, v FROM kv").to_pylist()}
+
+
+def _drain(subscription, rows):
+    got = []
+    for batch in subscription:
+        got.extend(batch.to_pylist())
+        if len(got) >= rows:
+            break
+    subscription.close()
+    return got
+
+
+def test_subscription_start_modes_and_column_pruning(server):
+    import time
+
+    with flightstore.connect(server.uri) as conn:
+        conn.sql("CREATE TABLE ev (id BIGINT, payload STRING, n DOUBLE)")
+        ev = conn.table("ev")
+        ev.append({"id": [1, 2], "payload": ["a", "b"], "n": [1.0, 2.0]})
+        time.sleep(0.05)
+        middle_ms = int(time.time() * 1000)
+        time.sleep(0.05)
+        ev.append({"id": [3], "payload": ["c"], "n": [3.0]})
+        ends = ev.offsets()
+        # earliest, pruned to two columns (+ offsets)
+        got = _drain(ev.subscribe("earliest", columns=["id", "_log_offset"]), 3)
+        assert [r["id"] for r in got] == [1, 2, 3]
+        assert set(got[0]) == {"id", "_log_offset"}
+        # timestamp: only the record committed after middle_ms
+        assert [r["id"] for r in _drain(ev.subscribe({"timestamp": middle_ms}, columns=["id"]), 1)] == [3]
+        # explicit per-bucket offsets
+        assert [r["id"] for r in _drain(ev.subscribe({0: 2}, columns=["id"]), 1)] == [3]
+        # bounded: `until` ends the stream by itself
+        bounded = list(ev.subscribe("earliest", columns=["id"], until={0: 2}))
+        assert [r["id"] for b in bounded for r in b.to_pylist()] == [1, 2]
+        # latest: only what is written after subscribing
+        latest = ev.subscribe("latest", columns=["id", "_change_type"])
+        ev.append({"id": [4], "payload": ["d"], "n": [4.0]})
+        assert _drain(latest, 1) == [{"id": 4, "_change_type": "+A"}]
+        assert ends == {0: 3}

@@ -1,0 +1,46 @@
+"""`flightstore serve` as a real process: it serves, and SIGTERM shuts it down cleanly."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import flightstore
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_answers_and_stops_on_sigterm(tmp_path):
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", "--data-dir",
+                                str(tmp_path / "data"), "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert f"grpc://127.0.0.1:{port}" in line
+        with flightstore.connect(f"grpc://127.0.0.1:{port}") as conn:
+            conn.sql("CREATE TABLE t (a BIGINT)")
+            conn.sql("INSERT INTO t VALUES (1), (2)")
+            assert conn.sql("SELECT COUNT(*) AS n FROM t").to_pylist() == [{"n": 2}]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        assert "stopped" in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    # The data survived the restart of the process.
+    with flightstore.Store(tmp_path / "data") as store:
+        assert store.table("t").row_count() == 2
+
+
+def test_options_command_prints_the_registry():
+    out = subprocess.run([sys.executable, "-m", "flightstore", "options"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "`table.merge-engine`" in out and "`bucket.num`" in out
