@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightstore.expressions import Predicate
+from flightstore.schema import as_table
 from flightstore.server import protocol, tickets
 
 __all__ = ["connect", "Connection", "TableClient", "Subscription"]
@@ -25,18 +26,6 @@ def connect(uri: str = "grpc://127.0.0.1:8815", *, username: str | None = None,
             password: str | None = None, timeout: float | None = None) -> "Connection":
     """Connect to a flightstore server."""
     return Connection(uri, username=username, password=password, timeout=timeout)
-
-
-def _as_table(data: Any) -> pa.Table:
-    if isinstance(data, pa.Table):
-        return data
-    if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data])
-    if isinstance(data, Mapping):
-        return pa.table(dict(data))
-    if isinstance(data, list):
-        return pa.Table.from_pylist(data)
-    raise TypeError(f"expected Arrow data, a dict of columns or a list of rows, got {type(data).__name__}")
 
 
 class Connection:
@@ -152,7 +141,7 @@ class TableClient:
         return self._sequence + 1
 
     def _write(self, op: str, data: Any, columns: Sequence[str] | None = None) -> dict:
-        table = _as_table(data)
+        table = as_table(data)
         sequence = self._next_sequence()
         payload = {"op": op, "table": self.name, "columns": list(columns) if columns else None,
                    "writer_id": self.writer_id, "sequence": sequence}
@@ -186,7 +175,7 @@ class TableClient:
     # ---- reads --------------------------------------------------------------------------------
     @staticmethod
     def _keys(keys: Any) -> dict:
-        table = _as_table(keys)
+        table = as_table(keys)
         return {name: table.column(name).to_pylist() for name in table.column_names}
 
     def lookup(self, keys: Any, columns: Sequence[str] | None = None) -> pa.Table:

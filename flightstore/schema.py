@@ -17,7 +17,7 @@ import pyarrow as pa
 from flightstore.config import table_option, validate_table_options
 from flightstore.errors import InvalidInput
 
-__all__ = ["TablePath", "TableDescriptor", "sql_type_to_arrow", "arrow_type_to_sql", "IDENTIFIER"]
+__all__ = ["TablePath", "TableDescriptor", "sql_type_to_arrow", "arrow_type_to_sql", "IDENTIFIER", "as_table"]
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -164,6 +164,21 @@ class TableDescriptor:
                    partition_keys=tuple(data["partition_keys"]), num_buckets=int(data["num_buckets"]),
                    options=dict(data["options"]), comment=data.get("comment", ""),
                    version=int(data.get("version", 1)))
+
+
+def as_table(data: Any) -> pa.Table:
+    """Written or looked-up data as an Arrow table: a Table, RecordBatch, dict of columns or list
+    of row dicts."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, Mapping):
+        return pa.table(dict(data))
+    if isinstance(data, list):
+        return pa.Table.from_pylist(data)
+    raise InvalidInput(f"expected an Arrow table, record batch, dict of columns or list of rows, "
+                       f"got {type(data).__name__}")
 
 
 def _has_order(arrow_type: pa.DataType) -> bool:

@@ -28,7 +28,7 @@ from flightstore.expressions import Predicate
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
-from flightstore.schema import TableDescriptor, TablePath
+from flightstore.schema import TableDescriptor, TablePath, as_table
 
 __all__ = ["Store", "Table", "WriteResult", "changelog_output_schema"]
 
@@ -50,17 +50,6 @@ class WriteResult(dict):
     duplicate: bool = False
 
 
-def _as_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
-    if isinstance(data, pa.Table):
-        return data
-    if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data])
-    if isinstance(data, Mapping):
-        return pa.table(dict(data))
-    if isinstance(data, list):
-        return pa.Table.from_pylist(data)
-    raise InvalidInput(f"expected an Arrow table, record batch, dict of columns or list of rows, "
-                       f"got {type(data).__name__}")
 
 
 class Table:
@@ -113,7 +102,7 @@ class Table:
 
         Raises SchemaMismatch for unknown columns, uncastable values, or missing non-null columns.
         """
-        table = self._known_columns(_as_table(data))
+        table = self._known_columns(as_table(data))
         names = self.schema.names
         target: tuple | None = None
         if columns is not None:
@@ -225,7 +214,7 @@ class Table:
                     keys_only: bool = False) -> tuple[pa.Table, tuple | None]:
         if not self.has_primary_key:
             raise Unsupported(f"{self.path} is a log table (append-only): use append")
-        table = self._known_columns(_as_table(data))
+        table = self._known_columns(as_table(data))
         if keys_only:
             missing = [c for c in self.descriptor.primary_key if c not in table.column_names]
             if missing:
@@ -310,7 +299,7 @@ class Table:
 
     # ---- reads --------------------------------------------------------------------------------
     def _pk_table(self, keys: Any, columns: Sequence[str]) -> pa.Table:
-        table = _as_table(keys)
+        table = as_table(keys)
         missing = [c for c in columns if c not in table.column_names]
         if missing:
             raise InvalidInput(f"lookup in {self.path} needs column(s) {missing}")
@@ -359,7 +348,7 @@ class Table:
         """Rows whose leading primary-key columns (at least the bucket key) equal ``prefix`` rows."""
         self._require_pk("prefix lookup")
         columns = self._check_columns(columns)
-        table = _as_table(prefix)
+        table = as_table(prefix)
         key = self.descriptor.primary_key
         width = len(table.column_names)
         if tuple(table.column_names) != key[:width] or width < len(self.descriptor.bucket_key):
@@ -452,17 +441,22 @@ class Table:
         arrays = [values[name] if name in values else batch.column(name) for name in wanted]
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([out_schema.field(n) for n in wanted]))
 
+    def _stored_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        """The log columns to read for changelog ``columns`` (meta columns are derived)."""
+        if columns is None:
+            return None
+        meta = {changetype.CHANGE_TYPE_COLUMN, changetype.LOG_OFFSET_COLUMN,
+                changetype.COMMIT_TIMESTAMP_COLUMN}
+        stored = [c for c in columns if c not in meta]
+        self._check_columns(stored)
+        if self.has_primary_key:
+            stored.append(changetype.CHANGE_TYPE_COLUMN)
+        return stored
+
     def read_changelog(self, bucket: int, from_offset: int = 0, *, columns: Sequence[str] | None = None,
                        to_offset: int | None = None, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
         """``t$changelog`` rows of one bucket from ``from_offset`` (exclusive of ``to_offset``)."""
-        meta = {changetype.CHANGE_TYPE_COLUMN, changetype.LOG_OFFSET_COLUMN,
-                changetype.COMMIT_TIMESTAMP_COLUMN}
-        stored = None
-        if columns is not None:
-            stored = [c for c in columns if c not in meta]
-            self._check_columns(stored)
-            if self.has_primary_key:
-                stored.append(changetype.CHANGE_TYPE_COLUMN)
+        stored = self._stored_columns(columns)
         for record in self.logs[bucket].read(from_offset, columns=stored, to_offset=to_offset,
                                              max_rows=max_rows):
             yield self.changelog_batch(record, columns)
@@ -503,14 +497,7 @@ class Table:
         """
         offsets = self.resolve_start(start)
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
-        meta = {changetype.CHANGE_TYPE_COLUMN, changetype.LOG_OFFSET_COLUMN,
-                changetype.COMMIT_TIMESTAMP_COLUMN}
-        stored = None
-        if columns is not None:
-            stored = [c for c in columns if c not in meta]
-            self._check_columns(stored)
-            if self.has_primary_key:
-                stored.append(changetype.CHANGE_TYPE_COLUMN)
+        stored = self._stored_columns(columns)
         out_schema = changelog_output_schema(self.schema)
         empty = pa.schema([out_schema.field(c) for c in (columns or out_schema.names)]).empty_table()
         idle_since = time.monotonic()
