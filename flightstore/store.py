@@ -44,6 +44,33 @@ def changelog_output_schema(schema: pa.Schema) -> pa.Schema:
     ])
 
 
+def _widens(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether writing ``source`` values into a ``target`` column is lossless by kind.
+
+    Integers widen into wider integers, floats and decimals; floats into floats; strings, binaries,
+    dates, times, timestamps and decimals into their own kind. Values are still range-checked by
+    the (safe) cast. Nulls fit anything.
+    """
+    t = pa.types
+    if t.is_null(source) or source == target:
+        return True
+    kinds = (
+        (t.is_integer, lambda x: t.is_integer(x) or t.is_floating(x) or t.is_decimal(x)),
+        (t.is_floating, t.is_floating),
+        (t.is_decimal, lambda x: t.is_decimal(x) or t.is_floating(x)),
+        (lambda x: t.is_string(x) or t.is_large_string(x) or t.is_string_view(x),
+         lambda x: t.is_string(x) or t.is_large_string(x)),
+        (lambda x: t.is_binary(x) or t.is_large_binary(x) or t.is_fixed_size_binary(x),
+         lambda x: t.is_binary(x) or t.is_large_binary(x)),
+        (t.is_boolean, t.is_boolean),
+        (t.is_date, t.is_date),
+        (t.is_time, t.is_time),
+        (t.is_timestamp, t.is_timestamp),
+        (t.is_duration, t.is_duration),
+    )
+    return any(is_source(source) and fits(target) for is_source, fits in kinds)
+
+
 class WriteResult(dict):
     """Per-bucket outcome of a write: ``{bucket: base_offset or None}``, plus ``duplicate`` flag."""
 
@@ -126,6 +153,9 @@ class Table:
             if field.name in table.column_names and (target is None or field.name in target):
                 column = table.column(field.name)
                 if column.type != field.type:
+                    if not _widens(column.type, field.type):
+                        raise SchemaMismatch(f"column {field.name!r} of {self.path} is {field.type}; "
+                                             f"data of type {column.type} does not fit it")
                     try:
                         column = pc.cast(column, field.type)
                     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

@@ -1,0 +1,236 @@
+"""Exactly-once aggregation for jobs that fail and restart (undo recovery), and column ownership."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from flightstore import changetype
+from flightstore.errors import InvalidInput, Unsupported, WriterConflict
+from flightstore.kv import undo as undo_module
+from flightstore.kv.ownership import ColumnOwnership, claim_columns, ownership_of, release_columns, \
+    write_owned
+from flightstore.kv.undo import undo_writer
+from flightstore.store import Store
+from tests.kv import agg_writer
+from tests.kv.fold import fold_changelog, kv_contents
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---- the kill test -------------------------------------------------------------------------
+
+def run_writer(data_dir: Path, checkpoint: tuple[int, int], seed: int,
+               kill_after: float | None) -> tuple[tuple[int, int], bool]:
+    """Run the job from ``checkpoint``; SIGKILL it after ``kill_after`` s. Last checkpoint, done?"""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.kv.agg_writer", str(data_dir), str(checkpoint[0]),
+         str(checkpoint[1]), str(seed)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(line.strip() for line in child.stdout))
+    reader.start()
+    if kill_after is not None:
+        time.sleep(kill_after)
+        os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=60)
+    reader.join()
+    for line in lines:
+        if line.startswith("checkpoint"):
+            _, sequence, position = line.split()
+            checkpoint = (int(sequence), int(position))
+    return checkpoint, "done" in lines
+
+
+def expected_aggregates() -> dict:
+    state: dict = {}
+    for i in range(agg_writer.TOTAL_EVENTS):
+        e = agg_writer.event(i)
+        row = state.setdefault(e["user"], {"user": e["user"], "total": 0, "top": None, "events": 0,
+                                           "ids": None})
+        row["total"] += e["total"]
+        row["top"] = e["top"] if row["top"] is None else max(row["top"], e["top"])
+        row["events"] += 1
+        row["ids"] = e["ids"] if row["ids"] is None else row["ids"] + " " + e["ids"]
+    return state
+
+
+def test_killed_job_restarting_from_its_checkpoint_aggregates_every_event_once(tmp_path):
+    rng = random.Random(7)
+    data_dir = tmp_path / "data"
+    checkpoint, kills = (-1, 0), 0
+    for seed in range(6):
+        checkpoint, done = run_writer(data_dir, checkpoint, seed, rng.uniform(0.4, 1.5))
+        kills += not done
+    assert kills >= 3, "the job finished too fast to be killed"
+    checkpoint, done = run_writer(data_dir, checkpoint, 99, None)
+    assert done and checkpoint[1] == agg_writer.TOTAL_EVENTS
+    with Store(data_dir) as store:
+        table = store.table("stats")
+        state = {k[0]: row for k, row in kv_contents(table, ["user"]).items()}
+        assert state == expected_aggregates()
+        assert kv_contents(table, ["user"]) == fold_changelog(table, ["user"])
+
+
+# ---- undo, step by step -----------------------------------------------------------------------
+
+SCHEMA = pa.schema([("k", pa.int64()), ("n", pa.int64()), ("s", pa.string())])
+OPTIONS = {"table.merge-engine": "aggregation", "fields.n.agg": "sum", "fields.s.agg": "listagg",
+           "bucket.num": 2}
+
+
+def events(*pairs) -> pa.Table:
+    return pa.table({"k": pa.array([p[0] for p in pairs], pa.int64()),
+                     "n": pa.array([p[1] for p in pairs], pa.int64()),
+                     "s": pa.array([str(p[1]) for p in pairs])})
+
+
+def state(table) -> dict:
+    return {r["k"]: (r["n"], r["s"]) for r in table.scan_table().to_pylist()}
+
+
+def test_undo_restores_before_images_and_accepts_the_replay(store):
+    table = store.create_table("t", SCHEMA, primary_key=["k"], options=OPTIONS)
+    table.upsert(events((1, 1), (2, 2)), writer_id="w", sequence=0)
+    table.upsert(events((1, 10), (3, 3)), writer_id="w", sequence=1)
+    table.upsert(events((3, 30), (4, 4)), writer_id="other", sequence=0)
+    table.upsert(events((1, 100), (2, 20)), writer_id="w", sequence=2)
+    assert undo_writer(table, "w", 0) > 0
+    # key 3 was created by w's batch 1 and then updated by "other": undo puts it back to absent.
+    assert state(table) == {1: (1, "1"), 2: (2, "2"), 4: (4, "4")}
+    assert table.writer_sequence("w") == 0
+    assert undo_writer(table, "w", 0) == 0  # idempotent
+    table.upsert(events((1, 5)), writer_id="w", sequence=1)
+    assert state(table)[1] == (6, "1,5")
+    assert kv_contents(table, ["k"]) == fold_changelog(table, ["k"])
+    table.close()
+    reopened = Store(store.data_dir).table("t")  # the reset sequence and the fence are durable
+    reopened.upsert(events((1, 5)), writer_id="w", sequence=1)  # a retry: skipped
+    assert reopened.writer_sequence("w") == 1 and state(reopened)[1] == (6, "1,5")
+
+
+def test_undo_of_a_later_epoch_leaves_undone_records_alone(store):
+    table = store.create_table("t", SCHEMA, primary_key=["k"], options=OPTIONS)
+    table.upsert(events((1, 1)), writer_id="w", sequence=0)
+    table.upsert(events((1, 2)), writer_id="w", sequence=1)
+    table.upsert(events((1, 3)), writer_id="w", sequence=2)
+    undo_writer(table, "w", 0)
+    table.upsert(events((1, 20)), writer_id="w", sequence=1)
+    table.upsert(events((1, 30)), writer_id="w", sequence=2)
+    table.upsert(events((1, 40)), writer_id="w", sequence=3)
+    undo_writer(table, "w", 1)  # undoes only the second epoch's batches 2 and 3
+    assert state(table) == {1: (21, "1,20")}
+    with pytest.raises(InvalidInput, match="already undone to sequence 1"):
+        undo_writer(table, "w", 0)
+
+
+def test_undo_interrupted_before_its_fence_is_repeated_harmlessly(store, monkeypatch):
+    table = store.create_table("t", SCHEMA, primary_key=["k"], options=OPTIONS)
+    table.upsert(events((1, 1), (2, 2)), writer_id="w", sequence=0)
+    table.upsert(events((1, 10), (5, 5)), writer_id="w", sequence=1)
+    table.upsert(events((1, 100), (2, 20)), writer_id="w", sequence=2)
+    real = undo_module._settle
+
+    def crash(*args):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(undo_module, "_settle", crash)
+    with pytest.raises(RuntimeError):
+        undo_writer(table, "w", 0)
+    monkeypatch.setattr(undo_module, "_settle", real)
+    undo_writer(table, "w", 0)
+    undo_writer(table, "w", 0)
+    assert state(table) == {1: (1, "1"), 2: (2, "2")}
+    assert kv_contents(table, ["k"]) == fold_changelog(table, ["k"])
+
+
+def test_undo_refusals(store):
+    wal = store.create_table("wal", SCHEMA, primary_key=["k"],
+                             options={**OPTIONS, "table.changelog.image": "WAL"})
+    with pytest.raises(InvalidInput, match="'table.changelog.image' = 'FULL'"):
+        undo_writer(wal, "w", 0)
+    log = store.create_table("log", SCHEMA)
+    with pytest.raises(Unsupported):
+        undo_writer(log, "w", 0)
+
+
+def test_undo_restores_deleted_rows_of_a_last_row_table(store):
+    table = store.create_table("t", SCHEMA, primary_key=["k"])
+    table.upsert(events((1, 1), (2, 2)), writer_id="w", sequence=0)
+    table.delete({"k": [1]}, writer_id="w", sequence=1)
+    table.write(events((2, 9)), np.array([changetype.UPDATE_AFTER], np.int8), writer_id="w", sequence=2)
+    undo_writer(table, "w", 0)
+    assert state(table) == {1: (1, "1"), 2: (2, "2")}
+
+
+# ---- column ownership -------------------------------------------------------------------------
+
+WIDE = pa.schema([("user", pa.int64()), ("clicks", pa.int64()), ("last_order_ts", pa.int64())])
+WIDE_OPTIONS = {"table.merge-engine": "aggregation", "fields.clicks.agg": "sum",
+                "fields.last_order_ts.agg": "max", "bucket.num": 2}
+
+
+def test_writers_on_disjoint_columns_run_concurrently_and_conflicts_name_the_owner(store):
+    table = store.create_table("wide", WIDE, primary_key=["user"], options=WIDE_OPTIONS)
+    errors: list[BaseException] = []
+
+    def job(writer: str, column: str, value) -> None:
+        try:
+            for sequence in range(40):
+                users = pa.array([(sequence + i) % 25 for i in range(10)], pa.int64())
+                data = pa.table({"user": users, column: pa.array([value(sequence)] * 10, pa.int64())})
+                write_owned(table, data, ["user", column], writer_id=writer, sequence=sequence)
+        except BaseException as exc:  # surfaced by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=job, args=("clicks-job", "clicks", lambda s: 1)),
+               threading.Thread(target=job, args=("orders-job", "last_order_ts", lambda s: 1000 + s))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    rows = {r["user"]: r for r in table.scan_table().to_pylist()}
+    assert sum(r["clicks"] for r in rows.values()) == 400 and len(rows) == 25
+    assert all(r["last_order_ts"] == max(1000 + s for s in range(40) if (r["user"] - s) % 25 < 10)
+               for r in rows.values())
+    with pytest.raises(WriterConflict, match="column 'clicks' is owned by live writer 'clicks-job'"):
+        write_owned(table, pa.table({"user": [1], "clicks": [5]}), ["user", "clicks"], writer_id="late")
+    assert table.lookup({"user": [1]}).to_pylist()[0]["clicks"] == rows[1]["clicks"]
+    release_columns(table, "clicks-job")
+    write_owned(table, pa.table({"user": [1], "clicks": [5]}), ["user", "clicks"], writer_id="late")
+    assert ownership_of(table).owner("clicks") == "late"
+    assert ownership_of(table).owner("user") is None  # key columns are shared
+
+
+def test_claims_expire_without_heartbeat():
+    now = [0.0]
+    ownership = ColumnOwnership(default_ttl=10, clock=lambda: now[0])
+    ownership.claim("a", ["x", "y"])
+    now[0] = 8
+    assert ownership.heartbeat("a")
+    now[0] = 15
+    with pytest.raises(WriterConflict, match="column 'x'"):
+        ownership.claim("b", ["x"])
+    ownership.claim("a", ["z"])  # re-claiming extends one's own claim
+    assert ownership.claims() == {"a": frozenset({"x", "y", "z"})}
+    now[0] = 26
+    ownership.claim("b", ["x"])  # a's claim expired: taken over
+    assert not ownership.heartbeat("a") and ownership.owner("x") == "b"
+    ownership.release("b", ["x"])
+    assert ownership.claims() == {}
+
+
+def test_claim_columns_checks_the_table(store):
+    table = store.create_table("wide", WIDE, primary_key=["user"], options=WIDE_OPTIONS)
+    with pytest.raises(InvalidInput, match="no column"):
+        claim_columns(table, "w", ["nope"])

@@ -1,0 +1,40 @@
+"""One local SparkSession for the whole test session (local[2], 2 shuffle partitions, no UI) with the
+``flightstore`` format registered, plus a real flightstore server per test."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests.server.conftest import RunningServer
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import flightstore_spark
+
+    session = (SparkSession.builder.master("local[2]").appName("flightstore-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.streaming.stopTimeout", "10s")
+               .config("spark.python.worker.reuse", "true")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    flightstore_spark.register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def server(tmp_path):
+    running = RunningServer(tmp_path / "data")
+    yield running
+    running.stop()
