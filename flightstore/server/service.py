@@ -30,7 +30,7 @@ from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.auth import BasicAuthHandler, NoAuthHandler
 from flightstore.sql import nodes
-from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, is_query
+from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
 from flightstore.sql.plan import parameter_schema
 from flightstore.store import Store, changelog_output_schema
 
@@ -73,7 +73,7 @@ def _rpc(method: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return method(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - every error leaves through _translate
+        except Exception as exc:  # noqa: BLE001 - every error leaves through _translate
             raise _translate(exc) from None
     return wrapper
 
@@ -82,7 +82,7 @@ def _guarded(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Translate errors raised while a stream is being produced."""
     try:
         yield from batches
-    except BaseException as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a client that stops reading closes us (GeneratorExit)
         raise _translate(exc) from None
 
 
@@ -312,9 +312,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _prepare(self, sql: str) -> Any:
         database = self.database
-        catalog_view = __import__("flightstore.sql.execute", fromlist=["StoreCatalog"]).StoreCatalog(
-            self.store, database)
-        params_schema = parameter_schema(sql, catalog_view)
+        params_schema = parameter_schema(sql, StoreCatalog(self.store, database))
         dataset_schema: pa.Schema | None = None
         probe = [_probe_value(f.type) for f in params_schema] if len(params_schema) else None
         plan = self.executor.plan(sql, probe, database)
@@ -375,6 +373,9 @@ class FlightSqlServer(flight.FlightServerBase):
     def _run_updates(self, sql: str, rows: list, database: str) -> int:
         """Run ``sql`` once per parameter row: every row is planned (validated) before any runs,
         and INSERT rows are written as one batch, so a bad row means nothing is written."""
+        bulk = self._bulk_insert(sql, rows, database)
+        if bulk is not None:
+            return self.executor.run_statement(bulk)
         plans = [self.executor.plan(sql, row, database) for row in rows]
         if any(is_query(plan) for plan in plans):
             raise InvalidInput("a query was sent as an update; use a query command for SELECT")
@@ -383,6 +384,31 @@ class FlightSqlServer(flight.FlightServerBase):
             data = pa.concat_tables([p.data for p in plans], promote_options="permissive")
             plans = [nodes.Insert(table=plans[0].table, data=data, columns=plans[0].columns)]
         return sum(self.executor.run_statement(plan) for plan in plans)
+
+    def _bulk_insert(self, sql: str, rows: list, database: str) -> nodes.Insert | None:
+        """One Insert of every parameter row when ``sql`` is ``INSERT ... VALUES (?, ?, ...)``.
+
+        The statement is planned once, with the first row; when its single VALUES row is exactly
+        the parameters in order, the other rows become columns of the same batch (cast and
+        validated by the table as one write) instead of being planned one by one.
+        """
+        if len(rows) < 2 or rows[0] is None:
+            return None
+        first = self.executor.plan(sql, rows[0], database)
+        if not isinstance(first, nodes.Insert) or first.data.num_rows != 1 \
+                or first.data.num_columns != len(rows[0]):
+            return None
+        probe = [_probe_value(f.type) for f in first.data.schema]
+        if self.executor.plan(sql, probe, database).data.to_pylist()[0] != \
+                dict(zip(first.data.column_names, probe)):
+            return None  # the VALUES row is not just the parameters in order
+        try:
+            columns = [pa.array([row[i] for row in rows]).cast(field.type)
+                       for i, field in enumerate(first.data.schema)]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, IndexError):
+            return None  # let the per-row planner report the offending value
+        return nodes.Insert(table=first.table, data=pa.Table.from_arrays(columns, schema=first.data.schema),
+                            columns=first.columns)
 
     def _ingest(self, command: Any, data: pa.Table) -> int:
         options = command.table_definition_options
