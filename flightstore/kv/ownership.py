@@ -15,16 +15,24 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from flightstore.errors import InvalidInput, WriterConflict
 
 if TYPE_CHECKING:
     from flightstore.store import Table, WriteResult
 
-__all__ = ["ColumnOwnership", "Claim", "ownership_of", "claim_columns", "release_columns",
-           "write_owned", "DEFAULT_TTL_SECONDS"]
+__all__ = [
+    "DEFAULT_TTL_SECONDS",
+    "Claim",
+    "ColumnOwnership",
+    "claim_columns",
+    "ownership_of",
+    "release_columns",
+    "write_owned",
+]
 
 DEFAULT_TTL_SECONDS = 30.0
 
@@ -102,11 +110,11 @@ class ColumnOwnership:
             return {w: c.columns for w, c in self._live().items()}
 
 
-_REGISTRY: "weakref.WeakKeyDictionary[Any, ColumnOwnership]" = weakref.WeakKeyDictionary()
+_REGISTRY: weakref.WeakKeyDictionary[Any, ColumnOwnership] = weakref.WeakKeyDictionary()
 _REGISTRY_LOCK = threading.Lock()
 
 
-def ownership_of(table: "Table") -> ColumnOwnership:
+def ownership_of(table: Table) -> ColumnOwnership:
     """The ownership registry of ``table`` (created on first use, lives as long as the handle)."""
     with _REGISTRY_LOCK:
         registry = _REGISTRY.get(table)
@@ -115,24 +123,24 @@ def ownership_of(table: "Table") -> ColumnOwnership:
         return registry
 
 
-def _value_columns(table: "Table", columns: Sequence[str]) -> list[str]:
+def _value_columns(table: Table, columns: Sequence[str]) -> list[str]:
     unknown = [c for c in columns if c not in table.schema.names]
     if unknown:
         raise InvalidInput(f"table {table.path} has no column(s) {unknown}")
     return [c for c in columns if c not in table.descriptor.primary_key]
 
 
-def claim_columns(table: "Table", writer_id: str, columns: Sequence[str], ttl: float | None = None) -> None:
+def claim_columns(table: Table, writer_id: str, columns: Sequence[str], ttl: float | None = None) -> None:
     """Claim the non-key ``columns`` of ``table`` for ``writer_id`` (WriterConflict if taken)."""
     ownership_of(table).claim(writer_id, _value_columns(table, columns), ttl)
 
 
-def release_columns(table: "Table", writer_id: str) -> None:
+def release_columns(table: Table, writer_id: str) -> None:
     ownership_of(table).release(writer_id)
 
 
-def write_owned(table: "Table", data: Any, columns: Sequence[str], *, writer_id: str,
-                sequence: int | None = None, ttl: float | None = None) -> "WriteResult":
+def write_owned(table: Table, data: Any, columns: Sequence[str], *, writer_id: str,
+                sequence: int | None = None, ttl: float | None = None) -> WriteResult:
     """A partial upsert that first claims (or refreshes) the written columns for ``writer_id``.
 
     This is what ``Table.write`` does once it calls the registry itself (see the module doc).

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from flightstore.kv.tablet import KvTablet
     from flightstore.store import Table
 
-__all__ = ["undo_writer", "undo_fence", "before_images", "UNDO_WRITER_PREFIX"]
+__all__ = ["UNDO_WRITER_PREFIX", "before_images", "undo_fence", "undo_writer"]
 
 UNDO_WRITER_PREFIX = "undo:"
 _FENCE = b"undo:"
@@ -48,7 +48,7 @@ _PAIR = struct.Struct(">qq")
 _INT = struct.Struct(">q")
 
 
-def undo_fence(kv: "KvTablet", writer_id: str) -> tuple[int, int | None]:
+def undo_fence(kv: KvTablet, writer_id: str) -> tuple[int, int | None]:
     """``(log offset, target sequence)`` of the writer's last undo in this bucket, or ``(0, None)``."""
     raw = kv._meta.get(_FENCE + writer_id.encode())
     if raw is None:
@@ -79,7 +79,7 @@ def before_images(records: list[LogBatch], schema: pa.Schema) -> tuple[pa.Table,
     return pa.concat_tables(parts), np.concatenate(kinds)
 
 
-def _settle(kv: "KvTablet", writer_id: str, after_sequence: int) -> None:
+def _settle(kv: KvTablet, writer_id: str, after_sequence: int) -> None:
     """One WriteBatch: the undo fence at the log end and the writer's sequence reset."""
     write = WriteBatch(raw_mode=True)
     write.put(_FENCE + writer_id.encode(), _PAIR.pack(kv.log.end_offset, after_sequence), kv._meta_cf)
@@ -92,7 +92,7 @@ def _settle(kv: "KvTablet", writer_id: str, after_sequence: int) -> None:
     kv._db.write(write)
 
 
-def undo_writer(table: "Table", writer_id: str, after_sequence: int) -> int:
+def undo_writer(table: Table, writer_id: str, after_sequence: int) -> int:
     """Undo every batch ``writer_id`` wrote with a sequence above ``after_sequence``.
 
     Returns the number of rows restored. Afterwards the table expects the writer's batch

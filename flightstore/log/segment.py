@@ -10,7 +10,8 @@ Record format (little-endian), one record per appended batch::
       magic          4s   b"FSLB"
       version        u8   1
       flags          u8   bit 0: writer id present, bit 1: sequence present
-      reserved       u16  0
+      padding        u16  zero bytes between the statistics and the payload, so that every payload
+                          starts 64-byte aligned in the file (zero-copy reads from a memory map)
       base_offset    i64  offset of the record's first row
       num_rows       u32
       timestamp_ms   i64  commit time, ms since the epoch
@@ -23,12 +24,14 @@ Record format (little-endian), one record per appended batch::
     writer id      writer_len bytes, UTF-8
     statistics     stats_len bytes, JSON ``{column: [min, max, null_count, row_count]}`` with values
                    encoded by :mod:`flightstore.expressions`' literal encoding
+    padding        padding zero bytes
     payload        payload_len bytes: an Arrow IPC *file* holding exactly one record batch, its
                    buffers compressed per the tablet's compression (NONE / LZ4_FRAME / ZSTD)
 
 The payload is an IPC file (not a stream) because its footer lets the reader fetch only the buffers
 of the requested columns: :meth:`Segment.read_batch` opens it through a counting positional reader,
-so a k-of-n column read touches about k/n of the bytes (and ``bytes_read`` proves it).
+so a k-of-n column read touches about k/n of the bytes (and ``bytes_read`` proves it). A read of
+every column maps the segment instead and decodes the payload in place, without copying.
 
 Index format: fixed-width 16-byte entries ``<qQ`` (base_offset, file position), one per record.
 The index is advisory: on open the segment's headers are walked anyway (they carry the statistics
@@ -144,20 +147,26 @@ def encode_payload(batch: pa.RecordBatch, compression: str = "NONE") -> pa.Buffe
     return sink.getvalue()
 
 
+PAYLOAD_ALIGNMENT = 64
+
+
 def encode_record(base_offset: int, num_rows: int, timestamp_ms: int, writer_id: str | None,
-                  sequence: int | None, stats: Mapping[str, list], payload: pa.Buffer) -> bytes:
-    """The header bytes (fixed header + writer id + statistics) that precede ``payload``."""
+                  sequence: int | None, stats: Mapping[str, list], payload: pa.Buffer,
+                  position: int = 0) -> bytes:
+    """The bytes (fixed header + writer id + statistics + padding) that precede ``payload`` in a
+    record written at file ``position``."""
     writer = b"" if writer_id is None else writer_id.encode("utf-8")
     if len(writer) > _MAX_WRITER_ID:
         raise InvalidInput(f"writer id longer than {_MAX_WRITER_ID} bytes")
     stats_bytes = json.dumps(stats, separators=(",", ":")).encode("utf-8") if stats else b""
     flags = (_FLAG_WRITER if writer_id is not None else 0) | (
         _FLAG_SEQUENCE if sequence is not None else 0)
-    fixed = HEADER.pack(MAGIC, FORMAT_VERSION, flags, 0, base_offset, num_rows, timestamp_ms,
+    padding = -(position + HEADER.size + len(writer) + len(stats_bytes)) % PAYLOAD_ALIGNMENT
+    fixed = HEADER.pack(MAGIC, FORMAT_VERSION, flags, padding, base_offset, num_rows, timestamp_ms,
                         sequence or 0, len(writer), len(stats_bytes), payload.size,
                         zlib.crc32(payload), 0)[: HEADER.size - 4]
     header_crc = zlib.crc32(stats_bytes, zlib.crc32(writer, zlib.crc32(fixed)))
-    return fixed + struct.pack("<I", header_crc) + writer + stats_bytes
+    return fixed + struct.pack("<I", header_crc) + writer + stats_bytes + bytes(padding)
 
 
 def _parse_header(fd: int, position: int, file_size: int) -> RecordHeader | None:
@@ -167,11 +176,11 @@ def _parse_header(fd: int, position: int, file_size: int) -> RecordHeader | None
     fixed = os.pread(fd, HEADER.size, position)
     if len(fixed) < HEADER.size:
         return None
-    (magic, version, flags, _, base, rows, ts, seq, wlen, slen, plen, pcrc,
+    (magic, version, flags, padding, base, rows, ts, seq, wlen, slen, plen, pcrc,
      hcrc) = HEADER.unpack(fixed)
     if magic != MAGIC or version != FORMAT_VERSION:
         return None
-    payload_position = position + HEADER.size + wlen + slen
+    payload_position = position + HEADER.size + wlen + slen + padding
     if payload_position + plen > file_size:
         return None
     variable = os.pread(fd, wlen + slen, position + HEADER.size) if wlen + slen else b""
@@ -241,6 +250,7 @@ class Segment:
         self.size = 0
         self.max_timestamp_ms: int | None = None
         self._reader: pa.NativeFile | None = None
+        self._map: pa.Buffer | None = None
         self._log_fd: int | None = None
         self._index_fd: int | None = None
 
@@ -359,6 +369,8 @@ class Segment:
 
         Returns the batch and the number of bytes read from the file.
         """
+        if included_fields is None:
+            return self._read_mapped(record), record.payload_len
         if self._reader is None:
             self._reader = pa.OSFile(str(self.path), "r")
         counting = _CountingFile(self._reader, record.payload_position, record.payload_len)
@@ -372,9 +384,25 @@ class Segment:
                               f"{record.base_offset}: {exc}") from None
         return batch, counting.bytes_read
 
+    def _read_mapped(self, record: RecordHeader) -> pa.RecordBatch:
+        """Every column of ``record``, decoded in place from a memory map (no copy)."""
+        end = record.payload_position + record.payload_len
+        mapped = self._map
+        if mapped is None or mapped.size < end:
+            with pa.memory_map(str(self.path), "r") as source:
+                mapped = source.read_buffer(source.size())  # keeps the mapping alive
+            self._map = mapped
+        try:
+            payload = mapped.slice(record.payload_position, record.payload_len)
+            return pa.ipc.open_file(pa.BufferReader(payload)).get_batch(0)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise CorruptData(f"{self.path}: cannot decode record at offset "
+                              f"{record.base_offset}: {exc}") from None
+
     def close(self) -> None:
-        """Release every file handle."""
+        """Release every file handle (batches already read keep their mapping alive)."""
         self.seal()
+        self._map = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None

@@ -173,13 +173,15 @@ class LogTablet:
             self._check_open()
             base = self._end_offset
             ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
-            header_bytes = encode_record(base, batch.num_rows, ts, writer_id, sequence, stats,
-                                         payload)
             active = self._segments[-1]
+            header_bytes = encode_record(base, batch.num_rows, ts, writer_id, sequence, stats,
+                                         payload, active.size)
             if active.size > 0 and active.size + len(header_bytes) + payload.size > self.segment_bytes:
                 active.seal()
                 active = Segment.create(self.directory, base, self.fsync)
                 self._segments = self._segments + [active]
+                header_bytes = encode_record(base, batch.num_rows, ts, writer_id, sequence, stats,
+                                             payload, active.size)
             position = active.append(header_bytes, payload, self.fsync)
             header = RecordHeader(
                 base, batch.num_rows, ts, writer_id, sequence,

@@ -18,8 +18,13 @@ import pytest
 from flightstore import changetype
 from flightstore.errors import InvalidInput, Unsupported, WriterConflict
 from flightstore.kv import undo as undo_module
-from flightstore.kv.ownership import ColumnOwnership, claim_columns, ownership_of, release_columns, \
-    write_owned
+from flightstore.kv.ownership import (
+    ColumnOwnership,
+    claim_columns,
+    ownership_of,
+    release_columns,
+    write_owned,
+)
 from flightstore.kv.undo import undo_writer
 from flightstore.store import Store
 from tests.kv import agg_writer
@@ -189,7 +194,7 @@ def test_writers_on_disjoint_columns_run_concurrently_and_conflicts_name_the_own
                 users = pa.array([(sequence + i) % 25 for i in range(10)], pa.int64())
                 data = pa.table({"user": users, column: pa.array([value(sequence)] * 10, pa.int64())})
                 write_owned(table, data, ["user", column], writer_id=writer, sequence=sequence)
-        except BaseException as exc:  # surfaced by the assert below
+        except Exception as exc:  # noqa: BLE001 - surfaced by the assert below
             errors.append(exc)
 
     threads = [threading.Thread(target=job, args=("clicks-job", "clicks", lambda s: 1)),

@@ -22,8 +22,9 @@ contribution; the others are refused by the engine before anything is written:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -32,10 +33,10 @@ import pyarrow.compute as pc
 from flightstore.errors import InvalidInput
 from flightstore.kv.merge.base import first_index, last_index, take_or_null
 
-__all__ = ["FieldInput", "FieldAggregator", "AGGREGATORS", "DEFAULT_FUNCTION", "group_reduce",
-           "SumAgg", "ProductAgg", "MaxAgg", "MinAgg", "LastValueAgg", "LastValueIgnoreNullsAgg",
-           "FirstValueAgg", "FirstValueIgnoreNullsAgg", "ListAgg", "StringAgg", "BoolAndAgg",
-           "BoolOrAgg", "Rbm32Agg", "Rbm64Agg"]
+__all__ = ["AGGREGATORS", "DEFAULT_FUNCTION", "BoolAndAgg", "BoolOrAgg", "FieldAggregator",
+           "FieldInput", "FirstValueAgg", "FirstValueIgnoreNullsAgg", "LastValueAgg",
+           "LastValueIgnoreNullsAgg", "ListAgg", "MaxAgg", "MinAgg", "ProductAgg", "Rbm32Agg",
+           "Rbm64Agg", "StringAgg", "SumAgg", "group_reduce"]
 
 DEFAULT_FUNCTION = "last_value_ignore_nulls"
 
@@ -351,7 +352,7 @@ class _Roaring(FieldAggregator):
     def _load(self, raw: bytes):
         try:
             return self._bitmap_class().deserialize(raw)
-        except Exception as exc:  # pyroaring raises ValueError / OverflowError on bad bytes
+        except (ValueError, OverflowError, TypeError) as exc:  # pyroaring on bad bytes
             raise InvalidInput(f"field {self.field.name!r}: not a serialized {self.name} bitmap: "
                                f"{exc}") from None
 

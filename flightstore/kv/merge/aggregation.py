@@ -29,11 +29,10 @@ from flightstore import changetype
 from flightstore.config import FIELD_OPTION_PATTERN
 from flightstore.errors import InvalidInput
 from flightstore.kv.merge.aggregate import AGGREGATORS, DEFAULT_FUNCTION, FieldAggregator, FieldInput
-from flightstore.kv.merge.base import MergeInput, MergeResult, RowMerger, first_index, is_upsert, \
-    take_or_null
+from flightstore.kv.merge.base import MergeInput, MergeResult, RowMerger, first_index, is_upsert, take_or_null
 from flightstore.schema import TableDescriptor
 
-__all__ = ["AggregationMerger", "validate_aggregation", "field_aggregators", "is_retraction"]
+__all__ = ["AggregationMerger", "field_aggregators", "is_retraction", "validate_aggregation"]
 
 
 def is_retraction(kinds: np.ndarray) -> np.ndarray:
