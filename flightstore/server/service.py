@@ -118,6 +118,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self.executor = Executor(store)
         self.database = "default"
         self._prepared: dict[bytes, PreparedStatement] = {}
+        self._prepare_cache: dict[tuple, tuple[pa.Schema | None, pa.Schema]] = {}
         self._results: dict[str, tuple[float, pa.Table]] = {}
         self._cancelled: set[bytes] = set()
         self._session: dict[str, Any] = {}
@@ -312,12 +313,20 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _prepare(self, sql: str) -> Any:
         database = self.database
-        params_schema = parameter_schema(sql, StoreCatalog(self.store, database))
-        dataset_schema: pa.Schema | None = None
-        probe = [_probe_value(f.type) for f in params_schema] if len(params_schema) else None
-        plan = self.executor.plan(sql, probe, database)
-        if is_query(plan):
-            dataset_schema = self.executor.output_schema(plan)
+        key = (sql, database, self.store.catalog.version)
+        with self._lock:
+            schemas = self._prepare_cache.get(key)
+        if schemas is None:  # ADBC prepares again at every execute: plan each text once
+            params_schema = parameter_schema(sql, StoreCatalog(self.store, database))
+            probe = [_probe_value(f.type) for f in params_schema] if len(params_schema) else None
+            plan = self.executor.plan(sql, probe, database)
+            dataset_schema = self.executor.output_schema(plan) if is_query(plan) else None
+            with self._lock:
+                if len(self._prepare_cache) >= 1024:
+                    self._prepare_cache.pop(next(iter(self._prepare_cache)))
+                self._prepare_cache[key] = (dataset_schema, params_schema)
+        else:
+            dataset_schema, params_schema = schemas
         handle = uuid.uuid4().hex.encode()
         with self._lock:
             self._prepared[handle] = PreparedStatement(sql, database, dataset_schema, params_schema)

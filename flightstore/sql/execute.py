@@ -32,6 +32,7 @@ from flightstore.store import Store, Table
 
 __all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
 
+PLAN_CACHE_SIZE = 4096
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.Count, n.Changelog, n.Residual,
                 n.ShowDatabases, n.ShowTables, n.Describe, n.Explain)
@@ -78,13 +79,67 @@ class Executor:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._schema_cache: dict[str, pa.Schema] = {}
+        self._plans: dict[tuple, n.PlanNode] = {}
+        self._templates: dict[tuple, n.PointLookup] = {}
         self._lock = threading.Lock()
 
     # ---- planning -----------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[Any] | None = None,
              database: str = DEFAULT_DATABASE) -> n.PlanNode:
-        return plan_sql(sql, StoreCatalog(self.store, database), params)
+        """Plan ``sql``; query plans are cached per (SQL, parameters, database, catalog version),
+        since Flight SQL asks for the same plan at GetFlightInfo and again at every DoGet."""
+        try:
+            key = (sql, None if params is None else tuple(params), database, self.store.catalog.version)
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None:
+            with self._lock:
+                cached = self._plans.get(key)
+            if cached is not None:
+                return cached
+        planned = self._from_template(sql, params, database) if key is not None else None
+        if planned is None:
+            planned = plan_sql(sql, StoreCatalog(self.store, database), params)
+            if key is not None:
+                self._learn_template(sql, params, database, planned)
+        if key is not None and is_query(planned):
+            with self._lock:
+                if len(self._plans) >= PLAN_CACHE_SIZE:
+                    self._plans.pop(next(iter(self._plans)))
+                self._plans[key] = planned
+        return planned
+
+    def _learn_template(self, sql: str, params: Sequence[Any] | None, database: str,
+                        planned: n.PlanNode) -> None:
+        """Remember ``sql`` as a point-lookup template when its key row is exactly its parameters
+        (``WHERE pk1 = ? AND pk2 = ?``): later parameter values then skip parsing and planning."""
+        if not params or not isinstance(planned, n.PointLookup) or planned.filter is not None:
+            return
+        keys = planned.keys
+        if keys.num_rows != 1 or keys.num_columns != len(params):
+            return
+        if list(keys.to_pylist()[0].values()) != list(params):
+            return
+        with self._lock:
+            self._templates[(sql, database, self.store.catalog.version)] = planned
+
+    def _from_template(self, sql: str, params: Sequence[Any] | None, database: str) -> n.PlanNode | None:
+        if not params:
+            return None
+        with self._lock:
+            template = self._templates.get((sql, database, self.store.catalog.version))
+        if template is None or len(params) != template.keys.num_columns:
+            return None
+        try:
+            keys = pa.Table.from_arrays(
+                [pa.array([value]).cast(field.type) for value, field in zip(params, template.keys.schema)],
+                schema=template.keys.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            return None  # the planner explains what is wrong with the value
+        if keys.to_pylist()[0] != dict(zip(keys.column_names, params)) or any(v is None for v in params):
+            return None  # a lossy cast or a null key: let the planner decide
+        return n.PointLookup(table=template.table, keys=keys, columns=template.columns, filter=None)
 
     def output_schema(self, plan: n.PlanNode) -> pa.Schema:
         """The exact schema of the plan's result (statements: ``rows_affected``)."""

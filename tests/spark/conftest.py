@@ -21,6 +21,7 @@ def spark():
 
     session = (SparkSession.builder.master("local[2]").appName("flightstore-tests")
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.default.parallelism", "2")
                .config("spark.sql.session.timeZone", "UTC")

@@ -1,0 +1,281 @@
+"""Flight SQL server speed, each figure against a peer measured in the same run.
+
+1. DoGet full-scan throughput of a 2M-row x 10-column log table (``SELECT * FROM t``, every endpoint
+   read with ``pyarrow.flight``) vs a bare ``pyarrow.flight`` server streaming the same ``pa.Table``
+   from memory with ``RecordBatchStream`` (goal >= 0.7x).
+2. Over Flight, a 10-of-100 column scan vs the full 100-column scan of 300k float64 rows (goal >= 8x).
+3. Single primary-key lookup through ADBC (``SELECT * FROM t WHERE id = ?``, 2,000 random keys) p50
+   and p99 vs the same lookup through ``adbc-driver-postgresql`` on a local PostgreSQL started by
+   ``bench/setup_postgres.sh`` (goal: our p50 <= 2x PostgreSQL's). Skipped, with the reason printed,
+   when PostgreSQL or its driver is unavailable.
+4. ``COUNT(*)`` through ADBC on a 10M-row log table vs a 10k-row one (goal within 2x: no scan).
+
+Tables are built with the embedded Store (large appends) before the server opens the same data dir.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from bench.report import Row, best_of
+from flightstore.server import protocol
+from flightstore.store import Store
+
+SCAN_ROWS = 2_000_000
+WIDE_ROWS = 300_000
+WIDE_COLUMNS = 100
+LOOKUP_ROWS = 100_000
+LOOKUPS = 2_000
+BIG_COUNT_ROWS = 10_000_000
+SMALL_COUNT_ROWS = 10_000
+COUNT_QUERIES = 200
+APPEND_BATCH = 500_000
+HERE = Path(__file__).parent
+
+
+# ---- data --------------------------------------------------------------------------------------
+def _mixed(n: int, seed: int = 0) -> pa.Table:
+    """10 columns of mixed types (ints, floats, strings, bool, timestamp)."""
+    rng = np.random.default_rng(seed)
+    words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"])
+    return pa.table({
+        "id": pa.array(np.arange(n), pa.int64()),
+        "user_id": pa.array(rng.integers(0, 1_000_000, n), pa.int64()),
+        "amount": pa.array(rng.random(n) * 100),
+        "score": pa.array(rng.random(n).astype(np.float32)),
+        "qty": pa.array(rng.integers(0, 1000, n).astype(np.int32)),
+        "status": pa.array(words[rng.integers(0, 8, n)]),
+        "country": pa.array(np.array(["fr", "de", "us", "jp", "br"])[rng.integers(0, 5, n)]),
+        "flag": pa.array(rng.random(n) < 0.5),
+        "ts": pa.array(rng.integers(1_600_000_000_000, 1_700_000_000_000, n), pa.int64()).cast(pa.timestamp("ms")),
+        "note": pa.array(np.char.add("n", rng.integers(0, 100_000, n).astype(str))),
+    })
+
+
+def _wide(n: int) -> pa.Table:
+    rng = np.random.default_rng(2)
+    return pa.table({f"c{i}": pa.array(rng.random(n)) for i in range(WIDE_COLUMNS)})
+
+
+def _append(table, data: pa.Table) -> None:
+    for start in range(0, data.num_rows, APPEND_BATCH):
+        table.append(data.slice(start, APPEND_BATCH))
+
+
+def _build(data_dir: Path, scan: pa.Table, wide: pa.Table) -> None:
+    with Store(data_dir) as store:
+        _append(store.create_table("scan_t", scan.schema), scan)
+        _append(store.create_table("wide_t", wide.schema), wide)
+        lookup = _mixed(LOOKUP_ROWS, seed=3)
+        store.create_table("lookup_t", lookup.schema, primary_key=["id"]).upsert(lookup)
+        small = pa.table({"id": pa.array(np.arange(SMALL_COUNT_ROWS), pa.int64()),
+                          "v": pa.array(np.zeros(SMALL_COUNT_ROWS))})
+        _append(store.create_table("count_small", small.schema), small)
+        big_schema = small.schema
+        big = store.create_table("count_big", big_schema)
+        chunk = pa.table({"id": pa.array(np.arange(1_000_000), pa.int64()), "v": pa.array(np.ones(1_000_000))})
+        for _ in range(BIG_COUNT_ROWS // chunk.num_rows):
+            big.append(chunk)
+
+
+# ---- servers -----------------------------------------------------------------------------------
+class _Running:
+    def __init__(self, server: flight.FlightServerBase) -> None:
+        self.server = server
+        self.thread = threading.Thread(target=server.serve, daemon=True)
+        self.thread.start()
+        self.uri = f"grpc://127.0.0.1:{server.port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.thread.join(timeout=10)
+
+
+class _MemoryServer(flight.FlightServerBase):
+    """The peer: a bare pyarrow.flight server streaming one in-memory table."""
+
+    def __init__(self, table: pa.Table) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.table = table
+
+    def get_flight_info(self, context, descriptor):
+        return flight.FlightInfo(self.table.schema, descriptor,
+                                 [flight.FlightEndpoint(b"all", [])], self.table.num_rows, -1)
+
+    def do_get(self, context, ticket):
+        return flight.RecordBatchStream(self.table)
+
+
+def _sql_read(client: flight.FlightClient, sql: str) -> int:
+    """Rows read for ``sql`` through Flight SQL CommandStatementQuery, every endpoint."""
+    command = protocol.pack_any(protocol.message_class("CommandStatementQuery")(query=sql))
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(command))
+    rows = 0
+    for endpoint in info.endpoints:
+        for chunk in client.do_get(endpoint.ticket):
+            rows += chunk.data.num_rows
+    return rows
+
+
+def _plain_read(client: flight.FlightClient) -> int:
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(b"all"))
+    rows = 0
+    for endpoint in info.endpoints:
+        for chunk in client.do_get(endpoint.ticket):
+            rows += chunk.data.num_rows
+    return rows
+
+
+# ---- workloads ---------------------------------------------------------------------------------
+def bench_full_scan(ours_uri: str, scan: pa.Table) -> list[Row]:
+    # The peer streams the same rows in batches of the size our server sends (<= 65,536 rows).
+    peer = _Running(_MemoryServer(pa.Table.from_batches(scan.to_batches(max_chunksize=65_536))))
+    try:
+        ours_client = flight.FlightClient(ours_uri)
+        peer_client = flight.FlightClient(peer.uri)
+        assert _sql_read(ours_client, "SELECT * FROM scan_t") == SCAN_ROWS
+        assert _plain_read(peer_client) == SCAN_ROWS
+        ours = best_of(lambda: _sql_read(ours_client, "SELECT * FROM scan_t"), 3)
+        theirs = best_of(lambda: _plain_read(peer_client), 3)
+    finally:
+        peer.stop()
+    megabytes = scan.nbytes / 1e6
+    return [Row("DoGet SELECT * 2M rows x 10 mixed cols (MB/s)", megabytes / ours, megabytes / theirs,
+                "MB/s", "bare pyarrow.flight RecordBatchStream (memory)", goal=">=0.7x")]
+
+
+def bench_projection(ours_uri: str) -> list[Row]:
+    client = flight.FlightClient(ours_uri)
+    ten = ", ".join(f"c{i}" for i in range(10))
+    assert _sql_read(client, f"SELECT {ten} FROM wide_t") == WIDE_ROWS
+    narrow = best_of(lambda: _sql_read(client, f"SELECT {ten} FROM wide_t"), 3)
+    full = best_of(lambda: _sql_read(client, "SELECT * FROM wide_t"), 3)
+    return [Row("Flight scan 10 of 100 float64 cols, 300k rows", WIDE_ROWS / narrow, WIDE_ROWS / full,
+                "rows/s", "same server, SELECT * (100 cols)", goal=">=8x")]
+
+
+def _latencies(cursor, sql: str, keys: np.ndarray) -> np.ndarray:
+    cursor.execute(sql, (int(keys[0]),))
+    cursor.fetchall()
+    out = np.empty(len(keys))
+    for i, key in enumerate(keys):
+        start = time.perf_counter()
+        cursor.execute(sql, (int(key),))
+        rows = cursor.fetchall()
+        out[i] = time.perf_counter() - start
+        if len(rows) != 1:
+            raise AssertionError(f"lookup of {key} returned {len(rows)} rows")
+    return out * 1e3
+
+
+def _start_postgres(root: Path) -> tuple[str | None, str]:
+    """(uri, why-not). Runs bench/setup_postgres.sh."""
+    try:
+        import adbc_driver_postgresql.dbapi  # noqa: F401
+    except ImportError:
+        return None, "adbc-driver-postgresql is not installed (pip install adbc-driver-postgresql)"
+    try:
+        done = subprocess.run(["bash", str(HERE / "setup_postgres.sh"), "start", str(root / "pg")],
+                              capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"setup_postgres.sh failed: {exc}"
+    for line in done.stdout.splitlines():
+        if line.startswith("URI="):
+            return line[4:], ""
+    return None, f"setup_postgres.sh exited {done.returncode}: {done.stderr.strip()[-800:]}"
+
+
+def bench_lookup(ours_uri: str, root: Path) -> list[Row]:
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, LOOKUP_ROWS, LOOKUPS)
+    with flightsql.connect(ours_uri) as conn, conn.cursor() as cursor:
+        ours = _latencies(cursor, "SELECT * FROM lookup_t WHERE id = ?", keys)
+
+    uri, why = _start_postgres(root)
+    if uri is None:
+        print(f"bench_server: PostgreSQL peer unavailable, skipping the lookup row: {why}",
+              file=sys.stderr, flush=True)
+        return []
+    try:
+        import adbc_driver_postgresql.dbapi as pgdbapi
+
+        with pgdbapi.connect(uri) as conn:
+            with conn.cursor() as cursor:
+                cursor.adbc_ingest("lookup_t", _mixed(LOOKUP_ROWS, seed=3), mode="create")
+                cursor.execute("ALTER TABLE lookup_t ADD PRIMARY KEY (id)")
+                cursor.execute("ANALYZE lookup_t")
+            conn.commit()
+            with conn.cursor() as cursor:
+                theirs = _latencies(cursor, "SELECT * FROM lookup_t WHERE id = $1", keys)
+    finally:
+        subprocess.run(["bash", str(HERE / "setup_postgres.sh"), "stop", str(root / "pg")],
+                       capture_output=True, timeout=120)
+    return [
+        Row("ADBC PK lookup p50, SELECT * WHERE id = ? (2,000 keys)", float(np.percentile(ours, 50)),
+            float(np.percentile(theirs, 50)), "ms", "PostgreSQL via adbc-driver-postgresql",
+            higher_is_better=False, goal=">=0.5x"),
+        Row("ADBC PK lookup p99", float(np.percentile(ours, 99)), float(np.percentile(theirs, 99)),
+            "ms", "PostgreSQL via adbc-driver-postgresql", higher_is_better=False),
+    ]
+
+
+def bench_count(ours_uri: str) -> list[Row]:
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    def timed(cursor, table: str, expected: int) -> float:
+        cursor.execute(f"SELECT COUNT(*) FROM {table}")
+        assert cursor.fetchall() == [(expected,)]
+        samples = []
+        for _ in range(COUNT_QUERIES):
+            start = time.perf_counter()
+            cursor.execute(f"SELECT COUNT(*) FROM {table}")
+            cursor.fetchall()
+            samples.append(time.perf_counter() - start)
+        return float(np.median(samples)) * 1e3
+
+    with flightsql.connect(ours_uri) as conn, conn.cursor() as cursor:
+        big = timed(cursor, "count_big", BIG_COUNT_ROWS)
+        small = timed(cursor, "count_small", SMALL_COUNT_ROWS)
+    return [Row("ADBC COUNT(*) 10M-row table, median latency", big, small, "ms",
+                "same server, COUNT(*) of a 10k-row table", higher_is_better=False, goal=">=0.5x")]
+
+
+def run() -> list[Row]:
+    root = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    try:
+        scan = _mixed(SCAN_ROWS)
+        wide = _wide(WIDE_ROWS)
+        started = time.perf_counter()
+        _build(root / "data", scan, wide)
+        print(f"bench_server: tables built in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
+        # Our server runs in its own process, like PostgreSQL: no GIL shared with the client.
+        process = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", "--data-dir",
+                                    str(root / "data"), "--host", "127.0.0.1", "--port", "0"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = process.stdout.readline()
+            if " at grpc://" not in line:
+                raise RuntimeError(f"flightstore serve did not start: {line!r}")
+            uri = line.split(" at ", 1)[1].strip()
+            rows = bench_full_scan(uri, scan)
+            rows += bench_projection(uri)
+            rows += bench_lookup(uri, root)
+            rows += bench_count(uri)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+        return rows
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
