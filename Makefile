@@ -18,6 +18,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -ra
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m bench
 
 lint: $(STAMP)

@@ -172,6 +172,24 @@ class TableClient:
         """Write rows with a ``_change_type`` column (+I, -U, +U, -D)."""
         return self._write("write", data, columns)
 
+    def undo(self, after_sequence: int) -> int:
+        """Restart from a checkpoint: undo every batch this writer wrote after ``after_sequence``
+        (the server restores the before-images from the changelog); the next write continues at
+        ``after_sequence + 1``. Returns the rows restored."""
+        answer = self.connection._action("flightstore.undo", {
+            "table": self.name, "writer_id": self.writer_id, "after_sequence": after_sequence})
+        self._sequence = after_sequence
+        return answer["rows"]
+
+    @property
+    def sequence(self) -> int | None:
+        """The last batch sequence this writer had acknowledged (its checkpoint position)."""
+        return self._sequence
+
+    def release(self) -> None:
+        """Give up the columns this writer owns through its partial updates."""
+        self.connection._action("flightstore.release", {"table": self.name, "writer_id": self.writer_id})
+
     # ---- reads --------------------------------------------------------------------------------
     @staticmethod
     def _keys(keys: Any) -> dict:

@@ -26,6 +26,7 @@ from flightstore.errors import (FlightstoreError, InvalidInput, OutOfOrderSequen
                                 Unsupported)
 from flightstore.expressions import Predicate
 from flightstore.kv.encoding import encode_keys
+from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
 from flightstore.schema import TableDescriptor, TablePath, as_table
@@ -104,6 +105,7 @@ class Table:
             self.logs.append(log)
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log))
+        self.ownership = ColumnOwnership()
         self._writers: dict[str, int] = {}
         for state in (self.kvs or self.logs):
             for writer, sequence in state.writer_state().items():
@@ -195,6 +197,12 @@ class Table:
         if writer_id is not None and sequence is not None:
             self._writers[writer_id] = max(sequence, self._writers.get(writer_id, -1))
 
+    def undo(self, writer_id: str, after_sequence: int) -> int:
+        """Undo every batch ``writer_id`` wrote after ``after_sequence`` (exactly-once restarts of
+        aggregating jobs); returns rows restored. See :func:`flightstore.kv.undo.undo_writer`."""
+        from flightstore.kv.undo import undo_writer
+        return undo_writer(self, writer_id, after_sequence)
+
     def writer_sequence(self, writer_id: str) -> int | None:
         """The last batch sequence applied for ``writer_id`` (None if it never wrote)."""
         with self._lock:
@@ -284,7 +292,10 @@ class Table:
             raise InvalidInput("unknown change type code in the write")
         if not overwrite:
             table, kinds = self._apply_delete_behavior(table, kinds)
-            self.kvs[0].merger.check_write(kinds, target)
+            self.kvs[0].merger.check_write(kinds, target, table)
+        if writer_id is not None and target is not None:
+            # Writers of partial updates own their columns while they live (see kv/ownership.py).
+            self.ownership.claim(writer_id, [c for c in target if c not in self.descriptor.primary_key])
         with self._lock:
             self._check_sequence(writer_id, sequence)
             result = WriteResult()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,6 @@ __all__ = [
     "claim_columns",
     "ownership_of",
     "release_columns",
-    "write_owned",
 ]
 
 DEFAULT_TTL_SECONDS = 30.0
@@ -110,17 +108,9 @@ class ColumnOwnership:
             return {w: c.columns for w, c in self._live().items()}
 
 
-_REGISTRY: weakref.WeakKeyDictionary[Any, ColumnOwnership] = weakref.WeakKeyDictionary()
-_REGISTRY_LOCK = threading.Lock()
-
-
 def ownership_of(table: Table) -> ColumnOwnership:
-    """The ownership registry of ``table`` (created on first use, lives as long as the handle)."""
-    with _REGISTRY_LOCK:
-        registry = _REGISTRY.get(table)
-        if registry is None:
-            registry = _REGISTRY[table] = ColumnOwnership()
-        return registry
+    """The ownership registry of ``table`` (it lives as long as the table handle)."""
+    return table.ownership
 
 
 def _value_columns(table: Table, columns: Sequence[str]) -> list[str]:
@@ -137,13 +127,3 @@ def claim_columns(table: Table, writer_id: str, columns: Sequence[str], ttl: flo
 
 def release_columns(table: Table, writer_id: str) -> None:
     ownership_of(table).release(writer_id)
-
-
-def write_owned(table: Table, data: Any, columns: Sequence[str], *, writer_id: str,
-                sequence: int | None = None, ttl: float | None = None) -> WriteResult:
-    """A partial upsert that first claims (or refreshes) the written columns for ``writer_id``.
-
-    This is what ``Table.write`` does once it calls the registry itself (see the module doc).
-    """
-    claim_columns(table, writer_id, columns, ttl)
-    return table.upsert(data, columns, writer_id=writer_id, sequence=sequence)

@@ -309,7 +309,10 @@ class FlightSqlServer(flight.FlightServerBase):
                 (protocol.SET_SESSION_OPTIONS, "set session options"),
                 (protocol.GET_SESSION_OPTIONS, "get session options"),
                 (protocol.CLOSE_SESSION, "close the session"),
-                ("flightstore.offsets", "log offsets of a table's buckets")]
+                ("flightstore.offsets", "log offsets of a table's buckets"),
+                ("flightstore.writer", "the last batch sequence a writer applied"),
+                ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
+                ("flightstore.release", "release the columns a writer owns")]
 
     def _prepare(self, sql: str) -> Any:
         database = self.database
@@ -521,6 +524,13 @@ class FlightSqlServer(flight.FlightServerBase):
             else:
                 offsets = table.offsets_for_timestamp(int(payload["timestamp_ms"]))
             return tickets.encode_custom({"op": "offsets", "offsets": {str(k): v for k, v in offsets.items()}})
+        if kind == "flightstore.undo":
+            table = self.store.table(payload["table"])
+            restored = table.undo(payload["writer_id"], int(payload["after_sequence"]))
+            return tickets.encode_custom({"op": "undone", "rows": restored})
+        if kind == "flightstore.release":
+            self.store.table(payload["table"]).ownership.release(payload["writer_id"])
+            return tickets.encode_custom({"op": "released"})
         if kind == "flightstore.writer":
             table = self.store.table(payload["table"])
             return tickets.encode_custom({"op": "writer",

@@ -23,7 +23,6 @@ from flightstore.kv.ownership import (
     claim_columns,
     ownership_of,
     release_columns,
-    write_owned,
 )
 from flightstore.kv.undo import undo_writer
 from flightstore.store import Store
@@ -193,7 +192,7 @@ def test_writers_on_disjoint_columns_run_concurrently_and_conflicts_name_the_own
             for sequence in range(40):
                 users = pa.array([(sequence + i) % 25 for i in range(10)], pa.int64())
                 data = pa.table({"user": users, column: pa.array([value(sequence)] * 10, pa.int64())})
-                write_owned(table, data, ["user", column], writer_id=writer, sequence=sequence)
+                table.upsert(data, ["user", column], writer_id=writer, sequence=sequence)
         except Exception as exc:  # noqa: BLE001 - surfaced by the assert below
             errors.append(exc)
 
@@ -209,10 +208,10 @@ def test_writers_on_disjoint_columns_run_concurrently_and_conflicts_name_the_own
     assert all(r["last_order_ts"] == max(1000 + s for s in range(40) if (r["user"] - s) % 25 < 10)
                for r in rows.values())
     with pytest.raises(WriterConflict, match="column 'clicks' is owned by live writer 'clicks-job'"):
-        write_owned(table, pa.table({"user": [1], "clicks": [5]}), ["user", "clicks"], writer_id="late")
+        table.upsert(pa.table({"user": [1], "clicks": [5]}), ["user", "clicks"], writer_id="late")
     assert table.lookup({"user": [1]}).to_pylist()[0]["clicks"] == rows[1]["clicks"]
     release_columns(table, "clicks-job")
-    write_owned(table, pa.table({"user": [1], "clicks": [5]}), ["user", "clicks"], writer_id="late")
+    table.upsert(pa.table({"user": [1], "clicks": [5]}), ["user", "clicks"], writer_id="late")
     assert ownership_of(table).owner("clicks") == "late"
     assert ownership_of(table).owner("user") is None  # key columns are shared
 

@@ -34,7 +34,8 @@ def test_batch_writes_append_upsert_partial_and_delete(spark, server):
                                 "k long, a string, b long, _change_type string"), server, "kv")
     assert _rows(conn.sql("SELECT * FROM kv")) == [(1, "x", 11), (3, "z3", 33), (4, None, 44), (5, "v", 5)]
     with pytest.raises(Exception, match="overwrite"):
-        _save(spark.range(1).selectExpr("id", "'a' AS name"), server, "lg").mode("overwrite")
+        (spark.range(1).selectExpr("id", "'a' AS name").write.format("flightstore").option("uri", server.uri)
+         .option("table", "lg").mode("overwrite").save())
 
 
 def test_streaming_write_replayed_batch_applies_once(spark, server, tmp_path):

@@ -97,8 +97,12 @@ class RowMerger:
         self.primary_key = descriptor.primary_key
         self.value_columns = tuple(n for n in self.schema.names if n not in self.primary_key)
 
-    def check_write(self, kinds: np.ndarray, target_columns: tuple[str, ...] | None) -> None:
-        """Refuse a write this engine cannot apply (raise InvalidInput before anything is written)."""
+    def check_write(self, kinds: np.ndarray, target_columns: tuple[str, ...] | None,
+                    batch: pa.Table | None = None) -> None:
+        """Refuse a write this engine cannot apply (raise InvalidInput before anything is written).
+
+        ``batch`` is the whole write (every bucket), for engines whose refusals depend on values.
+        """
         if target_columns is not None and not self.supports_partial_update:
             raise InvalidInput(f"table {self.descriptor.path}: the {self.name} merge engine does not "
                                "support partial updates")
