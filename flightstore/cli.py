@@ -12,13 +12,20 @@ __all__ = ["main"]
 
 def _serve(args: argparse.Namespace) -> int:
     from flightstore.server.service import serve
-    serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync)
+    users = {}
+    for spec in args.user or []:
+        name, sep, password = spec.partition(":")
+        if not sep or not name:
+            raise SystemExit(f"--user expects NAME:PASSWORD, got {spec!r}")
+        users[name] = password
+    serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users or None)
     return 0
 
 
 def _sql(args: argparse.Namespace) -> int:
     import flightstore
-    with flightstore.connect(args.uri) as conn:
+    name, _, password = (args.user or "").partition(":")
+    with flightstore.connect(args.uri, username=name or None, password=password) as conn:
         for statement in args.statements:
             result = conn.sql(statement)
             print(result.to_pandas().to_string(index=False) if _has_pandas() else result)
@@ -43,9 +50,12 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--port", type=int, default=SERVER_OPTIONS["port"].default,
                        help=SERVER_OPTIONS["port"].doc)
     serve.add_argument("--fsync", action="store_true", help=SERVER_OPTIONS["log.fsync"].doc)
+    serve.add_argument("--user", action="append", metavar="NAME:PASSWORD",
+                       help="require Basic authentication; repeat for several users (default: open)")
     serve.set_defaults(func=_serve)
     sql = commands.add_parser("sql", help="run SQL statements against a server")
     sql.add_argument("--uri", default="grpc://127.0.0.1:8815")
+    sql.add_argument("--user", help="NAME:PASSWORD for a server that requires authentication")
     sql.add_argument("statements", nargs="+")
     sql.set_defaults(func=_sql)
     options = commands.add_parser("options", help="print every option as a Markdown table")

@@ -28,7 +28,7 @@ from flightstore.errors import FlightstoreError, InvalidInput, NotFound, TableNo
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
-from flightstore.server.auth import BasicAuthHandler, NoAuthHandler
+from flightstore.server.auth import BasicAuthMiddlewareFactory, NoAuthHandler
 from flightstore.sql import nodes
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
 from flightstore.sql.plan import parameter_schema
@@ -112,8 +112,9 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
                  users: dict[str, str] | None = None, **kwargs: Any) -> None:
-        auth = BasicAuthHandler(users) if users else NoAuthHandler()
-        super().__init__(location, auth_handler=auth, **kwargs)
+        if users:
+            kwargs.setdefault("middleware", {})["auth"] = BasicAuthMiddlewareFactory(users)
+        super().__init__(location, auth_handler=NoAuthHandler(), **kwargs)
         self.store = store
         self.executor = Executor(store)
         self.database = "default"
