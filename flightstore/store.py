@@ -223,6 +223,13 @@ class Table:
         with self._lock:
             self._check_sequence(writer_id, sequence)
             result = WriteResult()
+            last = self._writers.get(writer_id) if writer_id is not None else None
+            if not self.descriptor.bucket_key and sequence is not None and last is not None \
+                    and sequence <= last:
+                # Without a bucket key a whole batch lands in one (round-robin) bucket, and a retry
+                # may be routed to another one: the table-level sequence decides.
+                result.duplicate = True
+                return result
             states = [log.writer_state().get(writer_id) if writer_id else None for log in self.logs]
             for bucket, part in self._split(table):
                 last = states[bucket]

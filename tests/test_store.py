@@ -184,3 +184,13 @@ def test_writes_refuse_values_of_another_kind_but_accept_widening(store):
         table.upsert(pa.table({"id": pa.array([2**40], pa.int64()).cast(pa.float64()), "name": ["a"],
                                "score": [1.0]}))
     assert table.row_count() == 1
+
+
+def test_retry_on_a_round_robin_log_table_is_applied_once(store):
+    table = store.create_table("rr", SCHEMA, options={"bucket.num": 3})  # no bucket key
+    table.append(data(4), writer_id="w", sequence=0)
+    for _ in range(3):  # each retry would be routed to the next bucket
+        assert table.append(data(4), writer_id="w", sequence=0).duplicate
+    assert table.row_count() == 4
+    table.append(data(2, 4), writer_id="w", sequence=1)
+    assert table.row_count() == 6

@@ -15,9 +15,8 @@ from tests.server.conftest import RunningServer
 def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     import flightstore_spark
+    from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.master("local[2]").appName("flightstore-tests")
                .config("spark.ui.enabled", "false")

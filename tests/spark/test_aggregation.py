@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from flightstore_spark.pipelines import aggregation
 
 from flightstore.client import connect
-from flightstore_spark.pipelines import aggregation
 
 pytestmark = pytest.mark.slow
 

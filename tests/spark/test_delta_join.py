@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from flightstore_spark.pipelines import delta_join
 
 from flightstore.client import connect
-from flightstore_spark.pipelines import delta_join
 
 pytestmark = pytest.mark.slow
 

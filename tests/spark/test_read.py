@@ -6,10 +6,10 @@ import datetime as dt
 
 import pyarrow as pa
 import pytest
+from flightstore_spark.source import FlightstoreReader
 from pyspark.sql import datasource as ds
 
 from flightstore.client import connect
-from flightstore_spark.source import FlightstoreReader
 
 pytestmark = pytest.mark.slow
 

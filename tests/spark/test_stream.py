@@ -3,10 +3,10 @@ admission control and startup modes."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
-import pyarrow as pa
 import pytest
 
 from flightstore.client import connect
@@ -112,9 +112,8 @@ def test_startup_modes(spark, server, tmp_path):
     full_query_rows = run("full", **{"startup.mode": "full", "columns": "k,v"})
     assert [(r["_change_type"], r["k"], r["v"]) for r in full_query_rows] == [("-U", 3, "c"), ("+U", 3, "c2")]
 
-    from_offsets = run("offsets", **{"startup.mode": "offsets",
-                                     "startup.offsets": '{"%d": %d, "%d": %d}' % (*sorted(middle.items())[0],
-                                                                                *sorted(middle.items())[1])})
+    given = json.dumps({str(bucket): offset for bucket, offset in middle.items()})
+    from_offsets = run("offsets", **{"startup.mode": "offsets", "startup.offsets": given})
     assert sorted((r["_change_type"], r["k"], r["v"]) for r in from_offsets) == sorted(
         tail + [("-U", 3, "c"), ("+U", 3, "c2")])
     by_time = run("timestamp", **{"startup.mode": "timestamp", "startup.timestamp": str(stamp)})

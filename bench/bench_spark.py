@@ -1,0 +1,114 @@
+"""Spark reads through the flightstore connector, each against a peer measured in the same run.
+
+* a Spark batch read of a narrow table (every row materialized by the ``noop`` sink) through the
+  connector vs Spark reading the same rows from Parquet files on local disk (goal >= 0.5x);
+* the same read of a 100-column table with ``columns`` = 10 of them vs all 100 (goal >= 5x).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.report import Row, best_of
+from flightstore.client import connect
+from flightstore.server.service import FlightSqlServer
+from flightstore.store import Store
+
+NARROW_ROWS = 5_000_000
+WIDE_ROWS = 300_000
+WIDE_COLUMNS = 100
+BUCKETS = 4
+CHUNK = 500_000
+
+
+def _narrow(start: int, n: int) -> pa.Table:
+    rng = np.random.default_rng(start)
+    return pa.table({"id": pa.array(np.arange(start, start + n), pa.int64()),
+                     "user": pa.array(rng.integers(0, 10_000, n), pa.int64()),
+                     "amount": pa.array(rng.random(n))})
+
+
+def _spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    import flightstore_spark
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("flightstore-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    flightstore_spark.register(spark)
+    return spark
+
+
+def run() -> list[Row]:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "data")
+        server = FlightSqlServer(store, "grpc://127.0.0.1:0")
+        thread = threading.Thread(target=server.serve, daemon=True)
+        thread.start()
+        spark = _spark()
+        try:
+            return _measure(spark, server.uri, Path(tmp))
+        finally:
+            spark.stop()
+            server.shutdown()
+            thread.join(timeout=10)
+            store.close()
+
+
+def _measure(spark, uri: str, tmp: Path) -> list[Row]:
+    conn = connect(uri)
+    conn.sql(f"CREATE TABLE narrow (id BIGINT, user BIGINT, amount DOUBLE) WITH ('bucket.num' = '{BUCKETS}')")
+    parquet_dir = tmp / "narrow_parquet"
+    parquet_dir.mkdir()
+    narrow = conn.table("narrow")
+    for i, start in enumerate(range(0, NARROW_ROWS, CHUNK)):
+        part = _narrow(start, min(CHUNK, NARROW_ROWS - start))
+        narrow.append(part)
+        pq.write_table(part, parquet_dir / f"part-{i:03d}.parquet")
+
+    def read_connector() -> None:
+        (spark.read.format("flightstore").option("uri", uri).option("table", "narrow").load()
+         .write.format("noop").mode("overwrite").save())
+
+    def read_parquet() -> None:
+        spark.read.parquet(str(parquet_dir)).write.format("noop").mode("overwrite").save()
+
+    read_connector()
+    read_parquet()  # warm both (JVM, Python workers, page cache)
+    ours = best_of(read_connector, 3)
+    peer = best_of(read_parquet, 3)
+    rows = [Row(f"Spark batch read, {NARROW_ROWS:,} narrow rows (rows/s)", NARROW_ROWS / ours,
+                NARROW_ROWS / peer, "rows/s", "Spark Parquet local disk", True, ">=0.5x")]
+
+    names = [f"c{i}" for i in range(WIDE_COLUMNS)]
+    conn.sql(f"CREATE TABLE wide ({', '.join(f'{n} DOUBLE' for n in names)}) WITH ('bucket.num' = '{BUCKETS}')")
+    rng = np.random.default_rng(1)
+    wide = conn.table("wide")
+    for start in range(0, WIDE_ROWS, 50_000):
+        n = min(50_000, WIDE_ROWS - start)
+        wide.append(pa.table({name: rng.random(n) for name in names}))
+
+    def read_wide(columns: str | None) -> None:
+        reader = spark.read.format("flightstore").option("uri", uri).option("table", "wide")
+        if columns:
+            reader = reader.option("columns", columns)
+        reader.load().write.format("noop").mode("overwrite").save()
+
+    ten = ",".join(names[:10])
+    read_wide(ten)
+    pruned = best_of(lambda: read_wide(ten), 3)
+    full = best_of(lambda: read_wide(None), 2)
+    rows.append(Row(f"Spark read, 10 of {WIDE_COLUMNS} columns, {WIDE_ROWS:,} rows (s)", pruned, full, "s",
+                    f"all {WIDE_COLUMNS} columns via the connector", False, ">=5x"))
+    conn.close()
+    return rows

@@ -1,0 +1,23 @@
+"""PySpark connector for flightstore (Python Data Source API, format ``flightstore``).
+
+    import flightstore_spark
+    flightstore_spark.register(spark)
+    df = spark.read.format("flightstore").option("uri", uri).option("table", "db.t").load()
+
+See :mod:`flightstore_spark.source` (batch reads), :mod:`flightstore_spark.stream` (changelog
+streaming reads) and :mod:`flightstore_spark.writer` (batch and streaming writes), and the pipelines
+in :mod:`flightstore_spark.pipelines`.
+"""
+
+from __future__ import annotations
+
+from flightstore_spark.source import FlightstoreDataSource
+
+__all__ = ["FlightstoreDataSource", "register"]
+
+
+def register(spark) -> None:
+    """Register the ``flightstore`` format with ``spark`` and enable Python data source filter
+    pushdown (``spark.sql.python.filterPushdown.enabled``), which the reader relies on."""
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    spark.dataSource.register(FlightstoreDataSource)

@@ -1,0 +1,172 @@
+"""The connector's only door to flightstore: the public Flight protocol via :mod:`flightstore.client`.
+
+Everything here runs on the driver (planning) or on executors (reading, writing); nothing touches
+the store directly. Helpers are small and stateless so Spark can pickle whatever holds their inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyarrow import flight
+
+from flightstore.client import Connection, connect
+from flightstore.server import protocol, tickets
+
+__all__ = [
+    "Options",
+    "TableInfo",
+    "custom_schema",
+    "open_connection",
+    "put_once",
+    "query_endpoints",
+    "read_payload",
+    "read_ticket",
+    "table_info",
+]
+
+
+class Options:
+    """The connector options every part needs, parsed once (picklable)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.raw = {str(k).lower(): v for k, v in dict(options).items()}
+        self.uri = options.get("uri") or "grpc://127.0.0.1:8815"
+        self.table = options.get("table")
+        self.query = options.get("query")
+        self.username = options.get("username")
+        self.password = options.get("password")
+        columns = options.get("columns")
+        self.columns = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+        if not self.table and not self.query:
+            raise ValueError("the flightstore data source needs option('table', 'db.t') or option('query', ...)")
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """Any option, case-insensitively (Spark lower-cases option names)."""
+        return self.raw.get(name.lower(), default)
+
+    def connect(self) -> Connection:
+        return open_connection(self.uri, self.username, self.password)
+
+
+def open_connection(uri: str, username: str | None = None, password: str | None = None) -> Connection:
+    return connect(uri, username=username, password=password)
+
+
+class TableInfo:
+    """What the connector needs to know about a table: schema, buckets, primary key."""
+
+    def __init__(self, schema: pa.Schema, num_buckets: int, primary_key: list[str]) -> None:
+        self.schema = schema
+        self.num_buckets = num_buckets
+        self.primary_key = primary_key
+
+    @property
+    def has_primary_key(self) -> bool:
+        return bool(self.primary_key)
+
+
+def custom_schema(conn: Connection, payload: dict) -> pa.Schema:
+    """The schema the server answers for one of flightstore's own read commands (GetFlightInfo)."""
+    descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
+    return conn._client.get_flight_info(descriptor, conn._options).schema
+
+
+def _split_name(name: str) -> tuple[str | None, str]:
+    if "." in name:
+        database, table = name.split(".", 1)
+        return database, table
+    return None, name
+
+
+def primary_key(conn: Connection, name: str) -> list[str]:
+    """Primary-key columns in key order (Flight SQL GetPrimaryKeys); [] for a log table."""
+    database, table = _split_name(name)
+    command = protocol.CommandGetPrimaryKeys(table=table)
+    if database:
+        command.db_schema = database
+    info = conn._client.get_flight_info(flight.FlightDescriptor.for_command(protocol.pack_any(command)),
+                                        conn._options)
+    result = conn.read_info(info)
+    if result.num_rows == 0:
+        return []
+    rows = sorted(zip(result.column("key_sequence").to_pylist(), result.column("column_name").to_pylist()))
+    return [name for _, name in rows]
+
+
+def table_info(conn: Connection, name: str) -> TableInfo:
+    schema = custom_schema(conn, {"op": "scan", "table": name})
+    offsets = conn.table(name).offsets("end")
+    return TableInfo(schema, len(offsets), primary_key(conn, name))
+
+
+def query_endpoints(conn: Connection, query: str) -> flight.FlightInfo:
+    command = protocol.pack_any(protocol.CommandStatementQuery(query=query))
+    return conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
+
+
+def _chunks(reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return
+        if chunk.data is not None and chunk.data.num_rows:
+            yield chunk.data
+
+
+def read_payload(conn: Connection, payload: dict) -> Iterator[pa.RecordBatch]:
+    """DoGet of one of flightstore's own read commands, batch by batch (empty batches skipped)."""
+    yield from _chunks(conn._get(payload))
+
+
+def read_ticket(conn: Connection, ticket: bytes) -> Iterator[pa.RecordBatch]:
+    """DoGet of a Flight SQL endpoint ticket."""
+    yield from _chunks(conn._client.do_get(flight.Ticket(ticket), conn._options))
+
+
+def put_once(conn: Connection, op: str, table: str, data: pa.Table, *, writer_id: str, sequence: int,
+             columns: Sequence[str] | None = None, retries: int = 3,
+             conflict_wait_s: float = 45.0, check_applied: bool = False) -> dict[str, Any]:
+    """One idempotent write (DoPut): a retry with the same writer id and sequence is applied once.
+
+    A partial update (``columns``) claims its columns on the server while its writer lives; the
+    connector's writers are short-lived (one per task or micro-batch), so the claim is released right
+    after the write, and a write meeting another task's live claim waits for it (a crashed task's
+    claim expires after the server's ownership TTL).
+
+    ``check_applied`` first asks the server for the writer's last applied sequence and skips a batch
+    already applied. The server's own duplicate check is per bucket, which misses a retry of a write
+    to a log table without bucket key: round-robin sends the retry to another bucket.
+    """
+    if check_applied:
+        last = conn._action("flightstore.writer", {"table": table, "writer_id": writer_id})["sequence"]
+        if last is not None and last >= sequence:
+            return {"op": "written", "rows": 0, "duplicate": True, "offsets": {}}
+    payload = {"op": op, "table": table, "columns": list(columns) if columns else None,
+               "writer_id": writer_id, "sequence": sequence}
+    attempt, deadline = 0, time.monotonic() + conflict_wait_s
+    while True:
+        try:
+            result = conn._put(payload, data)
+            break
+        except flight.FlightUnavailableError:
+            attempt += 1
+            if attempt >= retries:
+                raise
+            time.sleep(0.2 * attempt)
+        except pa.ArrowInvalid as exc:
+            if "owned by live writer" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+    if columns:
+        release(conn, table, writer_id)
+    return result
+
+
+def release(conn: Connection, table: str, writer_id: str) -> None:
+    """Give up the columns ``writer_id`` claimed with partial updates."""
+    conn._action("flightstore.release", {"table": table, "writer_id": writer_id})

@@ -1,0 +1,55 @@
+"""Arrow helpers shared by the pipelines: fold a changelog to its last change per key, match rows by
+key without a join engine (no Acero, so buffers straight off the wire are fine)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flightstore_spark.stream import last_positions
+
+__all__ = ["distinct_keys", "fold_last", "match_rows", "query_identity"]
+
+
+def fold_last(changes: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The last change of every key (input in change order), in input order."""
+    if changes.num_rows == 0:
+        return changes
+    return changes.take(pa.array(last_positions(changes, key)))
+
+
+def distinct_keys(table: pa.Table, key: Sequence[str]) -> pa.Table:
+    return fold_last(table.select(list(key)), key)
+
+
+def match_rows(probe: pa.Table, build: pa.Table, key: Sequence[str]) -> pa.Array:
+    """For every row of ``probe``, the position of the row of ``build`` with the same ``key``
+    (``build`` is unique on ``key``), null where there is none."""
+    if probe.num_rows == 0:
+        return pa.array([], pa.int64())
+    codes = []
+    for column in key:
+        both = pa.chunked_array(probe.column(column).chunks + build.column(column).cast(
+            probe.schema.field(column).type).chunks)
+        codes.append(pc.dictionary_encode(both.combine_chunks()).indices.to_numpy(
+            zero_copy_only=False).astype(np.int64))
+    _, group = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    probe_groups, build_groups = group[:probe.num_rows], group[probe.num_rows:]
+    position = np.full(group.max() + 1, -1, dtype=np.int64)
+    position[build_groups] = np.arange(len(build_groups), dtype=np.int64)
+    found = position[probe_groups]
+    return pa.array(found, mask=found < 0)
+
+
+def query_identity(spark, fallback: str) -> str:
+    """The running streaming query's id (stable across restarts from a checkpoint), seen from a
+    foreachBatch function; ``fallback`` when Spark does not expose it."""
+    try:
+        value = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+    except Exception:  # noqa: BLE001
+        value = None
+    return value or fallback

@@ -1,0 +1,155 @@
+"""``spark.read.format("flightstore")``: schema from the server, one Spark partition per bucket
+(Flight endpoint), Arrow record batches straight from DoGet, filters and columns pushed to the server.
+
+Options: ``uri`` (grpc://host:port), ``table`` (``db.t``) or ``query`` (a whole SELECT pushed to the
+server; its Flight endpoints become the partitions), ``columns`` (``a,b``: pruned on the server),
+``username``/``password``; streaming options are in :mod:`flightstore_spark.stream`, write options
+in :mod:`flightstore_spark.writer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructField, StructType
+
+from flightstore import expressions as ex
+from flightstore_spark import _flight
+from flightstore_spark.filters import to_predicate
+
+__all__ = ["FlightstoreDataSource", "conform_batches", "spark_schema"]
+
+
+def spark_schema(schema: pa.Schema) -> StructType:
+    """The Spark schema of an Arrow schema (every field nullable; tz-naive timestamps -> NTZ)."""
+    struct = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+    return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in struct.fields])
+
+
+def conform_batches(batches: Iterator[pa.RecordBatch], schema: StructType) -> Iterator[pa.RecordBatch]:
+    """Cast server batches to the exact Arrow layout Spark expects for ``schema`` (no row loops)."""
+    target = to_arrow_schema(schema, timezone="UTC")
+    for batch in batches:
+        if not batch.schema.equals(target):
+            if batch.schema.names != target.names:
+                batch = batch.select(target.names)
+            batch = batch.cast(target)
+        yield batch
+
+
+STREAMING_OPTIONS = ("startup.mode", "startup.timestamp", "startup.offsets", "maxRowsPerTrigger")
+
+
+def wants_changelog(options: Any) -> bool:
+    if str(options.get("changelog", "")).lower() in ("true", "1", "yes"):
+        return True
+    return any(options.get(name) is not None for name in STREAMING_OPTIONS)
+
+
+class FlightstoreDataSource(DataSource):
+    """The ``flightstore`` format (batch and streaming, read and write)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "flightstore"
+
+    def schema(self) -> StructType:
+        options = _flight.Options(self.options)
+        with options.connect() as conn:
+            if options.query:
+                arrow = _flight.query_endpoints(conn, options.query).schema
+            elif self._streaming_schema_wanted():
+                arrow = _flight.custom_schema(conn, {"op": "subscribe", "table": options.table,
+                                                     "columns": self._stream_columns(conn, options)})
+            else:
+                arrow = _flight.custom_schema(conn, {"op": "scan", "table": options.table,
+                                                     "columns": options.columns})
+        return spark_schema(arrow)
+
+    # Spark asks for the schema before it says whether the read is batch or streaming, so the
+    # changelog columns (_change_type, _log_offset, _commit_timestamp) come with ``changelog=true`` or
+    # any streaming option; a batch read with them reads the changelog up to the current end offsets.
+    def _streaming_schema_wanted(self) -> bool:
+        return wants_changelog(self.options)
+
+    def _stream_columns(self, conn: Any, options: _flight.Options) -> list[str] | None:
+        from flightstore_spark.stream import stream_columns
+        return stream_columns(conn, options)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return FlightstoreReader(self.options, schema)
+
+    def streamReader(self, schema: StructType):
+        from flightstore_spark.stream import FlightstoreStreamReader
+        return FlightstoreStreamReader(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool):
+        from flightstore_spark.writer import FlightstoreWriter
+        return FlightstoreWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        from flightstore_spark.writer import FlightstoreStreamWriter
+        return FlightstoreStreamWriter(self.options, schema, overwrite)
+
+
+class FlightstoreReader(DataSourceReader):
+    """Batch reads: the custom ``scan`` command per bucket, or the endpoints of a pushed query.
+
+    Caveat (Spark 4.3): Spark caches the planned read of a DataFrame after a filter pushdown and
+    reuses it for a later action on the same DataFrame that has no pushable filter, so that action
+    still sees the earlier filter. Load a fresh DataFrame per differently filtered query, or set
+    ``option("pushFilters", "false")``.
+    """
+
+    def __init__(self, options: dict, schema: StructType) -> None:
+        self.options = _flight.Options(options)
+        self.schema = schema
+        self.pushed: ex.Predicate | None = None
+
+    def pushFilters(self, filters: list) -> Iterator:
+        if self.options.query or str(self.options.get("pushFilters", "true")).lower() == "false":
+            yield from filters
+            return
+        arrow = to_arrow_schema(self.schema, timezone="UTC")
+        pushed = []
+        for spark_filter in filters:
+            predicate = to_predicate(spark_filter, arrow)
+            if predicate is None:
+                yield spark_filter
+            else:
+                pushed.append(predicate)
+        self.pushed = ex.and_all(pushed)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        with options.connect() as conn:
+            if options.query:
+                info = _flight.query_endpoints(conn, options.query)
+                return [InputPartition({"ticket": e.ticket.ticket}) for e in info.endpoints]
+            client = conn.table(options.table)
+            if wants_changelog(options):
+                starts, ends = client.offsets("start"), client.offsets("end")
+                columns = self.schema.fieldNames()
+                return [InputPartition({"payload": {
+                    "op": "subscribe", "table": options.table, "columns": columns,
+                    "start": {str(b): starts[b]}, "until": {str(b): ends[b]}}})
+                    for b in sorted(ends) if ends[b] > starts[b]]
+            buckets = len(client.offsets("end"))
+        columns = options.columns or self.schema.fieldNames()
+        filter_json = self.pushed.to_dict() if self.pushed is not None else None
+        return [InputPartition({"payload": {"op": "scan", "table": options.table, "columns": columns,
+                                            "filter": filter_json, "buckets": [bucket]}})
+                for bucket in range(buckets)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        with self.options.connect() as conn:
+            value = partition.value
+            if "ticket" in value:
+                batches = _flight.read_ticket(conn, value["ticket"])
+            else:
+                batches = _flight.read_payload(conn, value["payload"])
+            yield from conform_batches(batches, self.schema)

@@ -1,0 +1,206 @@
+"""``spark.readStream.format("flightstore")``: a table's changelog as a Structured Streaming source.
+
+Offsets are ``{"<bucket>": next_offset}`` (row offsets of each bucket's log). A micro-batch
+``[start, end)`` is one Spark partition per bucket that moved, read on an executor with the
+``subscribe`` command given explicit ``start`` and ``until`` offsets, so it ends by itself and a
+replay after a restart reads exactly the same rows.
+
+Options:
+
+* ``startup.mode``: ``earliest`` (default) | ``latest`` | ``timestamp`` (with ``startup.timestamp``,
+  epoch ms) | ``offsets`` (with ``startup.offsets``, JSON ``{"0": 12, ...}``; buckets left out start
+  at the earliest offset) | ``full`` (primary-key tables: a snapshot as ``+I`` rows, then the changelog
+  from the offsets at the snapshot; the first offset carries ``"snapshot": true``).
+* ``maxRowsPerTrigger``: admission control; the rows are spread over the buckets that have data.
+* ``columns``: ``a,b`` to read only those table columns (the changelog columns always come along).
+
+Rows carry ``_change_type`` (+I, -U, +U, -D; +A for log tables), ``_log_offset`` and
+``_commit_timestamp``. Snapshot rows of ``full`` mode carry the offset and commit time of the change
+that produced them. The snapshot is the fold of the bucket's changelog up to the snapshot offsets, so
+it is exact and repeatable (primary-key tables keep their whole changelog).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from flightstore_spark import _flight
+from flightstore_spark.source import conform_batches
+
+__all__ = ["FlightstoreStreamReader", "allot_rows", "stream_columns"]
+
+META_COLUMNS = ("_change_type", "_log_offset", "_commit_timestamp")
+SNAPSHOT_KEY = "snapshot"
+
+
+def stream_columns(conn: Any, options: _flight.Options) -> list[str] | None:
+    if not options.columns:
+        return None
+    return list(options.columns) + [c for c in META_COLUMNS if c not in options.columns]
+
+
+def _buckets(offsets: dict) -> dict[int, int]:
+    return {int(k): int(v) for k, v in offsets.items() if k != SNAPSHOT_KEY}
+
+
+def _offset(buckets: dict[int, int], snapshot: bool = False) -> dict:
+    result: dict[str, Any] = {str(b): int(o) for b, o in sorted(buckets.items())}
+    if snapshot:
+        result[SNAPSHOT_KEY] = True
+    return result
+
+
+def allot_rows(start: dict[int, int], end: dict[int, int], max_rows: int) -> dict[int, int]:
+    """End offsets admitting at most ``max_rows`` rows, shared fairly over buckets with data."""
+    pending = {b: max(0, end[b] - start.get(b, 0)) for b in end}
+    result = {b: start.get(b, end[b]) for b in end}
+    left = max_rows
+    waiting = sorted((b for b in pending if pending[b] > 0), key=lambda b: (pending[b], b))
+    for i, bucket in enumerate(waiting):
+        share = left // (len(waiting) - i)
+        take = min(pending[bucket], share)
+        result[bucket] += take
+        left -= take
+    if left == max_rows and waiting and max_rows > 0:  # fewer rows than buckets: progress anyway
+        result[waiting[-1]] += min(max_rows, pending[waiting[-1]])
+    return result
+
+
+def last_positions(table: pa.Table, key: Sequence[str]) -> np.ndarray:
+    """Row positions of the last row of each distinct ``key`` in ``table``, in table order."""
+    codes = np.stack([pc.dictionary_encode(table.column(c).combine_chunks()).indices.to_numpy(
+        zero_copy_only=False).astype(np.int64) for c in key], axis=1)
+    _, inverse = np.unique(codes, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    last = np.full(inverse.max() + 1 if len(inverse) else 0, -1, dtype=np.int64)
+    np.maximum.at(last, inverse, np.arange(len(inverse), dtype=np.int64))
+    return np.sort(last)
+
+
+class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict, schema: StructType) -> None:
+        self.options = _flight.Options(options)
+        if not self.options.table:
+            raise ValueError("a streaming flightstore read needs option('table', 'db.t')")
+        self.schema = schema
+        self.mode = str(self.options.get("startup.mode", "earliest")).lower()
+        max_rows = self.options.get("maxRowsPerTrigger")
+        self.max_rows = int(max_rows) if max_rows else None
+        self._available_now: dict[int, int] | None = None
+        with self.options.connect() as conn:
+            self.primary_key = _flight.primary_key(conn, self.options.table)
+        if self.mode == "full" and self.primary_key:
+            missing = [c for c in self.primary_key if c not in schema.fieldNames()]
+            if missing:
+                raise ValueError(f"startup.mode=full needs the primary key columns {missing} in 'columns'")
+
+    # ---- offsets (driver) ---------------------------------------------------------------------
+    def _offsets(self, which: str = "end", **extra: Any) -> dict[int, int]:
+        with self.options.connect() as conn:
+            if which == "timestamp":
+                answer = conn._action("flightstore.offsets", {"table": self.options.table,
+                                                             "which": "timestamp", **extra})
+                return {int(k): v for k, v in answer["offsets"].items()}
+            return conn.table(self.options.table).offsets(which)
+
+    def initialOffset(self) -> dict:
+        mode = self.mode
+        if mode == "earliest":
+            return _offset(self._offsets("start"))
+        if mode == "latest":
+            return _offset(self._offsets("end"))
+        if mode == "timestamp":
+            stamp = self.options.get("startup.timestamp")
+            if stamp is None:
+                raise ValueError("startup.mode=timestamp needs option('startup.timestamp', epoch_ms)")
+            return _offset(self._offsets("timestamp", timestamp_ms=int(stamp)))
+        if mode == "offsets":
+            import json
+            given = self.options.get("startup.offsets")
+            if not given:
+                raise ValueError("startup.mode=offsets needs option('startup.offsets', '{\"0\": 0}')")
+            starts = self._offsets("start")
+            for bucket, offset in json.loads(given).items():
+                if int(bucket) not in starts:
+                    raise ValueError(f"table {self.options.table} has no bucket {bucket}")
+                starts[int(bucket)] = max(int(offset), starts[int(bucket)])
+            return _offset(starts)
+        if mode == "full":
+            if not self.primary_key:  # a log table's "snapshot" is its whole log
+                return _offset(self._offsets("start"))
+            return _offset(self._offsets("end"), snapshot=True)
+        raise ValueError(f"unknown startup.mode {mode!r}: earliest, latest, timestamp, offsets or full")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = self._offsets("end")
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = _buckets(start)
+        end = self._available_now if self._available_now is not None else self._offsets("end")
+        end = {b: max(o, begin.get(b, 0)) for b, o in end.items()}
+        if isinstance(limit, ReadMaxRows):
+            end = allot_rows(begin, end, limit.max_rows)
+        return _offset(end)  # differs from a snapshot start even when no bucket moved
+
+    def reportLatestOffset(self) -> dict:
+        return _offset(self._offsets("end"))
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        snapshot = bool(start.get(SNAPSHOT_KEY))
+        begin, stop = _buckets(start), _buckets(end)
+        parts = []
+        for bucket in sorted(stop):
+            first = begin.get(bucket, 0)
+            if stop[bucket] > first or snapshot:
+                parts.append(InputPartition({"bucket": bucket, "start": first, "end": stop[bucket],
+                                             "snapshot": snapshot}))
+        return parts
+
+    def commit(self, end: dict) -> None:
+        pass
+
+    # ---- reading (executors) ------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        part = partition.value
+        bucket, first, stop = part["bucket"], part["start"], part["end"]
+        columns = self.schema.fieldNames()
+        with self.options.connect() as conn:
+            if part["snapshot"]:
+                yield from conform_batches(self._snapshot(conn, bucket, first, columns), self.schema)
+            if stop > first:
+                payload = {"op": "subscribe", "table": self.options.table, "columns": columns,
+                           "start": {str(bucket): first}, "until": {str(bucket): stop}}
+                yield from conform_batches(_flight.read_payload(conn, payload), self.schema)
+
+    def _snapshot(self, conn: Any, bucket: int, at: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
+        """The bucket's rows as of log offset ``at``: the last change per key, if it is not a delete."""
+        if at <= 0:
+            return
+        wanted = columns if "_change_type" in columns else columns + ["_change_type"]
+        payload = {"op": "subscribe", "table": self.options.table, "columns": wanted,
+                   "start": {str(bucket): 0}, "until": {str(bucket): at}}
+        batches = list(_flight.read_payload(conn, payload))
+        if not batches:
+            return
+        log = pa.Table.from_batches(batches)
+        rows = log.take(pa.array(last_positions(log, self.primary_key)))
+        rows = rows.filter(pc.is_in(rows.column("_change_type"), pa.array(["+I", "+U"])))
+        index = rows.schema.get_field_index("_change_type")
+        rows = rows.set_column(index, "_change_type", pa.array(["+I"] * rows.num_rows, pa.string()))
+        yield from rows.select(columns).to_batches()
