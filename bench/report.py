@@ -43,5 +43,6 @@ def print_table(rows: list[Row]) -> None:
     print(header)
     print("-" * len(header))
     for row in rows:
+        ratio = f"{row.ratio:>6.2f}x" if row.ratio != float("inf") else "    n/a"
         print(f"{row.workload:<58} {row.ours:>14,.1f} {row.peer:>14,.1f}  {row.unit:<10} "
-              f"{row.ratio:>6.2f}x  {row.goal:<8} {row.peer_name}")
+              f"{ratio}  {row.goal:<8} {row.peer_name}")
