@@ -25,6 +25,7 @@ from flightstore.catalog import DEFAULT_DATABASE, Catalog
 from flightstore.errors import (FlightstoreError, InvalidInput, OutOfOrderSequence, SchemaMismatch,
                                 Unsupported)
 from flightstore.expressions import Predicate
+from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.tablet import KvTablet, changelog_schema
@@ -33,7 +34,7 @@ from flightstore.schema import TableDescriptor, TablePath, as_table
 
 __all__ = ["Store", "Table", "WriteResult", "changelog_output_schema"]
 
-_UPSERT_KINDS = (changetype.INSERT, changetype.UPDATE_AFTER, changetype.APPEND_ONLY)
+TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
 
 
 def changelog_output_schema(schema: pa.Schema) -> pa.Schema:
@@ -110,6 +111,8 @@ class Table:
         for state in (self.kvs or self.logs):
             for writer, sequence in state.writer_state().items():
                 self._writers[writer] = max(sequence, self._writers.get(writer, -1))
+        self._intents = IntentLog(directory / "intent", fsync=fsync)
+        self._complete_pending_write()
 
     @property
     def num_buckets(self) -> int:
@@ -220,26 +223,7 @@ class Table:
         if self.has_primary_key:
             raise Unsupported(f"{self.path} is a primary-key table: use upsert/delete")
         table, _ = self.conform(data)
-        with self._lock:
-            self._check_sequence(writer_id, sequence)
-            result = WriteResult()
-            last = self._writers.get(writer_id) if writer_id is not None else None
-            if not self.descriptor.bucket_key and sequence is not None and last is not None \
-                    and sequence <= last:
-                # Without a bucket key a whole batch lands in one (round-robin) bucket, and a retry
-                # may be routed to another one: the table-level sequence decides.
-                result.duplicate = True
-                return result
-            states = [log.writer_state().get(writer_id) if writer_id else None for log in self.logs]
-            for bucket, part in self._split(table):
-                last = states[bucket]
-                if sequence is not None and last is not None and sequence <= last:
-                    result.duplicate = True
-                    continue
-                result[bucket] = self.logs[bucket].append(part, writer_id=writer_id, sequence=sequence)
-            self._note_sequence(writer_id, sequence)
-        self._notify()
-        return result
+        return self._apply_buckets(table, None, None, writer_id, sequence)
 
     def upsert(self, data: Any, columns: Sequence[str] | None = None, *, writer_id: str | None = None,
                sequence: int | None = None) -> WriteResult:
@@ -303,20 +287,72 @@ class Table:
         if writer_id is not None and target is not None:
             # Writers of partial updates own their columns while they live (see kv/ownership.py).
             self.ownership.claim(writer_id, [c for c in target if c not in self.descriptor.primary_key])
+        return self._apply_buckets(table, kinds, target, writer_id, sequence, overwrite)
+
+    def _apply_buckets(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                       writer_id: str | None, sequence: int | None, overwrite: bool = False,
+                       recovering: bool = False) -> WriteResult:
+        """Apply a validated write to its buckets (KV tablets, or logs when ``kinds`` is None).
+
+        A write spanning several buckets is first recorded as an intent (see ``intents.py``), with
+        a writer id and sequence (the table's own when the caller gave none), so that a crash
+        between two buckets is completed on the next open instead of leaving it half applied.
+        """
         with self._lock:
             self._check_sequence(writer_id, sequence)
             result = WriteResult()
+            if kinds is None and not self.descriptor.bucket_key and sequence is not None \
+                    and writer_id in self._writers and sequence <= self._writers[writer_id]:
+                # Without a bucket key a whole batch lands in one (round-robin) bucket and a retry
+                # may be routed to another one: the table-level sequence decides.
+                result.duplicate = True
+                return result
             buckets = self.buckets_of(table)
-            for bucket in np.unique(buckets):
+            targets = np.unique(buckets)
+            intent = len(targets) > 1 and not recovering
+            if intent:
+                if writer_id is None or sequence is None:
+                    writer_id = TABLE_WRITER
+                    sequence = self._writers.get(TABLE_WRITER, -1) + 1
+                record = table if kinds is None else table.append_column(
+                    changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
+                self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
+                                     "kv": kinds is not None, "writer_id": writer_id,
+                                     "sequence": sequence}, record)
+            for bucket in targets:
                 mask = buckets == bucket
-                outcome = self.kvs[bucket].apply(
-                    table.filter(pa.array(mask)), kinds[mask], target, writer_id=writer_id,
-                    sequence=sequence, overwrite=overwrite)
-                result.duplicate |= outcome.duplicate
-                result[int(bucket)] = outcome.base_offset
+                part = table.filter(pa.array(mask))
+                if kinds is None:
+                    last = self.logs[bucket].writer_state().get(writer_id) if writer_id else None
+                    if sequence is not None and last is not None and sequence <= last:
+                        result.duplicate = True
+                        continue
+                    result[int(bucket)] = self.logs[bucket].append(part, writer_id=writer_id,
+                                                                   sequence=sequence)
+                else:
+                    outcome = self.kvs[bucket].apply(part, kinds[mask], target, writer_id=writer_id,
+                                                     sequence=sequence, overwrite=overwrite)
+                    result.duplicate |= outcome.duplicate
+                    result[int(bucket)] = outcome.base_offset
+            if intent:
+                self._intents.complete()
             self._note_sequence(writer_id, sequence)
         self._notify()
         return result
+
+    def _complete_pending_write(self) -> None:
+        """Roll forward a multi-bucket write a crash interrupted (buckets that have it skip it)."""
+        pending = self._intents.pending()
+        if pending is not None:
+            meta, record = pending
+            kinds = None
+            if meta["kv"]:
+                kinds = record.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
+                record = record.drop_columns([changetype.CHANGE_TYPE_COLUMN])
+            target = tuple(meta["target"]) if meta["target"] else None
+            self._apply_buckets(record, kinds, target, meta["writer_id"], meta["sequence"],
+                                meta["overwrite"], recovering=True)
+        self._intents.complete()
 
     def _apply_delete_behavior(self, table: pa.Table, kinds: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         retracting = (kinds == changetype.DELETE) | (kinds == changetype.UPDATE_BEFORE)
