@@ -21,6 +21,8 @@ from flightstore.server import protocol, tickets
 
 __all__ = ["connect", "Connection", "TableClient", "Subscription"]
 
+MAX_SEND_BYTES = 4 * 1024 * 1024  # per Flight message, far below gRPC's 16 MiB limit
+
 
 def connect(uri: str = "grpc://127.0.0.1:8815", *, username: str | None = None,
             password: str | None = None, timeout: float | None = None) -> "Connection":
@@ -84,7 +86,8 @@ class Connection:
     def _put(self, payload: dict, data: pa.Table) -> dict:
         descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
         writer, reader = self._client.do_put(descriptor, data.schema, self._options)
-        writer.write_table(data, max_chunksize=65_536)
+        per_row = max(1, data.nbytes // max(data.num_rows, 1))
+        writer.write_table(data, max_chunksize=max(1, min(65_536, MAX_SEND_BYTES // per_row)))
         writer.done_writing()
         answer = reader.read()
         writer.close()

@@ -127,3 +127,16 @@ def test_subscription_start_modes_and_column_pruning(server):
         ev.append({"id": [4], "payload": ["d"], "n": [4.0]})
         assert _drain(latest, 1) == [{"id": 4, "_change_type": "+A"}]
         assert ends == {0: 3}
+
+
+def test_wide_writes_are_sent_in_messages_below_the_grpc_limit(server):
+    import numpy as np
+
+    with flightstore.connect(server.uri) as conn:
+        columns = ", ".join(f"c{i} DOUBLE" for i in range(100))
+        conn.sql(f"CREATE TABLE wide ({columns})")
+        rows = 60_000  # 48 MB in one table: several times the 16 MiB message limit
+        data = pa.table({f"c{i}": np.full(rows, float(i)) for i in range(100)})
+        conn.table("wide").append(data)
+        assert conn.sql("SELECT COUNT(*) AS n, SUM(c99) AS s FROM wide").to_pylist() == [
+            {"n": rows, "s": 99.0 * rows}]
