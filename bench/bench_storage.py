@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from rocksdict import Options, Rdict, WriteBatch
 
 from bench.report import Row, best_of
@@ -92,8 +93,15 @@ def bench_column_pruning(root: Path) -> list[Row]:
         for _ in range(SCAN_ROWS // 50_000):
             table.append(pa.table({f"c{i}": rng.random(50_000) for i in range(SCAN_COLUMNS)}))
         wanted = [f"c{i}" for i in range(0, SCAN_COLUMNS, 10)]
-        full = best_of(lambda: table.scan_table(), 3)
-        pruned = best_of(lambda: table.scan_table(wanted), 3)
+
+        def consume(columns: list[str] | None) -> None:
+            # A scan has to deliver the values: reads from a memory map are lazy, so sum them all.
+            for batch in table.scan(columns):
+                for column in batch.columns:
+                    pc.sum(column)
+
+        full = best_of(lambda: consume(None), 3)
+        pruned = best_of(lambda: consume(wanted), 3)
     return [Row("log scan 10 of 100 columns vs all 100 (300k rows)", 1 / pruned, 1 / full, "scans/s",
                 "full scan of the same log", goal=">= 8x")]
 

@@ -30,8 +30,9 @@ Record format (little-endian), one record per appended batch::
 
 The payload is an IPC file (not a stream) because its footer lets the reader fetch only the buffers
 of the requested columns: :meth:`Segment.read_batch` opens it through a counting positional reader,
-so a k-of-n column read touches about k/n of the bytes (and ``bytes_read`` proves it). A read of
-every column maps the segment instead and decodes the payload in place, without copying.
+so a k-of-n column read of a compressed log touches about k/n of the bytes (and ``bytes_read`` proves
+it). Uncompressed payloads are decoded in place from a memory map against the tablet's schema: only
+the requested columns' buffers are kept (and paged in when used), and ``bytes_read`` counts those.
 
 Index format: fixed-width 16-byte entries ``<qQ`` (base_offset, file position), one per record.
 The index is advisory: on open the segment's headers are walked anyway (they carry the statistics
@@ -363,14 +364,22 @@ class Segment:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def read_batch(self, record: RecordHeader,
-                   included_fields: Sequence[int] | None) -> tuple[pa.RecordBatch, int]:
+    def read_batch(self, record: RecordHeader, included_fields: Sequence[int] | None,
+                   schema: pa.Schema | None = None) -> tuple[pa.RecordBatch, int]:
         """Decode ``record``'s payload, only the fields at ``included_fields`` (None: all).
 
         Returns the batch and the number of bytes read from the file.
         """
+        if schema is not None:
+            # Uncompressed: the record batch is decoded in place against the known schema, and only
+            # the requested columns' buffers are kept (and paged in when used): they are the bytes read.
+            batch = self._read_mapped(record, schema)
+            if included_fields is None:
+                return batch, record.payload_len
+            batch = batch.select(list(included_fields))
+            return batch, sum(b.size for column in batch.columns for b in column.buffers() if b is not None)
         if included_fields is None:
-            return self._read_mapped(record), record.payload_len
+            return self._read_compressed(record), record.payload_len
         if self._reader is None:
             self._reader = pa.OSFile(str(self.path), "r")
         counting = _CountingFile(self._reader, record.payload_position, record.payload_len)
@@ -384,17 +393,36 @@ class Segment:
                               f"{record.base_offset}: {exc}") from None
         return batch, counting.bytes_read
 
-    def _read_mapped(self, record: RecordHeader) -> pa.RecordBatch:
-        """Every column of ``record``, decoded in place from a memory map (no copy)."""
+    def _mapped(self, record: RecordHeader) -> pa.Buffer:
+        """The record's payload as a slice of a memory map of the segment."""
         end = record.payload_position + record.payload_len
         mapped = self._map
         if mapped is None or mapped.size < end:
             with pa.memory_map(str(self.path), "r") as source:
                 mapped = source.read_buffer(source.size())  # keeps the mapping alive
             self._map = mapped
+        return mapped.slice(record.payload_position, record.payload_len)
+
+    def _read_mapped(self, record: RecordHeader, schema: pa.Schema) -> pa.RecordBatch:
+        """Every column of an uncompressed ``record`` as zero-copy views of the memory map.
+
+        The payload is an IPC file: 8 bytes of magic, then the schema message and the record batch
+        message of the stream format. Decoding the batch message against the tablet's schema skips
+        parsing the file footer and the schema for every record.
+        """
         try:
-            payload = mapped.slice(record.payload_position, record.payload_len)
-            return pa.ipc.open_file(pa.BufferReader(payload)).get_batch(0)
+            payload = self._mapped(record)
+            messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(payload.slice(8)))
+            messages.read_next_message()  # the schema, known already
+            return pa.ipc.read_record_batch(messages.read_next_message(), schema)
+        except (pa.ArrowInvalid, OSError, StopIteration) as exc:
+            raise CorruptData(f"{self.path}: cannot decode record at offset "
+                              f"{record.base_offset}: {exc}") from None
+
+    def _read_compressed(self, record: RecordHeader) -> pa.RecordBatch:
+        """Every column of a compressed ``record``, decompressed from the memory map."""
+        try:
+            return pa.ipc.open_file(pa.BufferReader(self._mapped(record))).get_batch(0)
         except (pa.ArrowInvalid, OSError) as exc:
             raise CorruptData(f"{self.path}: cannot decode record at offset "
                               f"{record.base_offset}: {exc}") from None
