@@ -403,7 +403,8 @@ class Table:
     def _check_columns(self, columns: Sequence[str] | None) -> list[str]:
         if columns is None:
             return self.schema.names
-        bad = [c for c in columns if c not in self.schema.names]
+        known = set(self.schema.names)
+        bad = [c for c in columns if c not in known]
         if bad:
             raise InvalidInput(f"table {self.path} has no column(s) {bad}")
         return list(columns)

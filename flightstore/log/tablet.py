@@ -47,9 +47,16 @@ class LogBatch:
     next_offset: int
     timestamp_ms: int
     batch: pa.RecordBatch
-    row_offsets: pa.Array
+    offsets: pa.Array | int  # the offset of each row, or (unfiltered) the offset of the first row
     writer_id: str | None
     sequence: int | None
+
+    @property
+    def row_offsets(self) -> pa.Array:
+        """The int64 offset of each row of ``batch`` (built only when asked for)."""
+        if isinstance(self.offsets, int):
+            return pa.array(np.arange(self.offsets, self.offsets + self.batch.num_rows, dtype=np.int64))
+        return self.offsets
 
 
 class LogTablet:
@@ -211,9 +218,10 @@ class LogTablet:
         """
         self._check_open()
         names = list(self.schema.names if columns is None else columns)
-        unknown = [c for c in names if c not in self.schema.names]
+        known = set(self.schema.names)
+        unknown = [c for c in names if c not in known]
         if filter is not None:
-            unknown += [c for c in sorted(filter.columns()) if c not in self.schema.names]
+            unknown += [c for c in sorted(filter.columns()) if c not in known]
         if unknown:
             raise InvalidInput(f"unknown column(s) {', '.join(unknown)}; the log has "
                                f"{', '.join(self.schema.names)}")
@@ -251,9 +259,9 @@ class LogTablet:
                 stop = min(upper, record.next_offset) - record.base_offset
                 if start or stop < record.num_rows:
                     batch = batch.slice(start, stop - start)
-                offsets = pa.array(np.arange(record.base_offset + start,
-                                             record.base_offset + stop, dtype=np.int64))
+                offsets: pa.Array | int = record.base_offset + start
                 if expression is not None:
+                    offsets = pa.array(np.arange(offsets, record.base_offset + stop, dtype=np.int64))
                     batch, offsets = _filter_rows(batch, offsets, expression)
                     if batch.num_rows == 0:
                         continue
