@@ -579,13 +579,8 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
     """Bound parameter rows (columns "0", "1", ... or any names, in column order)."""
     if table.num_columns == 0 or table.num_rows == 0:
         return []
-    columns = []
-    for column in table.columns:
-        if pa.types.is_union(column.type):  # flightsql-dbapi sends a dense union per parameter
-            values = [v for v in column.to_pylist()]
-        else:
-            values = column.to_pylist()
-        columns.append(values)
+    # to_pylist also reads the dense union a parameter arrives as from flightsql-dbapi.
+    columns = [column.to_pylist() for column in table.columns]
     return [list(row) for row in zip(*columns)]
 
 

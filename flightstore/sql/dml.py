@@ -14,7 +14,7 @@ from sqlglot import exp
 
 from flightstore.errors import InvalidInput, SqlError, Unsupported
 from flightstore.expressions import Predicate, and_all
-from flightstore.sql.literals import NotALiteral, cast_value, literal_value, render_value
+from flightstore.sql.literals import NotALiteral, cast_value, literal_value
 from flightstore.sql.nodes import Delete, Insert, InsertSelect, Plan, Residual, Update
 from flightstore.sql.predicates import conjuncts, extract_keys, to_predicate
 from flightstore.sql.resolve import CatalogView, ResolvedTable, resolve_column, resolve_table_node
@@ -84,6 +84,20 @@ def plan_insert(statement: exp.Insert, catalog: CatalogView,
     raise SqlError(f"INSERT needs VALUES or a SELECT, not {source.sql()!r}")
 
 
+def _column_value(table: ResolvedTable, name: str, item: exp.Expression, what: str,
+                  null_detail: str = "") -> Any:
+    """The literal ``item`` written into column ``name``: cast to its type, NOT NULL checked."""
+    try:
+        value = literal_value(item)
+    except NotALiteral:
+        raise SqlError(f"{what} must be literals; got {item.sql()!r} for column {name!r}") from None
+    field = table.schema.field(name)
+    value = cast_value(value, field.type, name)
+    if value is None and not field.nullable:
+        raise SqlError(f"column {name!r} of {table.path} is NOT NULL{null_detail}")
+    return value
+
+
 def _values_table(table: ResolvedTable, values: exp.Values, written: list[str],
                   columns: tuple[str, ...] | None) -> pa.Table:
     by_column: dict[str, list[Any]] = {name: [] for name in written}
@@ -93,17 +107,8 @@ def _values_table(table: ResolvedTable, values: exp.Values, written: list[str],
             raise SqlError(f"row {number} of the VALUES has {len(items)} value(s) but the INSERT "
                            f"writes {len(written)} column(s): {', '.join(written)}")
         for name, item in zip(written, items):
-            try:
-                value = literal_value(item)
-            except NotALiteral:
-                raise SqlError(f"INSERT VALUES must be literals; got {item.sql()!r} for column "
-                               f"{name!r}") from None
-            field = table.schema.field(name)
-            value = cast_value(value, field.type, name)
-            if value is None and not field.nullable:
-                raise SqlError(f"column {name!r} of {table.path} is NOT NULL but row {number} "
-                               f"gives {render_value(value)}")
-            by_column[name].append(value)
+            by_column[name].append(_column_value(table, name, item, "INSERT VALUES",
+                                                 f" but row {number} gives NULL"))
     rows = len(values.expressions)
     out_columns = columns if columns is not None else tuple(table.schema.names)
     arrays = []
@@ -187,15 +192,6 @@ def plan_update(statement: exp.Update, catalog: CatalogView) -> Update:
                            "the row instead")
         if name in assignments:
             raise SqlError(f"column {name!r} is assigned twice")
-        try:
-            value = literal_value(item.expression)
-        except NotALiteral:
-            raise SqlError(f"UPDATE SET values must be literals; got {item.expression.sql()!r} for "
-                           f"column {name!r}") from None
-        field = table.schema.field(name)
-        value = cast_value(value, field.type, name)
-        if value is None and not field.nullable:
-            raise SqlError(f"column {name!r} of {table.path} is NOT NULL")
-        assignments[name] = value
+        assignments[name] = _column_value(table, name, item.expression, "UPDATE SET values")
     keys, predicate = _where(table, statement, "UPDATE")
     return Update(table=table.path, assignments=assignments, keys=keys, filter=predicate)
