@@ -7,7 +7,6 @@ whose acknowledgement was lost is retried with the same sequence and applied onc
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any, Iterator, Mapping, Sequence

@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import flightstore
 

@@ -16,12 +16,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flightstore.errors import InvalidInput, WriterConflict
 
 if TYPE_CHECKING:
-    from flightstore.store import Table, WriteResult
+    from flightstore.store import Table
 
 __all__ = [
     "DEFAULT_TTL_SECONDS",

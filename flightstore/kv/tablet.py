@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
 from flightstore import changetype
-from flightstore.errors import CorruptData, InvalidInput
+from flightstore.errors import CorruptData
 from flightstore.expressions import Predicate
 from flightstore.kv.encoding import RowCodec, encode_keys
 from flightstore.kv.merge import MergeInput, merger_for

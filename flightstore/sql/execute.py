@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from flightstore import changetype
 from flightstore.catalog import DEFAULT_DATABASE
-from flightstore.errors import InvalidInput, SqlError, Unsupported
+from flightstore.errors import SqlError, Unsupported
 from flightstore.schema import TableDescriptor, TablePath, arrow_type_to_sql
 from flightstore.sql import nodes as n
 from flightstore.sql.plan import plan as plan_sql
@@ -228,7 +228,6 @@ class Executor:
         return data.num_rows
 
     def _selected_keys(self, table: Table, keys: pa.Table | None, filter) -> pa.Table:
-        pk = list(table.descriptor.primary_key)
         if keys is not None:
             found = table.lookup(keys, columns=None)
             if filter is not None:

@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 import flightstore
 from flightstore.expressions import Comparison
