@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 __all__ = [
     "INSERT", "UPDATE_BEFORE", "UPDATE_AFTER", "DELETE", "APPEND_ONLY",
     "SHORT_STRINGS", "CHANGE_TYPE_COLUMN", "LOG_OFFSET_COLUMN", "COMMIT_TIMESTAMP_COLUMN",
-    "to_strings", "from_strings",
+    "META_FIELDS", "META_COLUMNS", "changelog_schema", "to_strings", "from_strings",
 ]
 
 INSERT = 0          # +I
@@ -25,6 +25,19 @@ SHORT_STRINGS = ("+I", "-U", "+U", "-D", "+A")
 CHANGE_TYPE_COLUMN = "_change_type"
 LOG_OFFSET_COLUMN = "_log_offset"
 COMMIT_TIMESTAMP_COLUMN = "_commit_timestamp"
+
+#: The columns a changelog read adds to a table's columns, in order.
+META_FIELDS: tuple[pa.Field, ...] = (
+    pa.field(CHANGE_TYPE_COLUMN, pa.string(), nullable=False),
+    pa.field(LOG_OFFSET_COLUMN, pa.int64(), nullable=False),
+    pa.field(COMMIT_TIMESTAMP_COLUMN, pa.timestamp("ms", tz="UTC"), nullable=False),
+)
+META_COLUMNS = frozenset(f.name for f in META_FIELDS)
+
+
+def changelog_schema(schema: pa.Schema) -> pa.Schema:
+    """Schema of ``t$changelog``: the table's columns, then the :data:`META_FIELDS`."""
+    return pa.schema(list(schema) + list(META_FIELDS))
 
 _STRINGS = pa.array(SHORT_STRINGS, pa.string())
 

@@ -32,18 +32,9 @@ from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
 from flightstore.schema import TableDescriptor, TablePath, as_table
 
-__all__ = ["Store", "Table", "WriteResult", "changelog_output_schema"]
+__all__ = ["Store", "Table", "WriteResult"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
-
-
-def changelog_output_schema(schema: pa.Schema) -> pa.Schema:
-    """Schema of ``t$changelog``: the table's columns + change type, log offset, commit time."""
-    return pa.schema(list(schema) + [
-        pa.field(changetype.CHANGE_TYPE_COLUMN, pa.string(), nullable=False),
-        pa.field(changetype.LOG_OFFSET_COLUMN, pa.int64(), nullable=False),
-        pa.field(changetype.COMMIT_TIMESTAMP_COLUMN, pa.timestamp("ms", tz="UTC"), nullable=False),
-    ])
 
 
 def _widens(source: pa.DataType, target: pa.DataType) -> bool:
@@ -515,7 +506,7 @@ class Table:
             kinds = changetype.to_strings(batch.column(changetype.CHANGE_TYPE_COLUMN))
         else:
             kinds = pa.array(np.full(n, "+A", dtype=object), pa.string())
-        out_schema = changelog_output_schema(self.schema)
+        out_schema = changetype.changelog_schema(self.schema)
         wanted = list(columns) if columns is not None else out_schema.names
         values = {
             changetype.CHANGE_TYPE_COLUMN: kinds,
@@ -530,9 +521,7 @@ class Table:
         """The log columns to read for changelog ``columns`` (meta columns are derived)."""
         if columns is None:
             return None
-        meta = {changetype.CHANGE_TYPE_COLUMN, changetype.LOG_OFFSET_COLUMN,
-                changetype.COMMIT_TIMESTAMP_COLUMN}
-        stored = [c for c in columns if c not in meta]
+        stored = [c for c in columns if c not in changetype.META_COLUMNS]
         self._check_columns(stored)
         if self.has_primary_key:
             stored.append(changetype.CHANGE_TYPE_COLUMN)
@@ -583,7 +572,7 @@ class Table:
         offsets = self.resolve_start(start)
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
         stored = self._stored_columns(columns)
-        out_schema = changelog_output_schema(self.schema)
+        out_schema = changetype.changelog_schema(self.schema)
         empty = pa.schema([out_schema.field(c) for c in (columns or out_schema.names)]).empty_table()
         idle_since = time.monotonic()
         while stop is None or not stop.is_set():

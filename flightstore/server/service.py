@@ -32,7 +32,7 @@ from flightstore.server.auth import BasicAuthMiddlewareFactory, NoAuthHandler
 from flightstore.sql import nodes
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
 from flightstore.sql.plan import parameter_schema
-from flightstore.store import Store, changelog_output_schema
+from flightstore.store import Store
 
 __all__ = ["FlightSqlServer", "serve", "MAX_BATCH_BYTES"]
 
@@ -477,7 +477,7 @@ class FlightSqlServer(flight.FlightServerBase):
             buckets = payload.get("buckets")
             return schema, table.scan(columns, filter, payload.get("limit"), buckets)
         if op == "subscribe":
-            full = changelog_output_schema(table.schema)
+            full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
             stop = threading.Event() if context is None else _CallStop(context, self._stop)
             return schema, table.subscribe(payload.get("start", "earliest"), columns=columns,

@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 from sqlglot import exp
 
-from flightstore.changetype import CHANGE_TYPE_COLUMN, COMMIT_TIMESTAMP_COLUMN, LOG_OFFSET_COLUMN
+from flightstore import changetype
 from flightstore.errors import DatabaseNotFound, SqlError, TableNotFound
 from flightstore.schema import TableDescriptor, TablePath
 
@@ -40,17 +40,13 @@ class CatalogView(Protocol):
         ...
 
 
-META_COLUMNS: tuple[pa.Field, ...] = (
-    pa.field(CHANGE_TYPE_COLUMN, pa.string(), nullable=False),
-    pa.field(LOG_OFFSET_COLUMN, pa.int64(), nullable=False),
-    pa.field(COMMIT_TIMESTAMP_COLUMN, pa.timestamp("ms", tz="UTC"), nullable=False),
-)
+META_COLUMNS = changetype.META_FIELDS
 
 
 def changelog_schema(descriptor: TableDescriptor) -> pa.Schema:
     """``t$changelog``: the table's columns, then ``_change_type``, ``_log_offset``,
     ``_commit_timestamp``."""
-    return pa.schema(list(descriptor.schema) + list(META_COLUMNS))
+    return changetype.changelog_schema(descriptor.schema)
 
 
 def binlog_schema(descriptor: TableDescriptor) -> pa.Schema:
