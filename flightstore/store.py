@@ -367,11 +367,6 @@ class Table:
             return self.descriptor.option("table.delete.behavior")
         return "ignore" if self.descriptor.merge_engine in ("first_row", "versioned") else "allow"
 
-    def _split(self, table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
-        buckets = self.buckets_of(table)
-        for bucket in np.unique(buckets):
-            yield int(bucket), table.filter(pa.array(buckets == bucket))
-
     # ---- reads --------------------------------------------------------------------------------
     def _pk_table(self, keys: Any, columns: Sequence[str]) -> pa.Table:
         table = as_table(keys)
@@ -573,7 +568,8 @@ class Table:
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
         stored = self._stored_columns(columns)
         out_schema = changetype.changelog_schema(self.schema)
-        empty = pa.schema([out_schema.field(c) for c in (columns or out_schema.names)]).empty_table()
+        heartbeat = pa.RecordBatch.from_pylist(
+            [], schema=pa.schema([out_schema.field(c) for c in (columns or out_schema.names)]))
         idle_since = time.monotonic()
         while stop is None or not stop.is_set():
             with self._written:
@@ -597,7 +593,7 @@ class Table:
                     self._written.wait(0.1)
             if heartbeat_s is not None and time.monotonic() - idle_since >= heartbeat_s:
                 idle_since = time.monotonic()
-                yield from empty.to_batches() or [pa.RecordBatch.from_pylist([], schema=empty.schema)]
+                yield heartbeat
 
     def _require_pk(self, what: str) -> None:
         if not self.has_primary_key:
