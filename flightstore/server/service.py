@@ -159,11 +159,10 @@ class FlightSqlServer(flight.FlightServerBase):
     def _query_info(self, descriptor: flight.FlightDescriptor, sql: str, params: list | None,
                     database: str) -> flight.FlightInfo:
         plan = self.executor.plan(sql, params, database)
-        if isinstance(plan, nodes.UseDatabase):
-            self.executor.run_statement(plan)
-            self.database = plan.name
         if not is_query(plan):
             rows = self.executor.run_statement(plan)
+            if isinstance(plan, nodes.UseDatabase):  # checked by run_statement: it exists
+                self.database = plan.name
             result = pa.table({"rows_affected": pa.array([rows], pa.int64())}, schema=ROWS_AFFECTED_SCHEMA)
             ticket = self._keep_result(result)
             return flight.FlightInfo(ROWS_AFFECTED_SCHEMA, descriptor,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pyarrow as pa
+import pytest
 
 import flightstore
 from flightstore.expressions import Comparison
@@ -139,3 +140,15 @@ def test_wide_writes_are_sent_in_messages_below_the_grpc_limit(server):
         conn.table("wide").append(data)
         assert conn.sql("SELECT COUNT(*) AS n, SUM(c99) AS s FROM wide").to_pylist() == [
             {"n": rows, "s": 99.0 * rows}]
+
+
+def test_use_database_sets_the_default_and_refuses_unknown_ones(server):
+    with flightstore.connect(server.uri) as conn:
+        conn.sql("CREATE DATABASE shop")
+        conn.sql("USE shop")
+        conn.sql("CREATE TABLE t (a BIGINT)")
+        assert server.store.list_tables("shop") == ["t"]
+        with pytest.raises(pa.ArrowKeyError, match="database 'nope' does not exist"):
+            conn.sql("USE nope")
+        conn.sql("INSERT INTO t VALUES (1)")  # still in shop
+        assert server.store.table("shop.t").row_count() == 1
