@@ -202,7 +202,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 if not is_query(plan):
                     raise InvalidInput("statements run when their FlightInfo is requested")
                 schema = self.executor.output_schema(plan)
-                batches = self.executor.execute(plan, payload.get("partition"))
+                batches = self.executor.execute(plan, payload.get("partition"), schema)
             else:
                 table = self._metadata_table(command)
                 schema, batches = table.schema, iter(table.to_batches())

@@ -172,16 +172,19 @@ class Executor:
         return [None]
 
     # ---- running ------------------------------------------------------------------------------
-    def execute(self, plan: n.PlanNode, partition: int | None = None) -> Iterator[pa.RecordBatch]:
-        """Yield the result batches of ``plan`` (of one bucket when ``partition`` is given)."""
-        schema = self.output_schema(plan)
+    def execute(self, plan: n.PlanNode, partition: int | None = None,
+                schema: pa.Schema | None = None) -> Iterator[pa.RecordBatch]:
+        """Yield the result batches of ``plan`` (of one bucket when ``partition`` is given), cast
+        to ``schema``: the plan's :meth:`output_schema`, computed here unless the caller has it
+        (for residual SQL that costs a DuckDB run)."""
+        schema = self.output_schema(plan) if schema is None else schema
         for batch in self._run(plan, partition):
             if batch.num_rows:
                 yield _cast(batch, schema)
 
     def execute_table(self, plan: n.PlanNode) -> pa.Table:
         schema = self.output_schema(plan)
-        batches = [b for p in self.partitions(plan) for b in self.execute(plan, p)]
+        batches = [b for p in self.partitions(plan) for b in self.execute(plan, p, schema)]
         return pa.Table.from_batches(batches, schema=schema)
 
     def run_statement(self, plan: n.PlanNode) -> int:
