@@ -170,13 +170,14 @@ class KvTablet:
                 base_offset = self.log.append(changelog, writer_id=writer_id, sequence=sequence)
             write = WriteBatch(raw_mode=True)
             put_mask = inserted | updated
+            key_array = np.asarray(unique_keys, dtype=object)
             if put_mask.any():
-                put_keys = np.asarray(unique_keys, dtype=object)[put_mask]
+                put_keys = key_array[put_mask]
                 values = self.codec.encode(new.filter(pa.array(put_mask)))
                 for key, value in zip(put_keys, values):
                     write.put(key, value)
             if deleted.any():
-                for key in np.asarray(unique_keys, dtype=object)[deleted]:
+                for key in key_array[deleted]:
                     write.delete(key)
             write.put(_APPLIED, _INT.pack(self.log.end_offset), self._meta_cf)
             write.put(_ROWS, _INT.pack(self.row_count + int(inserted.sum()) - int(deleted.sum())),
