@@ -187,11 +187,16 @@ class KvTablet:
             self._db.write(write)
             return ApplyResult(base_offset, changelog.num_rows)
 
+    def _multi_get(self, keys: list[bytes], columns: Sequence[str] | None = None
+                   ) -> tuple[np.ndarray, pa.Table]:
+        """One RocksDB multi-get of encoded ``keys``: (found mask, decoded rows of the found ones)."""
+        values = self._db.get(keys) if keys else []
+        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        return found, self.codec.decode([v for v in values if v is not None], columns)
+
     def _fetch(self, unique_keys: list[bytes]) -> tuple[pa.Table, np.ndarray]:
         """Stored rows of ``unique_keys`` (one multi-get), aligned, with a found mask."""
-        values = self._db.get(unique_keys) if unique_keys else []
-        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
-        present = self.codec.decode([v for v in values if v is not None])
+        found, present = self._multi_get(unique_keys)
         positions = np.cumsum(found) - 1
         positions[~found] = -1
         columns = [take_or_null(present.column(name), positions) for name in self.schema.names]
@@ -271,10 +276,7 @@ class KvTablet:
     # ---- reads --------------------------------------------------------------------------------
     def lookup(self, keys: pa.Table, columns: Sequence[str] | None = None) -> tuple[np.ndarray, pa.Table]:
         """Rows of ``keys`` (PK columns) with one multi-get: (found mask, rows of the found keys)."""
-        encoded = encode_keys(keys, self.primary_key)
-        values = self._db.get(encoded) if encoded else []
-        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
-        return found, self.codec.decode([v for v in values if v is not None], columns)
+        return self._multi_get(encode_keys(keys, self.primary_key), columns)
 
     def prefix_lookup(self, prefixes: Sequence[bytes], columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
