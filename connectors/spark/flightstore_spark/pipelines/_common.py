@@ -1,8 +1,10 @@
-"""Arrow helpers shared by the pipelines: fold a changelog to its last change per key, match rows by
-key without a join engine (no Acero, so buffers straight off the wire are fine)."""
+"""What the pipelines share: Arrow helpers (fold a changelog to its last change per key, match rows by
+key without a join engine; no Acero, so buffers straight off the wire are fine), the trigger option,
+and the command line's common arguments and Spark session."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,7 +13,38 @@ import pyarrow.compute as pc
 
 from flightstore_spark.stream import last_positions
 
-__all__ = ["distinct_keys", "fold_last", "match_rows", "query_identity"]
+__all__ = ["distinct_keys", "fold_last", "match_rows", "query_identity", "with_trigger", "pipeline_parser",
+           "local_spark"]
+
+
+def with_trigger(writer, trigger: str):
+    """``trigger`` is ``availableNow`` (process what is there, then stop) or seconds between batches."""
+    if trigger == "availableNow":
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{float(trigger)} seconds")
+
+
+def pipeline_parser(module: str, doc: str) -> argparse.ArgumentParser:
+    """A pipeline's argument parser with the options every pipeline takes."""
+    parser = argparse.ArgumentParser(prog=f"python -m flightstore_spark.pipelines.{module}",
+                                     description=doc.split("\n\n")[0])
+    parser.add_argument("--uri", required=True)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--trigger", default="availableNow", help="availableNow or seconds between batches")
+    parser.add_argument("--master", default="local[*]")
+    return parser
+
+
+def local_spark(master: str, app: str):
+    """A Spark session with the flightstore data source registered."""
+    from pyspark.sql import SparkSession
+
+    import flightstore_spark
+
+    spark = (SparkSession.builder.master(master).appName(app)
+             .config("spark.ui.enabled", "false").getOrCreate())
+    flightstore_spark.register(spark)
+    return spark
 
 
 def fold_last(changes: pa.Table, key: Sequence[str]) -> pa.Table:

@@ -10,8 +10,9 @@ and batch), which matters here: a replayed batch applied twice would double-coun
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
+
+from flightstore_spark.pipelines._common import local_spark, pipeline_parser, with_trigger
 
 __all__ = ["main", "spark_groupby", "start"]
 
@@ -26,9 +27,7 @@ def start(spark, uri: str, source: str, sink: str, columns: Sequence[str], check
               .filter(F.col("_change_type").isin("+A", "+I", "+U")).select(*columns))
     writer = (events.writeStream.format("flightstore").option("uri", uri).option("table", sink)
               .option("columns", ",".join(columns)).option("checkpointLocation", checkpoint))
-    writer = writer.trigger(availableNow=True) if trigger == "availableNow" else \
-        writer.trigger(processingTime=f"{float(trigger)} seconds")
-    return writer.start()
+    return with_trigger(writer, trigger).start()
 
 
 def spark_groupby(spark, uri: str, source: str, key: Sequence[str], sums: Sequence[str], checkpoint: str,
@@ -47,24 +46,12 @@ def spark_groupby(spark, uri: str, source: str, key: Sequence[str], sums: Sequen
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flightstore_spark.pipelines.aggregation",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--uri", required=True)
+    parser = pipeline_parser("aggregation", __doc__)
     parser.add_argument("--source", required=True, help="table of raw events")
     parser.add_argument("--sink", required=True, help="aggregation merge engine table")
     parser.add_argument("--columns", required=True, help="key and aggregated columns, comma separated")
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--trigger", default="availableNow")
-    parser.add_argument("--master", default="local[*]")
     args = parser.parse_args(argv)
-
-    from pyspark.sql import SparkSession
-
-    import flightstore_spark
-
-    spark = (SparkSession.builder.master(args.master).appName("flightstore-aggregation")
-             .config("spark.ui.enabled", "false").getOrCreate())
-    flightstore_spark.register(spark)
+    spark = local_spark(args.master, "flightstore-aggregation")
     start(spark, args.uri, args.source, args.sink, args.columns.split(","), args.checkpoint,
           trigger=args.trigger).awaitTermination()
     spark.stop()

@@ -23,7 +23,6 @@ twice. Once both streams are drained the sink equals the batch join of the two t
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -33,7 +32,8 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from flightstore_spark import _flight
-from flightstore_spark.pipelines._common import distinct_keys, fold_last, match_rows, query_identity
+from flightstore_spark.pipelines._common import (distinct_keys, fold_last, local_spark, match_rows,
+                                                 pipeline_parser, query_identity, with_trigger)
 
 __all__ = ["DeltaJoin", "main", "start", "stream_stream_join_state"]
 
@@ -192,8 +192,7 @@ def start(spark, uri: str, left: str, right: str, key: Sequence[str], sink: str,
     writer = (join.changes(spark, startup_mode, max_rows).writeStream
               .foreachBatch(join.foreach_batch(name or f"{left}-{right}-{sink}"))
               .option("checkpointLocation", checkpoint))
-    writer = writer.trigger(availableNow=True) if trigger == "availableNow" else \
-        writer.trigger(processingTime=f"{float(trigger)} seconds")
+    writer = with_trigger(writer, trigger)
     return writer.start()
 
 
@@ -223,27 +222,15 @@ def stream_stream_join_state(spark, uri: str, left: str, right: str, key: Sequen
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flightstore_spark.pipelines.delta_join",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--uri", required=True)
+    parser = pipeline_parser("delta_join", __doc__)
     parser.add_argument("--left", required=True, help="primary-key table whose key starts with --key")
     parser.add_argument("--right", required=True, help="primary-key table keyed by --key")
     parser.add_argument("--key", required=True, help="join key column(s), comma separated")
     parser.add_argument("--sink", required=True, help="primary-key table: left's key, left + right columns")
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--trigger", default="availableNow", help="availableNow or seconds between batches")
     parser.add_argument("--startup-mode", default="earliest", choices=["earliest", "full", "latest"])
     parser.add_argument("--max-rows-per-trigger", type=int, default=None)
-    parser.add_argument("--master", default="local[*]")
     args = parser.parse_args(argv)
-
-    from pyspark.sql import SparkSession
-
-    import flightstore_spark
-
-    spark = (SparkSession.builder.master(args.master).appName("flightstore-delta-join")
-             .config("spark.ui.enabled", "false").getOrCreate())
-    flightstore_spark.register(spark)
+    spark = local_spark(args.master, "flightstore-delta-join")
     query = start(spark, args.uri, args.left, args.right, args.key.split(","), args.sink, args.checkpoint,
                   trigger=args.trigger, startup_mode=args.startup_mode, max_rows=args.max_rows_per_trigger)
     query.awaitTermination()
