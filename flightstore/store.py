@@ -81,6 +81,7 @@ class Table:
         self.schema = descriptor.schema
         self.directory = directory
         self._lock = threading.RLock()
+        self._projections: dict[tuple[str, ...], pa.Schema] = {}
         self._written = threading.Condition()
         self._round_robin = itertools.count()
         log_schema = changelog_schema(self.schema) if descriptor.has_primary_key else self.schema
@@ -379,12 +380,26 @@ class Table:
             column = table.column(name)
             if column.null_count:
                 raise InvalidInput(f"lookup key column {name!r} must not be null")
+            if column.type == field.type:
+                arrays.append(column)
+                continue
             try:
                 arrays.append(pc.cast(column, field.type))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                 raise SchemaMismatch(f"key column {name!r}: cannot convert {column.type} to "
                                      f"{field.type}: {exc}") from None
         return pa.Table.from_arrays(arrays, names=list(columns))
+
+    def _projection(self, columns: Sequence[str]) -> pa.Schema:
+        """The schema of ``columns`` (checked) of this table, without metadata; memoized, since
+        point lookups ask for the same few projections over and over."""
+        key = tuple(columns)
+        schema = self._projections.get(key)
+        if schema is None:
+            schema = pa.schema([self.schema.field(c) for c in key])
+            if len(self._projections) < 64:
+                self._projections[key] = schema
+        return schema
 
     def _check_columns(self, columns: Sequence[str] | None) -> list[str]:
         if columns is None:
@@ -400,10 +415,13 @@ class Table:
         self._require_pk("lookup")
         columns = self._check_columns(columns)
         keys = self._pk_table(keys, self.descriptor.primary_key)
-        out_schema = pa.schema([self.schema.field(c) for c in columns])
+        out_schema = self._projection(columns)
         if keys.num_rows == 0:
             return out_schema.empty_table()
         buckets = self.buckets_of(keys)
+        if (buckets == buckets[0]).all():  # one bucket (every single-key lookup): no reordering
+            rows = self.kvs[buckets[0]].lookup(keys, columns)[1]
+            return rows.replace_schema_metadata() if rows.schema.equals(out_schema) else rows.cast(out_schema)
         parts, positions = [], []
         for bucket in np.unique(buckets):
             mask = buckets == bucket
@@ -427,7 +445,7 @@ class Table:
                                f"{list(key[:max(width, len(self.descriptor.bucket_key))])} (bucket key "
                                f"{list(self.descriptor.bucket_key)}), got {table.column_names}")
         table = self._pk_table(table, key[:width])
-        out_schema = pa.schema([self.schema.field(c) for c in columns])
+        out_schema = self._projection(columns)
         buckets = self.buckets_of(table)
         prefixes = encode_keys(table, key[:width])
         parts = []

@@ -168,6 +168,13 @@ class FlightSqlServer(flight.FlightServerBase):
             return flight.FlightInfo(ROWS_AFFECTED_SCHEMA, descriptor,
                                      [flight.FlightEndpoint(ticket, [])], 1, -1)
         schema = self.executor.output_schema(plan)
+        if self.executor.answers_at_once(plan):
+            # Point lookups and counts cost less than the round trip: answer now, ship the result
+            # in the ticket, and DoGet streams it without planning or looking up again.
+            result = self.executor.execute_table(plan, schema)
+            ticket = tickets.result_ticket(result) or self._keep_result(result)
+            return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])],
+                                     result.num_rows, -1)
         endpoints = []
         query_id = uuid.uuid4().hex  # tickets of one FlightInfo only: CancelFlightInfo cancels just these
         for partition in self.executor.partitions(plan):
@@ -191,6 +198,8 @@ class FlightSqlServer(flight.FlightServerBase):
         data = ticket.ticket
         if data in self._cancelled:
             raise flight.FlightCancelledError("this query was cancelled")
+        if tickets.is_result(data):
+            return flight.RecordBatchStream(tickets.decode_result(data))
         if tickets.is_custom(data):
             schema, batches = self._custom_get(tickets.decode_custom(data), context)
         else:
@@ -551,6 +560,8 @@ class _CallStop:
 
 def _is_query_ticket(data: bytes) -> bool:
     """Whether ``data`` names one query's result (unique per FlightInfo, so cancellable)."""
+    if tickets.is_result(data):
+        return True
     if tickets.is_custom(data):
         return tickets.decode_custom(data).get("op") == "result"
     try:

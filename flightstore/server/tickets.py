@@ -5,21 +5,33 @@ Flight SQL query tickets are ``TicketStatementQuery`` messages (wrapped in ``Any
 the partition (bucket). Tickets are stateless, so every endpoint can be read alone, by any client,
 in any order. flightstore's own commands (the Python client's writes, lookups and subscriptions)
 are JSON documents prefixed by :data:`CUSTOM_PREFIX`.
+
+Small results computed while answering GetFlightInfo (point lookups, counts) travel *in* their
+ticket (:func:`result_ticket`): ``RESULT_PREFIX``, 8 random bytes (so two equal results still have
+distinct tickets, and CancelFlightInfo cancels only its own), then the Arrow IPC stream. DoGet
+then streams a ready table: no second plan, no second lookup, still no server-side state.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
+
+import pyarrow as pa
 
 from flightstore.errors import InvalidInput
 from flightstore.expressions import _decode_value, _encode_value
 from flightstore.server import protocol
 
-__all__ = ["CUSTOM_PREFIX", "encode_custom", "decode_custom", "is_custom", "query_ticket",
+__all__ = ["CUSTOM_PREFIX", "RESULT_PREFIX", "INLINE_RESULT_BYTES", "result_ticket", "is_result",
+           "decode_result", "encode_custom", "decode_custom", "is_custom", "query_ticket",
            "decode_query_handle", "encode_params", "decode_params"]
 
 CUSTOM_PREFIX = b"flightstore/1 "
+RESULT_PREFIX = b"flightstore/result "
+INLINE_RESULT_BYTES = 64 * 1024  # larger results stay on the server (or are computed at DoGet)
+_NONCE_BYTES = 8
 
 
 def encode_params(params: list | None) -> list | None:
@@ -62,3 +74,28 @@ def decode_query_handle(handle: bytes) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise InvalidInput("unknown or expired statement handle")
     return payload
+
+
+def result_ticket(table: pa.Table) -> bytes | None:
+    """A ticket carrying ``table`` itself, or None when its IPC stream exceeds
+    :data:`INLINE_RESULT_BYTES`."""
+    sink = pa.BufferOutputStream()
+    sink.write(RESULT_PREFIX + os.urandom(_NONCE_BYTES))
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    if sink.tell() > len(RESULT_PREFIX) + _NONCE_BYTES + INLINE_RESULT_BYTES:
+        return None
+    return sink.getvalue().to_pybytes()
+
+
+def is_result(data: bytes) -> bool:
+    return data.startswith(RESULT_PREFIX)
+
+
+def decode_result(data: bytes) -> pa.Table:
+    """The table a :func:`result_ticket` carries."""
+    body = pa.py_buffer(data)[len(RESULT_PREFIX) + _NONCE_BYTES:]
+    try:
+        return pa.ipc.open_stream(body).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InvalidInput(f"malformed result ticket: {exc}") from None

@@ -131,14 +131,15 @@ class Executor:
             template = self._templates.get((sql, database, self.store.catalog.version))
         if template is None or len(params) != template.keys.num_columns:
             return None
+        if any(v is None for v in params):
+            return None  # a null key: let the planner decide
         try:
-            keys = pa.Table.from_arrays(
-                [pa.array([value]).cast(field.type) for value, field in zip(params, template.keys.schema)],
-                schema=template.keys.schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            arrays = [pa.array([value], field.type) for value, field in zip(params, template.keys.schema)]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError):
             return None  # the planner explains what is wrong with the value
-        if keys.to_pylist()[0] != dict(zip(keys.column_names, params)) or any(v is None for v in params):
-            return None  # a lossy cast or a null key: let the planner decide
+        if any(array[0].as_py() != value for array, value in zip(arrays, params)):
+            return None  # a lossy conversion: let the planner decide
+        keys = pa.Table.from_arrays(arrays, schema=template.keys.schema)
         return n.PointLookup(table=template.table, keys=keys, columns=template.columns, filter=None)
 
     def output_schema(self, plan: n.PlanNode) -> pa.Schema:
@@ -182,10 +183,19 @@ class Executor:
             if batch.num_rows:
                 yield _cast(batch, schema)
 
-    def execute_table(self, plan: n.PlanNode) -> pa.Table:
-        schema = self.output_schema(plan)
-        batches = [b for p in self.partitions(plan) for b in self.execute(plan, p, schema)]
-        return pa.Table.from_batches(batches, schema=schema)
+    def answers_at_once(self, plan: n.PlanNode) -> bool:
+        """Whether ``plan`` is cheap and small enough to run while its FlightInfo is built: point
+        lookups (bounded by the keys in the statement), counts and catalog listings."""
+        return isinstance(plan, (n.PointLookup, n.Count, n.ShowDatabases, n.ShowTables, n.Describe,
+                                 n.Explain))
+
+    def execute_table(self, plan: n.PlanNode, schema: pa.Schema | None = None) -> pa.Table:
+        schema = self.output_schema(plan) if schema is None else schema
+        pieces = [b if isinstance(b, pa.Table) else pa.Table.from_batches([b])
+                  for p in self.partitions(plan) for b in self.execute(plan, p, schema)]
+        if len(pieces) == 1:
+            return pieces[0]
+        return pa.concat_tables(pieces) if pieces else schema.empty_table()
 
     def run_statement(self, plan: n.PlanNode) -> int:
         """Execute a DDL or write statement; return the number of rows it affected."""

@@ -8,7 +8,7 @@ import pytest
 from pyarrow import flight
 
 import flightstore
-from flightstore.server import protocol
+from flightstore.server import protocol, tickets
 
 BUCKETS = 5
 N = 20_000
@@ -107,4 +107,58 @@ def test_flight_info_schema_equals_the_stream_schema(loaded, sql) -> None:
         assert table.schema.equals(info.schema)
         rows += table.num_rows
     assert rows > 0
+    client.close()
+
+
+# ---- small results travel in their ticket ---------------------------------------------------
+
+def test_point_lookup_result_travels_in_its_ticket(loaded) -> None:
+    server, data = loaded
+    client = flight.FlightClient(server.uri)
+    info = _info(client, "SELECT grp, v FROM m WHERE id = 7")
+    [endpoint] = info.endpoints
+    assert info.total_records == 1
+    assert tickets.is_result(endpoint.ticket.ticket)
+    expected = data.slice(7, 1).select(["grp", "v"])
+    # The answer was computed at GetFlightInfo: a write before DoGet does not change it, any
+    # client can read the ticket, as often as it likes.
+    with flightstore.connect(server.uri) as conn:
+        conn.table("m").upsert(pa.table({"id": [7], "grp": ["changed"], "v": [0.0]}))
+    for reader in (client, flight.FlightClient(server.uri)):
+        got = reader.do_get(endpoint.ticket).read_all()
+        assert got.equals(expected)
+        assert got.schema.equals(info.schema)
+    # a second identical query gets its own ticket (CancelFlightInfo cancels only its own)
+    again = _info(client, "SELECT grp, v FROM m WHERE id = 7")
+    assert again.endpoints[0].ticket.ticket != endpoint.ticket.ticket
+    assert client.do_get(again.endpoints[0].ticket).read_all().column("grp").to_pylist() == ["changed"]
+    request = protocol.CancelFlightInfoRequest(info=info.serialize())
+    list(client.do_action(flight.Action(protocol.CANCEL_FLIGHT_INFO, request.SerializeToString())))
+    with pytest.raises(flight.FlightCancelledError):
+        client.do_get(endpoint.ticket).read_all()
+    assert client.do_get(again.endpoints[0].ticket).read_all().num_rows == 1
+    client.close()
+
+
+def test_large_point_lookup_result_is_kept_on_the_server(loaded) -> None:
+    server, data = loaded
+    client = flight.FlightClient(server.uri)
+    ids = list(range(0, N, 2))  # 10,000 keys: far more than an inline ticket may carry
+    info = _info(client, f"SELECT id, grp, v FROM m WHERE id IN ({', '.join(map(str, ids))})")
+    [endpoint] = info.endpoints
+    assert not tickets.is_result(endpoint.ticket.ticket)
+    assert len(endpoint.ticket.ticket) < tickets.INLINE_RESULT_BYTES
+    got = client.do_get(endpoint.ticket).read_all()
+    assert sorted(got.column("id").to_pylist()) == ids
+    assert info.total_records == len(ids)
+    client.close()
+
+
+def test_malformed_result_ticket_is_an_error_not_a_crash(loaded) -> None:
+    server, _ = loaded
+    client = flight.FlightClient(server.uri)
+    with pytest.raises(pa.ArrowInvalid, match="malformed result ticket"):
+        client.do_get(flight.Ticket(tickets.RESULT_PREFIX + b"12345678" + b"not arrow")).read_all()
+    assert client.do_get(_info(client, "SELECT COUNT(*) FROM m").endpoints[0].ticket).read_all() \
+        .column(0).to_pylist() == [N]
     client.close()
