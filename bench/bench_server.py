@@ -7,7 +7,10 @@
 3. Single primary-key lookup through ADBC (``SELECT * FROM t WHERE id = ?``, 2,000 random keys) p50
    and p99 vs the same lookup through ``adbc-driver-postgresql`` on a local PostgreSQL started by
    ``bench/setup_postgres.sh`` (goal: our p50 <= 2x PostgreSQL's). Skipped, with the reason printed,
-   when PostgreSQL or its driver is unavailable.
+   when PostgreSQL or its driver is unavailable. Two more rows explain the figure: the same ADBC
+   driver against ``bench/canned_flightsql.py``, a Flight SQL server answering from canned replies
+   (the floor of driver + Flight transport: our p50 vs it is the cost of our server), and the
+   client driver's own CPU time per lookup, Flight SQL vs PostgreSQL.
 4. ``COUNT(*)`` through ADBC on a 10M-row log table vs a 10k-row one (goal within 2x: no scan).
 
 Tables are built with the embedded Store (large appends) before the server opens the same data dir.
@@ -29,6 +32,7 @@ import pyarrow.flight as flight
 
 from bench.report import Row, best_of
 from flightstore.server import protocol
+from flightstore.server.service import rechunk
 from flightstore.store import Store
 
 SCAN_ROWS = 2_000_000
@@ -138,8 +142,8 @@ def _plain_read(client: flight.FlightClient) -> int:
 
 # ---- workloads ---------------------------------------------------------------------------------
 def bench_full_scan(ours_uri: str, scan: pa.Table) -> list[Row]:
-    # The peer streams the same rows in batches of the size our server sends (<= 65,536 rows).
-    peer = _Running(_MemoryServer(pa.Table.from_batches(scan.to_batches(max_chunksize=65_536))))
+    # The peer streams the same rows cut into the same batches as our server's (same messages).
+    peer = _Running(_MemoryServer(pa.Table.from_batches(list(rechunk(iter([scan]))))))
     try:
         ours_client = flight.FlightClient(ours_uri)
         peer_client = flight.FlightClient(peer.uri)
@@ -164,10 +168,13 @@ def bench_projection(ours_uri: str) -> list[Row]:
                 "rows/s", "same server, SELECT * (100 cols)", goal=">=8x")]
 
 
-def _latencies(cursor, sql: str, keys: np.ndarray) -> np.ndarray:
+def _latencies(cursor, sql: str, keys: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per-lookup latencies (ms) of ``keys`` through ``cursor``, and the client's own CPU time per
+    lookup (ms; the servers run in other processes, so this process's CPU is the driver's)."""
     cursor.execute(sql, (int(keys[0]),))
     cursor.fetchall()
     out = np.empty(len(keys))
+    cpu = time.process_time()
     for i, key in enumerate(keys):
         start = time.perf_counter()
         cursor.execute(sql, (int(key),))
@@ -175,7 +182,27 @@ def _latencies(cursor, sql: str, keys: np.ndarray) -> np.ndarray:
         out[i] = time.perf_counter() - start
         if len(rows) != 1:
             raise AssertionError(f"lookup of {key} returned {len(rows)} rows")
-    return out * 1e3
+    return out * 1e3, (time.process_time() - cpu) / len(keys) * 1e3
+
+
+def _start_server(args: list[str], marker: str) -> tuple[subprocess.Popen, str]:
+    """Start a server in its own process (like PostgreSQL: no GIL shared with the client); its
+    first output line is ``<marker> ... at grpc://HOST:PORT``."""
+    process = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, cwd=HERE.parent)
+    line = process.stdout.readline()
+    if not line.startswith(marker) or " at grpc://" not in line:
+        process.kill()
+        raise RuntimeError(f"{args} did not start: {line!r}")
+    return process, line.split(" at ", 1)[1].strip()
+
+
+def _stop_server(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def _start_postgres(root: Path) -> tuple[str | None, str]:
@@ -200,14 +227,25 @@ def bench_lookup(ours_uri: str, root: Path) -> list[Row]:
 
     rng = np.random.default_rng(7)
     keys = rng.integers(0, LOOKUP_ROWS, LOOKUPS)
+    sql = "SELECT * FROM lookup_t WHERE id = ?"
     with flightsql.connect(ours_uri) as conn, conn.cursor() as cursor:
-        ours = _latencies(cursor, "SELECT * FROM lookup_t WHERE id = ?", keys)
+        ours, _ = _latencies(cursor, sql, keys)
+    # The floor: the same driver and transport against a server that answers from a canned reply.
+    process, canned_uri = _start_server(["-m", "bench.canned_flightsql", str(LOOKUP_ROWS)], "canned")
+    try:
+        with flightsql.connect(canned_uri) as conn, conn.cursor() as cursor:
+            floor, floor_cpu = _latencies(cursor, sql, keys)
+    finally:
+        _stop_server(process)
+    rows = [Row("ADBC lookup p50: ours vs canned-reply Flight SQL server", float(np.percentile(ours, 50)),
+                float(np.percentile(floor, 50)), "ms", "same driver, server does no work (floor)",
+                higher_is_better=False)]
 
     uri, why = _start_postgres(root)
     if uri is None:
-        print(f"bench_server: PostgreSQL peer unavailable, skipping the lookup row: {why}",
+        print(f"bench_server: PostgreSQL peer unavailable, skipping the lookup rows: {why}",
               file=sys.stderr, flush=True)
-        return []
+        return rows
     try:
         import adbc_driver_postgresql.dbapi as pgdbapi
 
@@ -218,16 +256,21 @@ def bench_lookup(ours_uri: str, root: Path) -> list[Row]:
                 cursor.execute("ANALYZE lookup_t")
             conn.commit()
             with conn.cursor() as cursor:
-                theirs = _latencies(cursor, "SELECT * FROM lookup_t WHERE id = $1", keys)
+                theirs, theirs_cpu = _latencies(cursor, "SELECT * FROM lookup_t WHERE id = $1", keys)
     finally:
         subprocess.run(["bash", str(HERE / "setup_postgres.sh"), "stop", str(root / "pg")],
                        capture_output=True, timeout=120)
+    pg = "PostgreSQL via adbc-driver-postgresql"
     return [
         Row("ADBC PK lookup p50, SELECT * WHERE id = ? (2,000 keys)", float(np.percentile(ours, 50)),
-            float(np.percentile(theirs, 50)), "ms", "PostgreSQL via adbc-driver-postgresql",
-            higher_is_better=False, goal=">=0.5x"),
+            float(np.percentile(theirs, 50)), "ms", pg, higher_is_better=False, goal=">=0.5x"),
         Row("ADBC PK lookup p99", float(np.percentile(ours, 99)), float(np.percentile(theirs, 99)),
-            "ms", "PostgreSQL via adbc-driver-postgresql", higher_is_better=False),
+            "ms", pg, higher_is_better=False),
+        *rows,
+        Row("ADBC lookup p50: canned-reply Flight SQL server (floor)", float(np.percentile(floor, 50)),
+            float(np.percentile(theirs, 50)), "ms", pg, higher_is_better=False),
+        Row("client CPU per lookup: Flight SQL driver (floor run)", floor_cpu, theirs_cpu, "ms",
+            "adbc-driver-postgresql, same keys", higher_is_better=False),
     ]
 
 
@@ -260,22 +303,15 @@ def run() -> list[Row]:
         started = time.perf_counter()
         _build(root / "data", scan, wide)
         print(f"bench_server: tables built in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
-        # Our server runs in its own process, like PostgreSQL: no GIL shared with the client.
-        process = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", "--data-dir",
-                                    str(root / "data"), "--host", "127.0.0.1", "--port", "0"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        process, uri = _start_server(["-m", "flightstore", "serve", "--data-dir", str(root / "data"),
+                                      "--host", "127.0.0.1", "--port", "0"], "flightstore serving")
         try:
-            line = process.stdout.readline()
-            if " at grpc://" not in line:
-                raise RuntimeError(f"flightstore serve did not start: {line!r}")
-            uri = line.split(" at ", 1)[1].strip()
             rows = bench_full_scan(uri, scan)
             rows += bench_projection(uri)
             rows += bench_lookup(uri, root)
             rows += bench_count(uri)
         finally:
-            process.terminate()
-            process.wait(timeout=30)
+            _stop_server(process)
         return rows
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -44,5 +44,9 @@ def print_table(rows: list[Row]) -> None:
     print("-" * len(header))
     for row in rows:
         ratio = f"{row.ratio:>6.2f}x" if row.ratio != float("inf") else "    n/a"
-        print(f"{row.workload:<58} {row.ours:>14,.1f} {row.peer:>14,.1f}  {row.unit:<10} "
+        print(f"{row.workload:<58} {_figure(row.ours):>14} {_figure(row.peer):>14}  {row.unit:<10} "
               f"{ratio}  {row.goal:<8} {row.peer_name}")
+
+
+def _figure(value: float) -> str:
+    return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"

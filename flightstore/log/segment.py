@@ -377,7 +377,7 @@ class Segment:
             if included_fields is None:
                 return batch, record.payload_len
             batch = batch.select(list(included_fields))
-            return batch, sum(b.size for column in batch.columns for b in column.buffers() if b is not None)
+            return batch, batch.nbytes  # the selected columns' buffers: what gets paged in
         if included_fields is None:
             return self._read_compressed(record), record.payload_len
         if self._reader is None:

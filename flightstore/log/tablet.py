@@ -269,11 +269,14 @@ class LogTablet:
                     batch = batch.select(names)
                 yield LogBatch(record.base_offset, record.next_offset, record.timestamp_ms, batch,
                                offsets, record.writer_id, record.sequence)
-                rows_out += batch.num_rows
-                bytes_out += batch.nbytes
-                if (max_rows is not None and rows_out >= max_rows) or (
-                        max_bytes is not None and bytes_out >= max_bytes):
-                    return
+                if max_rows is not None:
+                    rows_out += batch.num_rows
+                    if rows_out >= max_rows:
+                        return
+                if max_bytes is not None:
+                    bytes_out += batch.nbytes
+                    if bytes_out >= max_bytes:
+                        return
 
     def _decode(self, segment: Segment, record: RecordHeader, included: list[int],
                 include_all: bool) -> pa.RecordBatch:

@@ -34,10 +34,12 @@ from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog
 from flightstore.sql.plan import parameter_schema
 from flightstore.store import Store
 
-__all__ = ["FlightSqlServer", "serve", "MAX_BATCH_BYTES"]
+__all__ = ["FlightSqlServer", "serve", "rechunk", "MAX_BATCH_BYTES"]
 
 log = logging.getLogger("flightstore.server")
-MAX_BATCH_BYTES = 4 * 1024 * 1024
+# Flight messages of at most 1 MiB: the client decodes one while the next is on the wire. With 4 MiB
+# messages a 24 MB (10-of-100 column) scan took 14 ms instead of 7.5 ms, the full scan the same.
+MAX_BATCH_BYTES = 1024 * 1024
 MAX_BATCH_ROWS = 65_536
 RESULT_TTL_S = 600
 
@@ -86,8 +88,9 @@ def _guarded(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         raise _translate(exc) from None
 
 
-def _rechunk(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[pa.RecordBatch]:
-    """Split batches so each Flight message stays far below gRPC's 16 MiB limit."""
+def rechunk(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[pa.RecordBatch]:
+    """Split batches into Flight messages of at most :data:`MAX_BATCH_BYTES` (and far below gRPC's
+    16 MiB limit)."""
     for item in batches:
         for batch in (item.to_batches() if isinstance(item, pa.Table) else [item]):
             if batch.num_rows == 0:
@@ -215,7 +218,7 @@ class FlightSqlServer(flight.FlightServerBase):
             else:
                 table = self._metadata_table(command)
                 schema, batches = table.schema, iter(table.to_batches())
-        return flight.GeneratorStream(schema, _guarded(_rechunk(batches)))
+        return flight.GeneratorStream(schema, _guarded(rechunk(batches)))
 
     # ---- metadata commands --------------------------------------------------------------------
     def _metadata_schema(self, command: Any) -> pa.Schema | None:

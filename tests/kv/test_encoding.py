@@ -144,7 +144,17 @@ def test_row_decode_column_subset_is_projection(table, data):
     values = codec.encode(table)
     subset = data.draw(st.permutations(table.column_names).flatmap(
         lambda names: st.integers(1, len(names)).map(lambda k: names[:k])))
-    _assert_same(codec.decode(values, subset), table.select(subset))
+    _assert_same(codec.decode(values, subset), table.select(subset))  # few rows: sliced row by row
+    _assert_same(codec.decode(pa.array(values, pa.binary()), subset), table.select(subset))  # vectorized
+
+
+@SETTINGS
+@given(tables(ROW_TYPES, max_rows=40))
+def test_row_decode_paths_agree_around_the_few_rows_cut(table):
+    codec = RowCodec(table.schema)
+    values = codec.encode(table)
+    for n in range(max(0, len(values) - 1), len(values) + 1):  # a list (<=16: the row path) and an array
+        _assert_same(codec.decode(values[:n]), codec.decode(pa.array(values[:n], pa.large_binary())))
 
 
 def test_row_special_values():

@@ -8,7 +8,7 @@ import pytest
 from pyarrow import flight
 
 import flightstore
-from flightstore.server import protocol, tickets
+from flightstore.server import protocol, service, tickets
 
 BUCKETS = 5
 N = 20_000
@@ -161,4 +161,19 @@ def test_malformed_result_ticket_is_an_error_not_a_crash(loaded) -> None:
         client.do_get(flight.Ticket(tickets.RESULT_PREFIX + b"12345678" + b"not arrow")).read_all()
     assert client.do_get(_info(client, "SELECT COUNT(*) FROM m").endpoints[0].ticket).read_all() \
         .column(0).to_pylist() == [N]
+    client.close()
+
+
+def test_scan_messages_stay_within_the_batch_byte_limit(loaded) -> None:
+    server, _ = loaded
+    client = flight.FlightClient(server.uri)
+    with flightstore.connect(server.uri) as conn:
+        conn.sql("CREATE TABLE wide (a DOUBLE, b DOUBLE, c DOUBLE, d DOUBLE)")
+        n = 200_000  # 6.4 MB
+        conn.table("wide").append(pa.table({name: pa.array(np.arange(n, dtype=np.float64))
+                                            for name in "abcd"}))
+    info = _info(client, "SELECT * FROM wide")
+    sizes = [chunk.data.nbytes for e in info.endpoints for chunk in client.do_get(e.ticket)]
+    assert sum(sizes) == n * 4 * 8
+    assert len(sizes) > 1 and max(sizes) <= service.MAX_BATCH_BYTES
     client.close()
