@@ -332,7 +332,8 @@ class FlightSqlServer(flight.FlightServerBase):
         with self._lock:
             schemas = self._prepare_cache.get(key)
         if schemas is None:  # ADBC prepares again at every execute: plan each text once
-            params_schema = parameter_schema(sql, StoreCatalog(self.store, database))
+            params_schema = parameter_schema(sql, StoreCatalog(self.store, database)) \
+                if "?" in sql or "$" in sql else pa.schema([])  # no placeholder: skip a parse
             probe = [_probe_value(f.type) for f in params_schema] if len(params_schema) else None
             plan = self.executor.plan(sql, probe, database)
             dataset_schema = self.executor.output_schema(plan) if is_query(plan) else None

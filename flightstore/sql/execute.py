@@ -26,6 +26,7 @@ from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.errors import SqlError, Unsupported
 from flightstore.schema import TableDescriptor, TablePath, arrow_type_to_sql
 from flightstore.sql import nodes as n
+from flightstore.sql.parse import literal_shape
 from flightstore.sql.plan import plan as plan_sql
 from flightstore.sql.resolve import binlog_schema, changelog_schema
 from flightstore.store import Store, Table
@@ -98,10 +99,16 @@ class Executor:
                 cached = self._plans.get(key)
             if cached is not None:
                 return cached
-        planned = self._from_template(sql, params, database) if key is not None else None
+        shape = literal_shape(sql) if key is not None and params is None else None
+        planned = None
+        if key is not None:
+            planned = self._from_template(*shape, database) if shape else \
+                self._from_template(sql, params, database)
         if planned is None:
             planned = plan_sql(sql, StoreCatalog(self.store, database), params)
-            if key is not None:
+            if shape:
+                self._learn_literal_shape(*shape, database, planned)
+            elif key is not None:
                 self._learn_template(sql, params, database, planned)
         if key is not None and is_query(planned):
             with self._lock:
@@ -123,6 +130,19 @@ class Executor:
             return
         with self._lock:
             self._templates[(sql, database, self.store.catalog.version)] = planned
+
+    def _learn_literal_shape(self, shape: str, values: list, database: str, planned: n.PlanNode) -> None:
+        """A literal point lookup (``WHERE id = 42``) teaches the template of its shape
+        (``WHERE id = ?``) when planning the shape with its literals gives the same lookup."""
+        if not isinstance(planned, n.PointLookup) or planned.filter is not None:
+            return
+        try:
+            as_template = plan_sql(shape, StoreCatalog(self.store, database), values)
+        except Exception:  # noqa: BLE001 - a shape that does not plan simply teaches nothing
+            return
+        if isinstance(as_template, n.PointLookup) and as_template.keys.equals(planned.keys) \
+                and as_template.columns == planned.columns:
+            self._learn_template(shape, values, database, as_template)
 
     def _from_template(self, sql: str, params: Sequence[Any] | None, database: str) -> n.PlanNode | None:
         if not params:

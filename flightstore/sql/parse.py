@@ -31,7 +31,7 @@ from flightstore.errors import SqlError, Unsupported
 
 __all__ = [
     "FlinkSql", "DIALECT", "Show", "Explain", "Statement", "parse_statement", "placeholders",
-    "bind_parameters", "value_to_sql",
+    "bind_parameters", "value_to_sql", "literal_shape",
 ]
 
 
@@ -71,6 +71,32 @@ def _tokenize(sql: str) -> list[tokens.Token]:
         return FlinkSql().tokenize(sql)
     except TokenError as exc:
         raise SqlError(f"cannot read the SQL text: {exc}") from None
+
+
+def literal_shape(sql: str) -> tuple[str, list[int | str]] | None:
+    """``sql`` with its integer and string literals replaced by ``?``, and those literals in order;
+    None when it has none or cannot be tokenized. ``WHERE id = 42`` and ``WHERE id = 7`` share a
+    shape, so a point lookup sent as literal SQL (as BI tools do) reuses the plan of its shape."""
+    try:
+        toks = FlinkSql().tokenize(sql)
+    except TokenError:
+        return None
+    pieces, values, position = [], [], 0
+    for token in toks:
+        if token.token_type == tokens.TokenType.STRING:
+            value: int | str = token.text
+        elif token.token_type == tokens.TokenType.NUMBER and token.text.isdigit():
+            value = int(token.text)
+        else:
+            continue
+        pieces.append(sql[position:token.start])
+        pieces.append("?")
+        values.append(value)
+        position = token.end + 1
+    if not values:
+        return None
+    pieces.append(sql[position:])
+    return "".join(pieces), values
 
 
 def _syntax_error(exc: ParseError) -> SqlError:

@@ -33,3 +33,32 @@ def test_cached_and_templated_plans_equal_fresh_plans(store):
     import flightstore.errors as errors
     with pytest.raises(errors.SqlError):
         executor.plan(sql, [1, "x"])  # column v is gone
+
+
+def test_literal_point_lookups_share_the_plan_of_their_shape(store):
+    import pytest
+
+    from flightstore.errors import FlightstoreError
+    from flightstore.sql.parse import literal_shape
+
+    schema = pa.schema([("a", pa.int64()), ("b", pa.string()), ("v", pa.float64())])
+    store.create_table("t", schema, primary_key=["a", "b"])
+    executor = Executor(store)
+    first = executor.plan("SELECT v FROM t WHERE a = 1 AND b = 'x'")
+    assert isinstance(first, nodes.PointLookup)
+    shape, values = literal_shape("SELECT v FROM t WHERE a = 1 AND b = 'x'")
+    assert (shape, values) == ("SELECT v FROM t WHERE a = ? AND b = ?", [1, "x"])
+    assert executor._from_template(shape, [9, "q"], "default") is not None  # learned
+    for sql in ["SELECT v FROM t WHERE a = 2 AND b = 'it''s'",
+                "SELECT v FROM t WHERE a = 3 AND b = '?'",
+                "SELECT v FROM t WHERE a = -4 AND b = 'x'",  # '-' stays in the shape: planner
+                "SELECT v FROM t WHERE a = 5 AND b = 'x' AND v > 1",  # a filter: not a template
+                "SELECT v FROM t WHERE a = 1.0 AND b = 'x'"]:
+        assert executor.plan(sql).explain() == plan_sql(sql, StoreCatalog(store)).explain(), sql
+    # A literal of the wrong kind is refused exactly as the planner refuses it.
+    for sql in ["SELECT v FROM t WHERE a = 'seven' AND b = 'x'",
+                "SELECT v FROM t WHERE a = 99999999999999999999999 AND b = 'x'"]:
+        with pytest.raises(FlightstoreError) as fresh:
+            plan_sql(sql, StoreCatalog(store))
+        with pytest.raises(type(fresh.value)):
+            executor.plan(sql)
