@@ -149,6 +149,7 @@ def encode_payload(batch: pa.RecordBatch, compression: str = "NONE") -> pa.Buffe
 
 
 PAYLOAD_ALIGNMENT = 64
+DECODED_RECORDS_PER_SEGMENT = 4096
 
 
 def encode_record(base_offset: int, num_rows: int, timestamp_ms: int, writer_id: str | None,
@@ -252,6 +253,9 @@ class Segment:
         self.max_timestamp_ms: int | None = None
         self._reader: pa.NativeFile | None = None
         self._map: pa.Buffer | None = None
+        # Decoded uncompressed records (zero-copy views of the map) by payload position: records
+        # never change once written, so a repeated scan skips parsing their IPC metadata.
+        self._decoded: dict[int, tuple[pa.Schema, pa.RecordBatch]] = {}
         self._log_fd: int | None = None
         self._index_fd: int | None = None
 
@@ -410,14 +414,24 @@ class Segment:
         message of the stream format. Decoding the batch message against the tablet's schema skips
         parsing the file footer and the schema for every record.
         """
+        cached = self._decoded.get(record.payload_position)
+        if cached is not None and cached[0] is schema:
+            return cached[1]
         try:
             payload = self._mapped(record)
             messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(payload.slice(8)))
             messages.read_next_message()  # the schema, known already
-            return pa.ipc.read_record_batch(messages.read_next_message(), schema)
+            batch = pa.ipc.read_record_batch(messages.read_next_message(), schema)
         except (pa.ArrowInvalid, OSError, StopIteration) as exc:
             raise CorruptData(f"{self.path}: cannot decode record at offset "
                               f"{record.base_offset}: {exc}") from None
+        if len(self._decoded) >= DECODED_RECORDS_PER_SEGMENT:
+            try:  # the oldest entry; a concurrent reader may be changing the dict
+                self._decoded.pop(next(iter(self._decoded)), None)
+            except (RuntimeError, StopIteration):
+                pass
+        self._decoded[record.payload_position] = (schema, batch)
+        return batch
 
     def _read_compressed(self, record: RecordHeader) -> pa.RecordBatch:
         """Every column of a compressed ``record``, decompressed from the memory map."""
@@ -431,6 +445,7 @@ class Segment:
         """Release every file handle (batches already read keep their mapping alive)."""
         self.seal()
         self._map = None
+        self._decoded = {}
         if self._reader is not None:
             self._reader.close()
             self._reader = None

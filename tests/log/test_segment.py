@@ -146,3 +146,22 @@ def test_statistics_cover_chosen_columns_and_skip_long_strings() -> None:
     assert set(stats) == {"id"}
     assert (stats["id"].min, stats["id"].max, stats["id"].null_count, stats["id"].row_count) == (
         1, 3, 1, 3)
+
+
+def test_decoded_records_are_reused_and_bounded(tmp_path: Path, monkeypatch) -> None:
+    import flightstore.log.segment as segment_module
+
+    monkeypatch.setattr(segment_module, "DECODED_RECORDS_PER_SEGMENT", 2)
+    with LogTablet(tmp_path, SCHEMA) as tablet:
+        for start in range(0, 40, 10):
+            tablet.append(_batch(start, 10))
+        first = _ids(tablet)
+        segment = tablet._segments[0]
+        assert len(segment._decoded) == 2  # bounded: the two latest records
+        assert _ids(tablet) == first == list(range(40))
+        names = [n for b in tablet.read(columns=["name"]) for n in b.batch.column("name").to_pylist()]
+        assert names == [f"row-{i}" for i in range(40)]
+        # appends after a cached read are seen; the cache never serves another record's rows
+        tablet.append(_batch(40, 5))
+        assert _ids(tablet) == list(range(45))
+    assert segment._decoded == {}  # closing drops the decoded views
