@@ -37,9 +37,10 @@ from flightstore.store import Store
 __all__ = ["FlightSqlServer", "serve", "rechunk", "MAX_BATCH_BYTES"]
 
 log = logging.getLogger("flightstore.server")
-# Flight messages of at most 1 MiB: the client decodes one while the next is on the wire. With 4 MiB
-# messages a 24 MB (10-of-100 column) scan took 14 ms instead of 7.5 ms, the full scan the same.
-MAX_BATCH_BYTES = 1024 * 1024
+# Flight messages of at most 2 MiB: the client decodes one while the next is on the wire. A 24 MB
+# (10-of-100 column) scan took 14-17 ms with 4 MiB messages, 8-13 ms with 2 MiB; 1 MiB was faster
+# still for it but slowed the 130 MB full scan (python -m bench server, /tmp A/B runs).
+MAX_BATCH_BYTES = 2 * 1024 * 1024
 MAX_BATCH_ROWS = 65_536
 RESULT_TTL_S = 600
 
