@@ -17,7 +17,8 @@ import pyarrow as pa
 from flightstore.config import table_option, validate_table_options
 from flightstore.errors import InvalidInput
 
-__all__ = ["TablePath", "TableDescriptor", "sql_type_to_arrow", "arrow_type_to_sql", "IDENTIFIER", "as_table"]
+__all__ = ["TablePath", "TableDescriptor", "sql_type_to_arrow", "arrow_type_to_sql", "IDENTIFIER", "as_table",
+           "Projections"]
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -164,6 +165,27 @@ class TableDescriptor:
                    partition_keys=tuple(data["partition_keys"]), num_buckets=int(data["num_buckets"]),
                    options=dict(data["options"]), comment=data.get("comment", ""),
                    version=int(data.get("version", 1)))
+
+
+class Projections:
+    """Memoized schemas of column subsets of one schema: point lookups ask for the same few
+    projections over and over, and building a schema costs more than the lookup's RocksDB get."""
+
+    LIMIT = 64
+
+    def __init__(self, schema: pa.Schema, keep_metadata: bool = False) -> None:
+        self.schema = schema
+        self.metadata = schema.metadata if keep_metadata else None
+        self._memo: dict[tuple[str, ...], pa.Schema] = {}
+
+    def of(self, names: Sequence[str]) -> pa.Schema:
+        key = tuple(names)
+        schema = self._memo.get(key)
+        if schema is None:
+            schema = pa.schema([self.schema.field(name) for name in key], metadata=self.metadata)
+            if len(self._memo) < self.LIMIT:
+                self._memo[key] = schema
+        return schema
 
 
 def as_table(data: Any) -> pa.Table:

@@ -30,7 +30,7 @@ from flightstore.kv.encoding import encode_keys
 from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
-from flightstore.schema import TableDescriptor, TablePath, as_table
+from flightstore.schema import Projections, TableDescriptor, TablePath, as_table
 
 __all__ = ["Store", "Table", "WriteResult"]
 
@@ -81,7 +81,7 @@ class Table:
         self.schema = descriptor.schema
         self.directory = directory
         self._lock = threading.RLock()
-        self._projections: dict[tuple[str, ...], pa.Schema] = {}
+        self._projections = Projections(self.schema)
         self._written = threading.Condition()
         self._round_robin = itertools.count()
         log_schema = changelog_schema(self.schema) if descriptor.has_primary_key else self.schema
@@ -390,17 +390,6 @@ class Table:
                                      f"{field.type}: {exc}") from None
         return pa.Table.from_arrays(arrays, names=list(columns))
 
-    def _projection(self, columns: Sequence[str]) -> pa.Schema:
-        """The schema of ``columns`` (checked) of this table, without metadata; memoized, since
-        point lookups ask for the same few projections over and over."""
-        key = tuple(columns)
-        schema = self._projections.get(key)
-        if schema is None:
-            schema = pa.schema([self.schema.field(c) for c in key])
-            if len(self._projections) < 64:
-                self._projections[key] = schema
-        return schema
-
     def _check_columns(self, columns: Sequence[str] | None) -> list[str]:
         if columns is None:
             return self.schema.names
@@ -415,7 +404,7 @@ class Table:
         self._require_pk("lookup")
         columns = self._check_columns(columns)
         keys = self._pk_table(keys, self.descriptor.primary_key)
-        out_schema = self._projection(columns)
+        out_schema = self._projections.of(columns)
         if keys.num_rows == 0:
             return out_schema.empty_table()
         buckets = self.buckets_of(keys)
@@ -445,7 +434,7 @@ class Table:
                                f"{list(key[:max(width, len(self.descriptor.bucket_key))])} (bucket key "
                                f"{list(self.descriptor.bucket_key)}), got {table.column_names}")
         table = self._pk_table(table, key[:width])
-        out_schema = self._projection(columns)
+        out_schema = self._projections.of(columns)
         buckets = self.buckets_of(table)
         prefixes = encode_keys(table, key[:width])
         parts = []

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flightstore.errors import CorruptData, InvalidInput, SchemaMismatch
+from flightstore.schema import Projections
 
 __all__ = ["encode_keys", "encode_key_prefix", "RowCodec"]
 
@@ -274,7 +275,7 @@ class RowCodec:
         self._header_size = position
         self._slots = {s.name: s for s in slots}
         self._variable = [s for s in slots if s.variable]  # schema order
-        self._projections: dict[tuple[str, ...], pa.Schema] = {}  # decode's output schemas
+        self._projections = Projections(schema, keep_metadata=True)  # decode's output schemas
 
     # ---- encode ---------------------------------------------------------------------------
     def encode(self, data: pa.Table | pa.RecordBatch) -> list[bytes]:
@@ -331,7 +332,7 @@ class RowCodec:
         for name in names:
             if name not in self._slots:
                 raise InvalidInput(f"{name!r} is not a column of {self.schema.names}")
-        out_schema = self._out_schema(tuple(names))
+        out_schema = self._projections.of(names)
         if isinstance(values, list) and 0 < len(values) <= _FEW_ROWS \
                 and all(isinstance(v, bytes) for v in values):
             return self._decode_few(values, names, out_schema)
@@ -374,15 +375,6 @@ class RowCodec:
                 arrays.append(_fixed_array(header[:, slot.start: slot.start + slot.width],
                                            slot.type, null))
         return pa.Table.from_arrays(arrays, schema=out_schema)
-
-
-    def _out_schema(self, names: tuple[str, ...]) -> pa.Schema:
-        schema = self._projections.get(names)
-        if schema is None:
-            schema = pa.schema([self.schema.field(name) for name in names], metadata=self.schema.metadata)
-            if len(self._projections) < 64:
-                self._projections[names] = schema
-        return schema
 
     def _decode_few(self, values: list[bytes], names: list[str], out_schema: pa.Schema) -> pa.Table:
         """:meth:`decode` for a handful of rows (point lookups): slicing the bytes of each row

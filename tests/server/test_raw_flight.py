@@ -141,7 +141,7 @@ def test_point_lookup_result_travels_in_its_ticket(loaded) -> None:
 
 
 def test_large_point_lookup_result_is_kept_on_the_server(loaded) -> None:
-    server, data = loaded
+    server, _ = loaded
     client = flight.FlightClient(server.uri)
     ids = list(range(0, N, 2))  # 10,000 keys: far more than an inline ticket may carry
     info = _info(client, f"SELECT id, grp, v FROM m WHERE id IN ({', '.join(map(str, ids))})")
