@@ -105,13 +105,18 @@ def test_bad_sql_raw(env, sql, status, words) -> None:
     _still_serves(client)
 
 
+def _adbc_connect(uri: str):
+    """An autocommit ADBC connection (the driver warns that it cannot turn autocommit off)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return dbapi.connect(uri, autocommit=True)
+
+
 @pytest.mark.parametrize("sql,status,words", SQL_CASES, ids=[c[0] for c in SQL_CASES])
 def test_bad_sql_through_adbc(env, sql, status, words) -> None:
     server, client = env
     before = _snapshot(server)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        conn = dbapi.connect(server.uri, autocommit=True)
+    conn = _adbc_connect(server.uri)
     try:
         with conn.cursor() as cur:
             with pytest.raises(dbapi.Error) as raised:
@@ -135,9 +140,7 @@ def test_bad_sql_through_adbc(env, sql, status, words) -> None:
 def test_bad_parameters_through_adbc(env) -> None:
     server, client = env
     before = _snapshot(server)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        conn = dbapi.connect(server.uri, autocommit=True)
+    conn = _adbc_connect(server.uri)
     try:
         with conn.cursor() as cur:
             with pytest.raises(dbapi.Error) as raised:
