@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Row", "best_of", "print_table"]
+__all__ = ["Row", "best_of", "best_interleaved", "print_table"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,19 @@ def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
         start = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - start)
+    return best
+
+
+def best_interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Best wall time (seconds) of each of ``fns`` over ``rounds`` rounds that each run every
+    function once, in turn. Peers measured side by side see the same machine: a busy moment on a
+    shared machine slows one round of each, not every run of one of them."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 

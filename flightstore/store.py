@@ -390,6 +390,10 @@ class Table:
                                      f"{field.type}: {exc}") from None
         return pa.Table.from_arrays(arrays, names=list(columns))
 
+    def projection(self, columns: Sequence[str]) -> pa.Schema:
+        """The schema of ``columns`` of this table (memoized: lookups ask for the same few)."""
+        return self._projections.of(columns)
+
     def _check_columns(self, columns: Sequence[str] | None) -> list[str]:
         if columns is None:
             return self.schema.names

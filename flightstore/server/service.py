@@ -103,6 +103,12 @@ def rechunk(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[pa.Table]:
                                          for start in range(0, batch.num_rows, step)], batch.schema)
 
 
+def _messages(table: pa.Table) -> pa.Table:
+    """``table`` with its chunks cut into Flight messages (as :func:`rechunk` does), zero-copy."""
+    return pa.Table.from_batches([batch for part in rechunk(iter([table])) for batch in part.to_batches()],
+                                 table.schema)
+
+
 @dataclass
 class PreparedStatement:
     sql: str
@@ -219,7 +225,9 @@ class FlightSqlServer(flight.FlightServerBase):
                 batches = self.executor.execute(plan, payload.get("partition"), schema)
             else:
                 table = self._metadata_table(command)
-                schema, batches = table.schema, iter(table.to_batches())
+                schema, batches = table.schema, table
+        if isinstance(batches, pa.Table):  # materialized (lookups, counts, metadata): C++ streams it
+            return flight.RecordBatchStream(_messages(batches))
         return flight.GeneratorStream(schema, _guarded(rechunk(batches)))
 
     # ---- metadata commands --------------------------------------------------------------------
@@ -467,14 +475,16 @@ class FlightSqlServer(flight.FlightServerBase):
                                  [flight.FlightEndpoint(descriptor.command, [])], -1, -1)
 
     def _custom_get(self, payload: dict, context: Any, plan_only: bool = False
-                    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch | pa.Table]]:
+                    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch | pa.Table] | pa.Table]:
+        """The schema and rows of a flightstore read command: an iterator for streamed reads,
+        a Table for results that are complete already (lookups, counts, kept results)."""
         op = payload["op"]
         if op == "result":
             with self._lock:
                 entry = self._results.get(payload["id"])
             if entry is None:
                 raise InvalidInput("this result expired or was already read")
-            return entry[1].schema, iter([entry[1]])
+            return entry[1].schema, entry[1]
         table = self.store.table(payload["table"])
         columns = payload.get("columns")
         if op in ("lookup", "prefix_lookup"):
@@ -483,8 +493,8 @@ class FlightSqlServer(flight.FlightServerBase):
             if plan_only:
                 return schema, iter(())
             if op == "lookup":
-                return schema, iter([table.lookup(keys, columns)])
-            return schema, iter([table.prefix_lookup(keys, columns, payload.get("limit"))])
+                return schema, table.lookup(keys, columns)
+            return schema, table.prefix_lookup(keys, columns, payload.get("limit"))
         if op == "scan":
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = pa.schema([table.schema.field(c) for c in (columns or table.schema.names)])
@@ -499,7 +509,7 @@ class FlightSqlServer(flight.FlightServerBase):
                                            until=payload.get("until"))
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
-            return schema, iter([pa.table({"count": [table.row_count()]}, schema=schema)])
+            return schema, pa.table({"count": [table.row_count()]}, schema=schema)
         raise InvalidInput(f"unknown flightstore read command {op!r}")
 
     def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader) -> dict:

@@ -165,7 +165,7 @@ class Executor:
     def output_schema(self, plan: n.PlanNode) -> pa.Schema:
         """The exact schema of the plan's result (statements: ``rows_affected``)."""
         if isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan)):
-            return _fields(self.store.table(plan.table).schema, plan.columns)
+            return self.store.table(plan.table).projection(plan.columns)
         if isinstance(plan, n.Count):
             return pa.schema([pa.field(plan.column_name, pa.int64(), nullable=False)])
         if isinstance(plan, n.Changelog):
