@@ -142,6 +142,16 @@ def _key_matrix(arr: pa.Array, name: str) -> np.ndarray:
     return matrix
 
 
+def _integer_key(arr: pa.Array) -> bytes:
+    """:func:`_key_matrix` of a one-value integer column, in plain Python: big-endian bytes with
+    the sign bit flipped for signed types."""
+    width = arr.type.bit_width // 8
+    value = arr[0].as_py()
+    if _is_signed(arr.type):
+        value += 1 << (8 * width - 1)
+    return value.to_bytes(width, "big")
+
+
 def _normalize_key_array(arr: pa.Array, name: str) -> pa.Array:
     t = arr.type
     if pa.types.is_dictionary(t):
@@ -167,10 +177,12 @@ def encode_keys(data: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> list
     if not columns:
         raise InvalidInput("a key needs at least one column")
     n = data.num_rows
+    arrays = [_normalize_key_array(_column(data, name, InvalidInput), name) for name in columns]
+    if n == 1 and all(pa.types.is_integer(arr.type) for arr in arrays):
+        return [b"".join(map(_integer_key, arrays))]  # a point lookup's key: no numpy set-up
     parts: list[pa.Array | pa.Scalar] = []
     pending: list[np.ndarray] = []  # consecutive fixed-width columns, joined with one hstack
-    for name in columns:
-        arr = _normalize_key_array(_column(data, name, InvalidInput), name)
+    for name, arr in zip(columns, arrays):
         if _is_variable(arr.type):
             if pending:
                 parts.append(_binary_from_matrix(np.hstack(pending)))

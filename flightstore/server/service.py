@@ -42,6 +42,7 @@ log = logging.getLogger("flightstore.server")
 # still for it but slowed the 130 MB full scan (python -m bench server, /tmp A/B runs).
 MAX_BATCH_BYTES = 2 * 1024 * 1024
 MAX_BATCH_ROWS = 65_536
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions()  # built once: the default reads os.environ each time
 RESULT_TTL_S = 600
 
 
@@ -105,6 +106,8 @@ def rechunk(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[pa.Table]:
 
 def _messages(table: pa.Table) -> pa.Table:
     """``table`` with its chunks cut into Flight messages (as :func:`rechunk` does), zero-copy."""
+    if table.num_rows <= MAX_BATCH_ROWS and table.get_total_buffer_size() <= MAX_BATCH_BYTES:
+        return table  # small (a lookup's rows): every chunk is a message already
     return pa.Table.from_batches([batch for part in rechunk(iter([table])) for batch in part.to_batches()],
                                  table.schema)
 
@@ -210,7 +213,7 @@ class FlightSqlServer(flight.FlightServerBase):
         if data in self._cancelled:
             raise flight.FlightCancelledError("this query was cancelled")
         if tickets.is_result(data):
-            return flight.RecordBatchStream(tickets.decode_result(data))
+            return flight.RecordBatchStream(tickets.decode_result(data), _IPC_OPTIONS)
         if tickets.is_custom(data):
             schema, batches = self._custom_get(tickets.decode_custom(data), context)
         else:
@@ -227,7 +230,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 table = self._metadata_table(command)
                 schema, batches = table.schema, table
         if isinstance(batches, pa.Table):  # materialized (lookups, counts, metadata): C++ streams it
-            return flight.RecordBatchStream(_messages(batches))
+            return flight.RecordBatchStream(_messages(batches), _IPC_OPTIONS)
         return flight.GeneratorStream(schema, _guarded(rechunk(batches)))
 
     # ---- metadata commands --------------------------------------------------------------------
@@ -489,7 +492,7 @@ class FlightSqlServer(flight.FlightServerBase):
         columns = payload.get("columns")
         if op in ("lookup", "prefix_lookup"):
             keys = pa.table(payload["keys"])
-            schema = pa.schema([table.schema.field(c) for c in (columns or table.schema.names)])
+            schema = table.projection(columns or table.schema.names)
             if plan_only:
                 return schema, iter(())
             if op == "lookup":

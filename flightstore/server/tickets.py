@@ -32,6 +32,9 @@ CUSTOM_PREFIX = b"flightstore/1 "
 RESULT_PREFIX = b"flightstore/result "
 INLINE_RESULT_BYTES = 64 * 1024  # larger results stay on the server (or are computed at DoGet)
 _NONCE_BYTES = 8
+# Built once: pyarrow's defaults read os.environ on every writer (and allocate per reader).
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions()
+_READ_OPTIONS = pa.ipc.IpcReadOptions()
 
 
 def encode_params(params: list | None) -> list | None:
@@ -81,7 +84,7 @@ def result_ticket(table: pa.Table) -> bytes | None:
     :data:`INLINE_RESULT_BYTES`."""
     sink = pa.BufferOutputStream()
     sink.write(RESULT_PREFIX + os.urandom(_NONCE_BYTES))
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    with pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
         writer.write_table(table)
     if sink.tell() > len(RESULT_PREFIX) + _NONCE_BYTES + INLINE_RESULT_BYTES:
         return None
@@ -96,6 +99,6 @@ def decode_result(data: bytes) -> pa.Table:
     """The table a :func:`result_ticket` carries."""
     body = pa.py_buffer(data)[len(RESULT_PREFIX) + _NONCE_BYTES:]
     try:
-        return pa.ipc.open_stream(body).read_all()
+        return pa.ipc.open_stream(body, options=_READ_OPTIONS).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise InvalidInput(f"malformed result ticket: {exc}") from None

@@ -290,6 +290,27 @@ def test_key_prefix_property(case):
             assert matches == {j for j in range(len(keys)) if keys[j][:k] == keys[i][:k]}
 
 
+INTEGER_KEY_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(),
+                     pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from(INTEGER_KEY_TYPES), min_size=1, max_size=3), st.data())
+def test_one_row_integer_keys_match_the_vectorized_encoding(types, data):
+    """A one-row integer key is encoded in plain Python; the rows of a many-row (vectorized)
+    encode are the reference, boundary values included."""
+    n = data.draw(st.integers(2, 8))
+    columns = {}
+    for i, t in enumerate(types):
+        info = np.iinfo(t.to_pandas_dtype())
+        edges = st.sampled_from([int(info.min), int(info.max), 0, 1] + ([-1] if info.min < 0 else []))
+        values = st.one_of(edges, st.integers(int(info.min), int(info.max)))
+        columns[f"k{i}"] = pa.array(data.draw(st.lists(values, min_size=n, max_size=n)), t)
+    table = pa.table(columns)
+    many = encode_keys(table, table.column_names)
+    assert [encode_keys(table.slice(i, 1), table.column_names)[0] for i in range(n)] == many
+
+
 def test_key_known_orders():
     floats = [-math.inf, -1e300, -1.5, -1e-300, -0.0, 0.0, 1e-300, 2.0, math.inf, math.nan]
     enc = encode_keys(pa.table({"f": floats}), ["f"])
