@@ -24,6 +24,7 @@ __all__ = [
     "WriterConflict",
     "CorruptData",
     "Cancelled",
+    "DataDirectoryInUse",
 ]
 
 
@@ -109,3 +110,7 @@ class Cancelled(FlightstoreError):
     """The request was cancelled (maps to CANCELLED)."""
 
     flight_status = "cancelled"
+
+
+class DataDirectoryInUse(FlightstoreError):
+    """Another open Store (in this or another process) holds the data directory."""

@@ -8,6 +8,7 @@ batch sequence: a retried batch is applied once, a gap in the sequence is refuse
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import threading
@@ -22,7 +23,7 @@ import pyarrow.compute as pc
 from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
-from flightstore.errors import (FlightstoreError, InvalidInput, OutOfOrderSequence, SchemaMismatch,
+from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, OutOfOrderSequence, SchemaMismatch,
                                 Unsupported)
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
@@ -611,12 +612,38 @@ class Table:
             raise Unsupported(f"{what} needs a primary-key table; {self.path} is a log table")
 
 
+def _lock_data_dir(data_dir: Path) -> int:
+    """An exclusive lock on ``data_dir/LOCK`` for one Store's life, as a file descriptor.
+
+    Two Stores on one directory would interleave appends to the same log segments and catalog;
+    the second one fails here instead, naming the holder's pid. The kernel drops the lock when its
+    process dies, so a crash leaves nothing to clean up."""
+    fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise DataDirectoryInUse(f"data directory {data_dir} is already open in another flightstore "
+                                 f"Store (pid {holder or 'unknown'}); stop it first, or use another "
+                                 "--data-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 class Store:
     """A data directory of databases and tables. Thread-safe; close() when done."""
 
     def __init__(self, data_dir: str | os.PathLike, *, fsync: bool = False) -> None:
         self.data_dir = Path(data_dir)
-        self.catalog = Catalog(self.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock: int | None = _lock_data_dir(self.data_dir)
+        try:
+            self.catalog = Catalog(self.data_dir)
+        except BaseException:
+            self._unlock()
+            raise
         self.fsync = fsync
         self._tables: dict[TablePath, Table] = {}
         self._lock = threading.RLock()
@@ -703,4 +730,10 @@ class Store:
             for table in self._tables.values():
                 table.close()
             self._tables.clear()
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._dir_lock is not None:
+            os.close(self._dir_lock)  # closing the descriptor releases the flock
+            self._dir_lock = None
 

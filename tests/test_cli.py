@@ -1,4 +1,5 @@
-"""`flightstore serve` as a real process: it serves, and SIGTERM shuts it down cleanly."""
+"""`flightstore serve` as a real process: it serves, SIGTERM shuts it down cleanly, and a second
+server on the same data directory refuses to start."""
 
 from __future__ import annotations
 
@@ -37,6 +38,24 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path):
     # The data survived the restart of the process.
     with flightstore.Store(tmp_path / "data") as store:
         assert store.table("t").row_count() == 2
+
+
+def test_a_second_server_on_the_same_data_dir_refuses_to_start(tmp_path):
+    first = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", "--data-dir",
+                              str(tmp_path / "data"), "--port", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "flightstore serving" in first.stdout.readline()
+        second = subprocess.run([sys.executable, "-m", "flightstore", "serve", "--data-dir",
+                                 str(tmp_path / "data"), "--port", "0"],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0
+        assert f"already open in another flightstore Store (pid {first.pid})" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.poll() is None  # the first server is untouched
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=20)
 
 
 def test_options_command_prints_the_registry():

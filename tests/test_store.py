@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import pyarrow as pa
 import pytest
 
-from flightstore.errors import (InvalidInput, InvalidOption, OutOfOrderSequence, SchemaMismatch,
+from flightstore.errors import (DataDirectoryInUse, InvalidInput, InvalidOption, OutOfOrderSequence, SchemaMismatch,
                                 TableNotFound, Unsupported)
 from flightstore.expressions import Comparison
 from flightstore.store import Store
@@ -194,3 +199,28 @@ def test_retry_on_a_round_robin_log_table_is_applied_once(store):
     assert table.row_count() == 4
     table.append(data(2, 4), writer_id="w", sequence=1)
     assert table.row_count() == 6
+
+
+def test_a_data_directory_has_one_open_store_at_a_time(tmp_path):
+    with Store(tmp_path) as store:
+        store.create_table("t", SCHEMA).append(data(3))
+        with pytest.raises(DataDirectoryInUse, match=f"pid {os.getpid()}"):
+            Store(tmp_path)
+        assert store.table("t").row_count() == 3  # the refused open changed nothing
+    with Store(tmp_path) as again:  # closed: free again
+        assert again.table("t").row_count() == 3
+
+
+def test_the_lock_of_a_killed_process_is_released(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, flightstore; s = flightstore.Store(sys.argv[1]); "
+                               "print('open', flush=True); sys.stdin.read()", str(tmp_path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(DataDirectoryInUse, match=f"pid {holder.pid}"):
+            Store(tmp_path)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=20)
+    with Store(tmp_path) as store:  # a crash leaves no stale lock behind
+        assert store.list_databases() == ["default"]

@@ -24,7 +24,8 @@ import pyarrow.flight as flight
 
 from flightstore import changetype
 from flightstore.config import SERVER_OPTIONS
-from flightstore.errors import FlightstoreError, InvalidInput, NotFound, TableNotFound, Unsupported
+from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
+                               Unsupported)
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
@@ -617,7 +618,10 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
           users: dict[str, str] | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store = Store(data_dir, fsync=fsync)
+    try:
+        store = Store(data_dir, fsync=fsync)
+    except DataDirectoryInUse as exc:
+        raise SystemExit(f"flightstore: {exc}") from None
     try:
         server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users)
     except pa.ArrowException as exc:

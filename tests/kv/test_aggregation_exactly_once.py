@@ -127,10 +127,11 @@ def test_undo_restores_before_images_and_accepts_the_replay(store):
     table.upsert(events((1, 5)), writer_id="w", sequence=1)
     assert state(table)[1] == (6, "1,5")
     assert kv_contents(table, ["k"]) == fold_changelog(table, ["k"])
-    table.close()
-    reopened = Store(store.data_dir).table("t")  # the reset sequence and the fence are durable
-    reopened.upsert(events((1, 5)), writer_id="w", sequence=1)  # a retry: skipped
-    assert reopened.writer_sequence("w") == 1 and state(reopened)[1] == (6, "1,5")
+    store.close()
+    with Store(store.data_dir) as again:  # the reset sequence and the fence are durable
+        reopened = again.table("t")
+        reopened.upsert(events((1, 5)), writer_id="w", sequence=1)  # a retry: skipped
+        assert reopened.writer_sequence("w") == 1 and state(reopened)[1] == (6, "1,5")
 
 
 def test_undo_of_a_later_epoch_leaves_undone_records_alone(store):
