@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -43,6 +44,7 @@ log = logging.getLogger("flightstore.server")
 # still for it but slowed the 130 MB full scan (python -m bench server, /tmp A/B runs).
 MAX_BATCH_BYTES = 2 * 1024 * 1024
 MAX_BATCH_ROWS = 65_536
+MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()  # built once: the default reads os.environ each time
 RESULT_TTL_S = 600
 
@@ -114,6 +116,14 @@ def _messages(table: pa.Table) -> pa.Table:
 
 
 @dataclass
+class Session:
+    """What one client connection set: its default database (``USE``) and Flight session options."""
+
+    database: str = "default"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class PreparedStatement:
     sql: str
     database: str
@@ -132,14 +142,29 @@ class FlightSqlServer(flight.FlightServerBase):
         super().__init__(location, auth_handler=NoAuthHandler(), **kwargs)
         self.store = store
         self.executor = Executor(store)
-        self.database = "default"
+        self._sessions: OrderedDict[str, Session] = OrderedDict()  # by gRPC peer, least recent first
         self._prepared: dict[bytes, PreparedStatement] = {}
         self._prepare_cache: dict[tuple, tuple[pa.Schema | None, pa.Schema]] = {}
         self._results: dict[str, tuple[float, pa.Table]] = {}
         self._cancelled: set[bytes] = set()
-        self._session: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+
+    def session(self, context: flight.ServerCallContext | None) -> Session:
+        """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
+        (each ADBC/JDBC connection has its own channel): ``USE`` and session options hold per
+        connection, as in a SQL database. Calls without a context (in-process) share one session.
+        At most :data:`MAX_SESSIONS` are kept; the least recently used is forgotten first."""
+        peer = context.peer() if context is not None else ""
+        with self._lock:
+            session = self._sessions.get(peer)
+            if session is None:
+                session = self._sessions[peer] = Session()
+                if len(self._sessions) > MAX_SESSIONS:
+                    self._sessions.popitem(last=False)
+            else:
+                self._sessions.move_to_end(peer)
+            return session
 
     @property
     def uri(self) -> str:
@@ -161,23 +186,23 @@ class FlightSqlServer(flight.FlightServerBase):
         command = protocol.unpack_any(command_bytes)
         name = command.DESCRIPTOR.name
         if name == "CommandStatementQuery":
-            return self._query_info(descriptor, command.query, None, self.database)
+            session = self.session(context)
+            return self._query_info(descriptor, command.query, None, session.database, session)
         if name == "CommandPreparedStatementQuery":
             prepared = self._prepared_statement(command.prepared_statement_handle)
             params = prepared.params[-1] if prepared.params else None
-            return self._query_info(descriptor, prepared.sql, params, prepared.database)
+            return self._query_info(descriptor, prepared.sql, params, prepared.database,
+                                    self.session(context))
         schema = self._metadata_schema(command)
         if schema is None:
             raise Unsupported(f"{name} is not supported by flightstore")
         return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(command_bytes, [])], -1, -1)
 
     def _query_info(self, descriptor: flight.FlightDescriptor, sql: str, params: list | None,
-                    database: str) -> flight.FlightInfo:
+                    database: str, session: Session) -> flight.FlightInfo:
         plan = self.executor.plan(sql, params, database)
         if not is_query(plan):
-            rows = self.executor.run_statement(plan)
-            if isinstance(plan, nodes.UseDatabase):  # checked by run_statement: it exists
-                self.database = plan.name
+            rows = self._run_statement(plan, session)
             result = pa.table({"rows_affected": pa.array([rows], pa.int64())}, schema=ROWS_AFFECTED_SCHEMA)
             ticket = self._keep_result(result)
             return flight.FlightInfo(ROWS_AFFECTED_SCHEMA, descriptor,
@@ -197,6 +222,12 @@ class FlightSqlServer(flight.FlightServerBase):
                        "partition": partition, "query": query_id}
             endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
         return flight.FlightInfo(schema, descriptor, endpoints, -1, -1)
+
+    def _run_statement(self, plan: nodes.PlanNode, session: Session) -> int:
+        rows = self.executor.run_statement(plan)
+        if isinstance(plan, nodes.UseDatabase):  # checked by run_statement: it exists
+            session.database = plan.name
+        return rows
 
     def _keep_result(self, table: pa.Table) -> bytes:
         result_id = uuid.uuid4().hex
@@ -228,7 +259,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 schema = self.executor.output_schema(plan)
                 batches = self.executor.execute(plan, payload.get("partition"), schema)
             else:
-                table = self._metadata_table(command)
+                table = self._metadata_table(command, self.session(context))
                 schema, batches = table.schema, table
         if isinstance(batches, pa.Table):  # materialized (lookups, counts, metadata): C++ streams it
             return flight.RecordBatchStream(_messages(batches), _IPC_OPTIONS)
@@ -260,7 +291,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 continue
         return found
 
-    def _metadata_table(self, command: Any) -> pa.Table:
+    def _metadata_table(self, command: Any, session: Session) -> pa.Table:
         name = command.DESCRIPTOR.name
         optional = lambda field: getattr(command, field) if command.HasField(field) else None  # noqa: E731
         if name == "CommandGetCatalogs":
@@ -277,7 +308,7 @@ class FlightSqlServer(flight.FlightServerBase):
         if name == "CommandGetTableTypes":
             return metadata.table_types_table()
         if name == "CommandGetPrimaryKeys":
-            database = optional("db_schema") or self.database
+            database = optional("db_schema") or session.database
             try:
                 descriptor = self.store.catalog.get_table(TablePath(database, command.table))
             except NotFound:
@@ -300,7 +331,7 @@ class FlightSqlServer(flight.FlightServerBase):
             return iter([self._custom_action(kind, tickets.decode_custom(body))])
         request = protocol.decode_action(kind, body)
         if kind == protocol.CREATE_PREPARED_STATEMENT:
-            result = self._prepare(request.query)
+            result = self._prepare(request.query, self.session(context).database)
         elif kind == protocol.CLOSE_PREPARED_STATEMENT:
             with self._lock:
                 self._prepared.pop(request.prepared_statement_handle, None)
@@ -312,16 +343,21 @@ class FlightSqlServer(flight.FlightServerBase):
                                        if _is_query_ticket(e.ticket.ticket))
             result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
         elif kind == protocol.SET_SESSION_OPTIONS:
+            session = self.session(context)
             with self._lock:
                 for key, value in request.session_options.items():
-                    self._session[key] = value
+                    session.options[key] = value
             result = protocol.SetSessionOptionsResult()
         elif kind == protocol.GET_SESSION_OPTIONS:
+            session = self.session(context)
             result = protocol.GetSessionOptionsResult()
             with self._lock:
-                for key, value in self._session.items():
+                for key, value in session.options.items():
                     result.session_options[key].CopyFrom(value)
         elif kind == protocol.CLOSE_SESSION:
+            peer = context.peer() if context is not None else ""
+            with self._lock:
+                self._sessions.pop(peer, None)  # USE and options start over
             result = protocol.CloseSessionResult(status=1)  # CLOSED
         else:
             raise Unsupported(f"action {kind} is not supported by flightstore (no transactions, "
@@ -340,8 +376,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
                 ("flightstore.release", "release the columns a writer owns")]
 
-    def _prepare(self, sql: str) -> Any:
-        database = self.database
+    def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)
         with self._lock:
             schemas = self._prepare_cache.get(key)
@@ -384,7 +419,7 @@ class FlightSqlServer(flight.FlightServerBase):
         command = protocol.unpack_any(command_bytes)
         name = command.DESCRIPTOR.name
         if name == "CommandStatementUpdate":
-            count = self._run_update(command.query, None, self.database)
+            count = self._run_update(command.query, None, self.session(context))
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         elif name == "CommandPreparedStatementQuery":
             prepared = self._prepared_statement(command.prepared_statement_handle)
@@ -398,16 +433,16 @@ class FlightSqlServer(flight.FlightServerBase):
             count = self._run_updates(prepared.sql, rows, prepared.database)
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         elif name == "CommandStatementIngest":
-            count = self._ingest(command, reader.read_all())
+            count = self._ingest(command, reader.read_all(), self.session(context).database)
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         else:
             raise Unsupported(f"{name} is not supported by DoPut")
 
-    def _run_update(self, sql: str, params: list | None, database: str) -> int:
-        plan = self.executor.plan(sql, params, database)
+    def _run_update(self, sql: str, params: list | None, session: Session) -> int:
+        plan = self.executor.plan(sql, params, session.database)
         if is_query(plan):
             raise InvalidInput("a query was sent as an update; use a query command for SELECT")
-        return self.executor.run_statement(plan)
+        return self._run_statement(plan, session)
 
     def _run_updates(self, sql: str, rows: list, database: str) -> int:
         """Run ``sql`` once per parameter row: every row is planned (validated) before any runs,
@@ -449,9 +484,9 @@ class FlightSqlServer(flight.FlightServerBase):
         return nodes.Insert(table=first.table, data=pa.Table.from_arrays(columns, schema=first.data.schema),
                             columns=first.columns)
 
-    def _ingest(self, command: Any, data: pa.Table) -> int:
+    def _ingest(self, command: Any, data: pa.Table, default_database: str) -> int:
         options = command.table_definition_options
-        database = command.schema if command.HasField("schema") and command.schema else self.database
+        database = command.schema if command.HasField("schema") and command.schema else default_database
         path = TablePath(database, command.table)
         create = options.if_not_exist  # 0 unspecified, 1 CREATE, 2 FAIL
         exists = options.if_exists      # 0 unspecified, 1 FAIL, 2 APPEND, 3 REPLACE

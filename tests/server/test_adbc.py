@@ -265,3 +265,22 @@ def test_result_larger_than_the_grpc_limit_streams(conn) -> None:
     ordered = _query(conn, "SELECT * FROM wide ORDER BY c0")
     assert ordered.num_rows == n
     assert ordered.column("c0").to_pylist() == data.sort_by("c0").column("c0").to_pylist()
+
+
+def test_use_is_per_connection(server, conn) -> None:
+    """Each ADBC connection is its own session: one connection's USE leaves the others alone."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        other = dbapi.connect(server.uri, autocommit=True)
+    try:
+        _query(conn, "CREATE DATABASE shop")
+        _query(conn, "USE shop")
+        _query(conn, "CREATE TABLE t (a BIGINT)")
+        _query(other, "CREATE TABLE t (a BIGINT)")
+        _query(conn, "INSERT INTO t VALUES (1)")
+        _query(other, "INSERT INTO t VALUES (2), (3)")
+        assert _rows(conn, "SELECT COUNT(*) AS n FROM t") == [{"n": 1}]
+        assert _rows(other, "SELECT COUNT(*) AS n FROM t") == [{"n": 2}]
+        assert _rows(conn, "SELECT a FROM t WHERE a = ?", (1,)) == [{"a": 1}]  # prepared: shop
+    finally:
+        other.close()

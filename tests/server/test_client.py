@@ -152,3 +152,17 @@ def test_use_database_sets_the_default_and_refuses_unknown_ones(server):
             conn.sql("USE nope")
         conn.sql("INSERT INTO t VALUES (1)")  # still in shop
         assert server.store.table("shop.t").row_count() == 1
+
+
+def test_use_holds_for_its_own_connection_only(server):
+    with flightstore.connect(server.uri) as shop, flightstore.connect(server.uri) as other:
+        shop.sql("CREATE DATABASE shop")
+        shop.sql("USE shop")
+        other.sql("CREATE TABLE t (a BIGINT)")  # still in default
+        shop.sql("CREATE TABLE t (a BIGINT)")
+        other.sql("INSERT INTO t VALUES (1), (2)")
+        shop.sql("INSERT INTO t VALUES (3)")
+        assert other.sql("SELECT a FROM t ORDER BY a").column("a").to_pylist() == [1, 2]
+        assert shop.sql("SELECT a FROM t").column("a").to_pylist() == [3]
+        assert server.store.table("default.t").row_count() == 2
+        assert server.store.table("shop.t").row_count() == 1

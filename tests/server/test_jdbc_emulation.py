@@ -298,3 +298,23 @@ def test_session_actions(client) -> None:
     [answer] = list(client.do_action(flight.Action(
         protocol.CLOSE_SESSION, protocol.CloseSessionRequest().SerializeToString())))
     assert protocol.parse("CloseSessionResult", answer.body.to_pybytes()).status == 1  # CLOSED
+    assert _session_options(client) == {}  # a closed session starts over
+
+
+def _session_options(client) -> dict:
+    [answer] = list(client.do_action(flight.Action(
+        protocol.GET_SESSION_OPTIONS, protocol.GetSessionOptionsRequest().SerializeToString())))
+    options = protocol.parse("GetSessionOptionsResult", answer.body.to_pybytes()).session_options
+    return {key: value.string_value for key, value in options.items()}
+
+
+def test_session_options_belong_to_their_connection(client, server) -> None:
+    request = protocol.SetSessionOptionsRequest(
+        session_options={"catalog": protocol.SessionOptionValue(string_value="shop")})
+    list(client.do_action(flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString())))
+    other = flight.FlightClient(server.uri)
+    try:
+        assert _session_options(other) == {}
+        assert _session_options(client) == {"catalog": "shop"}
+    finally:
+        other.close()
