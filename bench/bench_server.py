@@ -104,9 +104,8 @@ def _build(data_dir: Path, scan: pa.Table, wide: pa.Table) -> None:
 
 
 # ---- servers -----------------------------------------------------------------------------------
-def _sql_read(client: flight.FlightClient, sql: str) -> int:
-    """Rows read for ``sql`` through Flight SQL CommandStatementQuery, every endpoint."""
-    command = protocol.pack_any(protocol.message_class("CommandStatementQuery")(query=sql))
+def _read(client: flight.FlightClient, command: bytes) -> int:
+    """Rows read for a command descriptor: GetFlightInfo, then DoGet of every endpoint."""
     info = client.get_flight_info(flight.FlightDescriptor.for_command(command))
     rows = 0
     for endpoint in info.endpoints:
@@ -115,14 +114,14 @@ def _sql_read(client: flight.FlightClient, sql: str) -> int:
     return rows
 
 
+def _sql_read(client: flight.FlightClient, sql: str) -> int:
+    """Rows read for ``sql`` through Flight SQL CommandStatementQuery, every endpoint."""
+    return _read(client, protocol.pack_any(protocol.message_class("CommandStatementQuery")(query=sql)))
+
+
 def _plain_read(client: flight.FlightClient) -> int:
     """Rows read from a ``bench.bare_flight`` server."""
-    info = client.get_flight_info(flight.FlightDescriptor.for_command(b"all"))
-    rows = 0
-    for endpoint in info.endpoints:
-        for chunk in client.do_get(endpoint.ticket):
-            rows += chunk.data.num_rows
-    return rows
+    return _read(client, b"all")
 
 
 @contextmanager
