@@ -8,6 +8,7 @@ the tables and the databases are exactly what they were, and a query still answe
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 
 import pyarrow as pa
 import pytest
@@ -88,6 +89,20 @@ SQL_CASES = [
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0]
+
+
+@contextmanager
+def _refused(env, error: type[BaseException], *words: str):
+    """The body raises ``error`` whose first line names every one of ``words``; afterwards nothing
+    on the server changed and it still answers."""
+    server, client = env
+    before = _snapshot(server)
+    with pytest.raises(error) as raised:
+        yield
+    for word in words:
+        assert word in _first_line(raised.value), (word, str(raised.value))
+    assert _snapshot(server) == before
+    _still_serves(client)
 
 
 @pytest.mark.parametrize("sql,status,words", SQL_CASES, ids=[c[0] for c in SQL_CASES])
@@ -172,24 +187,13 @@ def _ingest(client: flight.FlightClient, table: str, data: pa.Table) -> None:
     ("t", pa.table({"id": [9], "name": ["q"], "score": ["high"]}), ["score"]),
 ])
 def test_ingest_append_with_a_wrong_schema(env, table, data, words) -> None:
-    server, client = env
-    before = _snapshot(server)
-    with pytest.raises(INVALID) as raised:
-        _ingest(client, table, data)
-    for word in words:
-        assert word in _first_line(raised.value), str(raised.value)
-    assert _snapshot(server) == before
-    _still_serves(client)
+    with _refused(env, INVALID, *words):
+        _ingest(env[1], table, data)
 
 
 def test_ingest_append_to_a_missing_table(env) -> None:
-    server, client = env
-    before = _snapshot(server)
-    with pytest.raises(NOT_FOUND) as raised:
-        _ingest(client, "missing", pa.table({"id": [1]}))
-    assert "missing" in _first_line(raised.value)
-    assert _snapshot(server) == before
-    _still_serves(client)
+    with _refused(env, NOT_FOUND, "missing"):
+        _ingest(env[1], "missing", pa.table({"id": [1]}))
 
 
 @pytest.mark.parametrize("data,columns,words", [
@@ -199,14 +203,8 @@ def test_ingest_append_to_a_missing_table(env) -> None:
     (pa.table({"id": [1, 5]}), None, ["name"]),
 ])
 def test_client_upsert_with_a_wrong_schema(env, data, columns, words) -> None:
-    server, client = env
-    before = _snapshot(server)
-    with flightstore.connect(server.uri) as conn, pytest.raises(INVALID) as raised:
+    with flightstore.connect(env[0].uri) as conn, _refused(env, INVALID, *words):
         conn.table("t").upsert(data, columns=columns)
-    for word in words:
-        assert word in _first_line(raised.value), str(raised.value)
-    assert _snapshot(server) == before
-    _still_serves(client)
 
 
 # ---- unsupported commands and actions -----------------------------------------------------------
@@ -247,13 +245,8 @@ def test_unknown_command_type_is_unimplemented_and_named(env) -> None:
     (protocol.CREATE_PREPARED_SUBSTRAIT_PLAN, protocol.ActionCreatePreparedSubstraitPlanRequest()),
 ])
 def test_transaction_and_substrait_actions_are_unimplemented(env, kind, request_message) -> None:
-    server, client = env
-    before = _snapshot(server)
-    with pytest.raises(UNIMPLEMENTED) as raised:
-        list(client.do_action(flight.Action(kind, protocol.pack_any(request_message))))
-    assert kind in _first_line(raised.value)
-    assert _snapshot(server) == before
-    _still_serves(client)
+    with _refused(env, UNIMPLEMENTED, kind):
+        list(env[1].do_action(flight.Action(kind, protocol.pack_any(request_message))))
 
 
 def test_unknown_action_is_unimplemented_and_named(env) -> None:
@@ -275,20 +268,16 @@ def test_unknown_prepared_handle_is_invalid(env) -> None:
 
 def test_prepared_update_batch_is_all_or_nothing(env) -> None:
     """A parameter batch whose last row is bad writes none of its rows."""
-    server, client = env
-    before = _snapshot(server)
+    client = env[1]
     [result] = list(client.do_action(flight.Action(protocol.CREATE_PREPARED_STATEMENT, protocol.pack_any(
         protocol.ActionCreatePreparedStatementRequest(query="INSERT INTO t VALUES (?, ?, ?)")))))
     handle = protocol.unpack_any(result.body.to_pybytes()).prepared_statement_handle
     command = protocol.CommandPreparedStatementUpdate(prepared_statement_handle=handle)
     params = pa.table({"0": pa.array([7, 8, None], pa.int64()), "1": ["g", "h", "i"], "2": [7.0, 8.0, 9.0]})
-    with pytest.raises(INVALID) as raised:
+    with _refused(env, INVALID, "id"):
         writer, reader = client.do_put(flight.FlightDescriptor.for_command(protocol.pack_any(command)),
                                        params.schema)
         writer.write_table(params)
         writer.done_writing()
         reader.read()
         writer.close()
-    assert "id" in _first_line(raised.value)
-    assert _snapshot(server) == before
-    _still_serves(client)
