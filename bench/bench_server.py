@@ -254,7 +254,8 @@ def bench_lookup(ours_uri: str, root: Path) -> list[Row]:
         runs = {
             "ours": _dbapi_lookup(ours, "SELECT * FROM lookup_t WHERE id = ?"),
             "ours literal": _dbapi_lookup(ours, "SELECT * FROM lookup_t WHERE id = {key}"),
-            "floor": _dbapi_lookup(cursor(flightsql.connect(canned_uri)), "SELECT * FROM lookup_t WHERE id = ?"),
+            "floor": _dbapi_lookup(cursor(flightsql.connect(canned_uri)),
+                                   "SELECT * FROM lookup_t WHERE id = ?"),
             "native": lambda key: native.lookup({"id": [key]}).num_rows,
         }
         uri, why = _start_postgres(root)
@@ -262,7 +263,8 @@ def bench_lookup(ours_uri: str, root: Path) -> list[Row]:
             print(f"bench_server: PostgreSQL peer unavailable, skipping its rows: {why}",
                   file=sys.stderr, flush=True)
         else:
-            stack.callback(subprocess.run, ["bash", str(HERE / "setup_postgres.sh"), "stop", str(root / "pg")],
+            stack.callback(subprocess.run,
+                           ["bash", str(HERE / "setup_postgres.sh"), "stop", str(root / "pg")],
                            capture_output=True, timeout=120)
             pg = cursor(_postgres_lookup_table(uri))
             runs["pg"] = _dbapi_lookup(pg, "SELECT * FROM lookup_t WHERE id = $1")

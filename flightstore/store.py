@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
-from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, OutOfOrderSequence, SchemaMismatch,
-                                Unsupported)
+from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, OutOfOrderSequence,
+                                SchemaMismatch, Unsupported)
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys

@@ -10,8 +10,8 @@ import sys
 import pyarrow as pa
 import pytest
 
-from flightstore.errors import (DataDirectoryInUse, InvalidInput, InvalidOption, OutOfOrderSequence, SchemaMismatch,
-                                TableNotFound, Unsupported)
+from flightstore.errors import (DataDirectoryInUse, InvalidInput, InvalidOption, OutOfOrderSequence,
+                                SchemaMismatch, TableNotFound, Unsupported)
 from flightstore.expressions import Comparison
 from flightstore.store import Store
 
@@ -212,8 +212,9 @@ def test_a_data_directory_has_one_open_store_at_a_time(tmp_path):
 
 
 def test_the_lock_of_a_killed_process_is_released(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, flightstore; s = flightstore.Store(sys.argv[1]); "
-                               "print('open', flush=True); sys.stdin.read()", str(tmp_path)],
+    script = ("import sys, flightstore; s = flightstore.Store(sys.argv[1]); "
+              "print('open', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "open"

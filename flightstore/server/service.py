@@ -115,6 +115,11 @@ def _messages(table: pa.Table) -> pa.Table:
                                  table.schema)
 
 
+def _peer(context: flight.ServerCallContext | None) -> str:
+    """The key of a call's session: its connection's gRPC peer address ("" in process)."""
+    return context.peer() if context is not None else ""
+
+
 @dataclass
 class Session:
     """What one client connection set: its default database (``USE``) and Flight session options."""
@@ -155,7 +160,7 @@ class FlightSqlServer(flight.FlightServerBase):
         (each ADBC/JDBC connection has its own channel): ``USE`` and session options hold per
         connection, as in a SQL database. Calls without a context (in-process) share one session.
         At most :data:`MAX_SESSIONS` are kept; the least recently used is forgotten first."""
-        peer = context.peer() if context is not None else ""
+        peer = _peer(context)
         with self._lock:
             session = self._sessions.get(peer)
             if session is None:
@@ -355,9 +360,8 @@ class FlightSqlServer(flight.FlightServerBase):
                 for key, value in session.options.items():
                     result.session_options[key].CopyFrom(value)
         elif kind == protocol.CLOSE_SESSION:
-            peer = context.peer() if context is not None else ""
             with self._lock:
-                self._sessions.pop(peer, None)  # USE and options start over
+                self._sessions.pop(_peer(context), None)  # USE and options start over
             result = protocol.CloseSessionResult(status=1)  # CLOSED
         else:
             raise Unsupported(f"action {kind} is not supported by flightstore (no transactions, "
@@ -536,7 +540,7 @@ class FlightSqlServer(flight.FlightServerBase):
             return schema, table.prefix_lookup(keys, columns, payload.get("limit"))
         if op == "scan":
             filter = from_json(payload["filter"]) if payload.get("filter") else None
-            schema = pa.schema([table.schema.field(c) for c in (columns or table.schema.names)])
+            schema = table.projection(columns or table.schema.names)
             buckets = payload.get("buckets")
             return schema, table.scan(columns, filter, payload.get("limit"), buckets)
         if op == "subscribe":
