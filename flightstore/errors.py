@@ -23,6 +23,7 @@ __all__ = [
     "OutOfOrderSequence",
     "WriterConflict",
     "CorruptData",
+    "DataLoss",
     "Cancelled",
     "DataDirectoryInUse",
 ]
@@ -104,6 +105,16 @@ class CorruptData(FlightstoreError):
     """Files on disk that fail their checks (maps to INTERNAL)."""
 
     flight_status = "internal"
+
+
+class DataLoss(CorruptData):
+    """Stored data failed its checks while being read or recovered: the answer would be short or
+    wrong, so none is given. The message names the table and bucket (and the file or offsets).
+
+    pyarrow's Flight server cannot send gRPC's DATA_LOSS code; the server answers INTERNAL with a
+    message that starts ``DATA_LOSS:``."""
+
+    flight_status = "data_loss"
 
 
 class Cancelled(FlightstoreError):

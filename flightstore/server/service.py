@@ -68,6 +68,8 @@ def _translate(exc: BaseException) -> BaseException:
             return flight.FlightUnauthorizedError(message)
         if status == "cancelled":
             return flight.FlightCancelledError(message)
+        if status == "data_loss":
+            return flight.FlightInternalError(f"DATA_LOSS: {message}")
         return flight.FlightInternalError(message)
     if isinstance(exc, (pa.ArrowInvalid, pa.ArrowTypeError)):
         return pa.ArrowInvalid(str(exc))
