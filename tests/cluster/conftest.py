@@ -16,7 +16,9 @@ from kazoo.client import KazooClient
 
 from flightstore.cluster.layout import ZkAddress, ZkPaths
 from flightstore.cluster.local import ServerProcess
+from flightstore.cluster.member import ClusterConfig, ClusterMember
 from flightstore.cluster.metadata import MetadataCache
+from flightstore.cluster.store import ClusterStore
 from flightstore.cluster.zookeeper import ZooKeeperServer
 from flightstore.server import tickets
 
@@ -107,3 +109,43 @@ def describe(uri: str, table: str | None = None) -> dict:
         return tickets.decode_custom(results[0].body.to_pybytes())
     finally:
         client.close()
+
+
+class Members:
+    """In-process cluster members (a ClusterStore + ClusterMember each), for protocol tests that
+    need to reach inside: the member objects are the production ones, over the real ZooKeeper."""
+
+    def __init__(self, root: Path, address: str) -> None:
+        self.root = root
+        self.address = ZkAddress.parse(address)
+        self.running: dict[int, ClusterMember] = {}
+
+    def start(self, server_id: int, data_dir: Path | None = None, *, uri: str | None = None,
+              start_timeout: float | None = None, **config) -> ClusterMember:
+        store = ClusterStore(data_dir or self.root / f"member-{server_id}")
+        settings = {"session_timeout_ms": 4000, "ddl_timeout_ms": 60_000, **config}
+        member = ClusterMember(ClusterConfig(self.address, server_id,
+                                             uri or f"grpc://127.0.0.1:{9000 + server_id}", **settings), store)
+        try:
+            member.start(start_timeout)
+        except BaseException:
+            store.close()
+            raise
+        self.running[server_id] = member
+        return member
+
+    def stop(self, server_id: int) -> None:
+        member = self.running.pop(server_id)
+        member.stop()
+        member.store.close()
+
+    def stop_all(self) -> None:
+        for server_id in list(self.running):
+            self.stop(server_id)
+
+
+@pytest.fixture
+def members(tmp_path, zk_address):
+    cluster = Members(tmp_path, zk_address)
+    yield cluster
+    cluster.stop_all()
