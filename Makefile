@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint clean
+.PHONY: run cluster test bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(PY) -m flightstore serve --data-dir ./data --host 127.0.0.1 --port 8815
+
+cluster: $(STAMP)
+	$(PY) -m flightstore cluster --servers 3 --data-dir ./cluster-data
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra
@@ -25,4 +28,4 @@ lint: $(STAMP)
 	$(PY) -m pip install -q ruff && $(VENV)/bin/ruff check flightstore connectors tests bench
 
 clean:
-	rm -rf $(VENV) data
+	rm -rf $(VENV) data cluster-data

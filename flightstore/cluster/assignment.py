@@ -9,7 +9,7 @@ replication; the record already has a leader epoch and a replica list for it).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from flightstore.cluster.view import BucketAssignment
 from flightstore.errors import Unavailable

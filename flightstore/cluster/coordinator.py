@@ -28,7 +28,8 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NoNodeError, RolledBackError
@@ -39,8 +40,7 @@ from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.cluster.assignment import round_robin
 from flightstore.cluster.ddl import error_response
 from flightstore.cluster.layout import ZkPaths, decode, encode
-from flightstore.errors import (AlreadyExists, DatabaseNotFound, FlightstoreError, InvalidInput,
-                                TableNotFound)
+from flightstore.errors import AlreadyExists, DatabaseNotFound, FlightstoreError, InvalidInput, TableNotFound
 from flightstore.schema import IDENTIFIER, TableDescriptor, TablePath
 from flightstore.store import new_table_descriptor
 
@@ -126,7 +126,7 @@ class Coordinator:
                 if not self._stop.is_set():
                     log.info("coordinator campaign interrupted (%s); campaigning again", type(exc).__name__)
                     self._stop.wait(0.5)  # let the connection settle before contending again
-            except Exception:  # noqa: BLE001 - keep campaigning whatever happened
+            except Exception:  # keep campaigning whatever happened
                 log.exception("coordinator failed; campaigning again")
                 self._stop.wait(1.0)
             finally:
@@ -233,7 +233,7 @@ class Coordinator:
         except FlightstoreError as exc:
             transaction = self._fenced()
             response = error_response(exc, int(state["version"]))
-        except Exception as exc:  # noqa: BLE001 - a bad request must be answered, not retried forever
+        except Exception as exc:  # a bad request must be answered, not retried forever
             log.exception("DDL request %s failed", name)
             transaction = self._fenced()
             response = error_response(FlightstoreError(f"internal error: {type(exc).__name__}: {exc}"),

@@ -28,7 +28,7 @@ from typing import Any
 
 from flightstore.errors import InvalidInput
 
-__all__ = ["ZkAddress", "ZkPaths", "encode", "decode"]
+__all__ = ["ZkAddress", "ZkPaths", "decode", "encode"]
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 
@@ -41,7 +41,7 @@ class ZkAddress:
     root: str
 
     @classmethod
-    def parse(cls, text: str) -> "ZkAddress":
+    def parse(cls, text: str) -> ZkAddress:
         text = str(text).strip()
         hosts, slash, chroot = text.partition("/")
         if not hosts or not all(_HOST_PORT.match(part) for part in hosts.split(",")):

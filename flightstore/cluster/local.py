@@ -13,13 +13,14 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, Sequence
 
 from flightstore.cluster.zookeeper import ZooKeeperServer
 from flightstore.errors import FlightstoreError
 
-__all__ = ["ServerProcess", "LocalCluster"]
+__all__ = ["LocalCluster", "ServerProcess"]
 
 
 class ServerProcess:
@@ -40,17 +41,15 @@ class ServerProcess:
         assert self.process is not None
         return self.process.pid
 
-    def start(self, timeout: float = 120.0) -> "ServerProcess":
+    def start(self, timeout: float = 120.0) -> ServerProcess:
         """Start the process; return once it prints its URI (FlightstoreError if it exits or
         stays silent for ``timeout`` seconds)."""
         self.uri = None
         self._serving.clear()
-        err = open(self.stderr, "ab") if self.stderr is not None else None
-        self.process = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", *self.args],
-                                        stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                        text=True, bufsize=1)
-        if err is not None:
-            err.close()
+        with open(self.stderr, "ab") if self.stderr is not None else nullcontext() as err:
+            self.process = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", *self.args],
+                                            stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                            text=True, bufsize=1)
         threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
         if not self._serving.wait(timeout) or self.uri is None:
             code = self.process.poll()
@@ -111,7 +110,7 @@ class LocalCluster:
                 stderr=self.data_dir / f"server-{server_id}.log", echo=echo)
             for server_id in range(1, servers + 1)}
 
-    def start(self, timeout: float = 180.0) -> "LocalCluster":
+    def start(self, timeout: float = 180.0) -> LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.zookeeper.start(timeout)
         try:
@@ -130,9 +129,3 @@ class LocalCluster:
         for server in self.servers.values():
             server.stop()
         self.zookeeper.stop()
-
-    def __enter__(self) -> "LocalCluster":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

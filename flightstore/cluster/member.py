@@ -57,7 +57,7 @@ class ClusterConfig:
     ddl_timeout_ms: int = SERVER_OPTIONS["cluster.ddl-timeout"].default
 
 
-def join(config: ClusterConfig, store: ClusterStore, host: str, port: int) -> "ClusterMember":
+def join(config: ClusterConfig, store: ClusterStore, host: str, port: int) -> ClusterMember:
     """Start the membership of a server listening on ``host:port`` (the server's one hook)."""
     if config.advertised_uri is None:
         config = replace(config, advertised_uri=f"grpc://{host}:{port}")

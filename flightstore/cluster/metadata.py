@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
@@ -137,7 +137,7 @@ class MetadataCache:
                 self._connected.clear()
                 self._connected.wait(timeout=1.0)  # also woken by stop(); bounded in any case
                 continue
-            except Exception:  # noqa: BLE001 - a bad znode must not kill the follower thread
+            except Exception:  # a bad znode must not kill the follower thread
                 log.exception("metadata reload failed")
                 self._stop.wait(1.0)
                 self._mark(parts)
@@ -147,7 +147,7 @@ class MetadataCache:
             for listener in self._listeners:
                 try:
                     listener(view)
-                except Exception:  # noqa: BLE001 - one listener's failure is its own to report
+                except Exception:  # one listener's failure is its own to report
                     log.exception("metadata listener failed")
             with self._cond:
                 self._completed = max(self._completed, serving)

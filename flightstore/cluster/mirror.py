@@ -21,8 +21,9 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.cluster.store import ClusterStore
@@ -30,7 +31,7 @@ from flightstore.cluster.view import ClusterView
 from flightstore.errors import InvalidInput
 from flightstore.schema import TablePath
 
-__all__ = ["CatalogMirror", "IDENTITY_FILE"]
+__all__ = ["IDENTITY_FILE", "CatalogMirror"]
 
 log = logging.getLogger("flightstore.cluster")
 
@@ -93,7 +94,7 @@ class CatalogMirror:
             return
         try:
             self._reconcile(view)
-        except Exception as exc:  # noqa: BLE001 - report it; the next change (or restart) retries
+        except Exception as exc:  # report it; the next change (or a restart) retries
             log.exception("could not apply catalog version %d locally", view.version)
             self.last_error = f"{type(exc).__name__}: {exc}"
             return

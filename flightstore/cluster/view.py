@@ -11,13 +11,14 @@ will move ``leader`` to a live replica and bump ``leader_epoch`` (see ``coordina
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from flightstore.errors import BucketUnavailable, DatabaseNotFound, TableNotFound
 from flightstore.schema import TableDescriptor, TablePath
 
-__all__ = ["ServerInfo", "BucketAssignment", "TableRecord", "BucketLocation", "ClusterView"]
+__all__ = ["BucketAssignment", "BucketLocation", "ClusterView", "ServerInfo", "TableRecord"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class ServerInfo:
     catalog_version: int = 0  # the catalog version its local mirror has applied
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ServerInfo":
+    def from_json(cls, data: Mapping[str, Any]) -> ServerInfo:
         return cls(id=int(data["id"]), uri=str(data["uri"]), pid=int(data.get("pid", 0)),
                    catalog_version=int(data.get("catalog_version", 0)))
 
@@ -50,7 +51,7 @@ class BucketAssignment:
         return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas)}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "BucketAssignment":
+    def from_json(cls, data: Mapping[str, Any]) -> BucketAssignment:
         return cls(leader=int(data["leader"]), leader_epoch=int(data.get("leader_epoch", 0)),
                    replicas=tuple(int(r) for r in data.get("replicas", [data["leader"]])))
 

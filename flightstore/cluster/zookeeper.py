@@ -19,7 +19,7 @@ from pathlib import Path
 
 from flightstore.errors import FlightstoreError
 
-__all__ = ["ZOOKEEPER_JAR", "ensure_installed", "free_port", "ZooKeeperServer"]
+__all__ = ["ZOOKEEPER_JAR", "ZooKeeperServer", "ensure_installed", "free_port"]
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 _MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -31,9 +31,10 @@ def ensure_installed() -> Path:
         return ZOOKEEPER_JAR
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600,
+                       check=False)
         subprocess.run(["apt-get", "install", "-y", "-qq", "zookeeper"], env=env, capture_output=True,
-                       timeout=900)
+                       timeout=900, check=False)
     if not (ZOOKEEPER_JAR.exists() and shutil.which("java")):
         raise FlightstoreError("ZooKeeper is not installed and could not be installed: run "
                                "`apt-get install zookeeper` (Debian's ZooKeeper 3.8, with Java)")
@@ -71,7 +72,7 @@ class ZooKeeperServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout: float = 120.0) -> "ZooKeeperServer":
+    def start(self, timeout: float = 120.0) -> ZooKeeperServer:
         """Start the JVM and return once it answers ``ruok``; FlightstoreError if it does not."""
         jar = ensure_installed()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -82,12 +83,11 @@ class ZooKeeperServer:
             "maxClientCnxns=0", "admin.enableServer=false", "4lw.commands.whitelist=ruok,srvr,stat",
             f"minSessionTimeout={2 * self.tick_ms}", "maxSessionTimeout=120000",
             "autopurge.purgeInterval=1", ""]))
-        log = open(self.data_dir / "zookeeper.log", "ab")
-        self.process = subprocess.Popen(
-            [shutil.which("java") or "java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC",
-             "-XX:TieredStopAtLevel=1", "-cp", str(jar), _MAIN, str(config)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(self.data_dir / "zookeeper.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [shutil.which("java") or "java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC",
+                 "-XX:TieredStopAtLevel=1", "-cp", str(jar), _MAIN, str(config)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
         while not _ruok(self.host, self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -108,9 +108,3 @@ class ZooKeeperServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout)
-
-    def __enter__(self) -> "ZooKeeperServer":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import pyarrow.flight as flight
 import pytest
 from kazoo.client import KazooClient
+from pyarrow import flight
 
 from flightstore.cluster.layout import ZkAddress, ZkPaths
 from flightstore.cluster.local import ServerProcess

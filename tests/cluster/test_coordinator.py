@@ -12,8 +12,14 @@ from kazoo.client import KazooClient
 
 from flightstore.cluster.ddl import DdlClient
 from flightstore.cluster.layout import decode, encode
-from flightstore.errors import (AlreadyExists, CoordinatorUnavailable, DatabaseNotFound, InvalidInput,
-                                InvalidOption, TableNotFound)
+from flightstore.errors import (
+    AlreadyExists,
+    CoordinatorUnavailable,
+    DatabaseNotFound,
+    InvalidInput,
+    InvalidOption,
+    TableNotFound,
+)
 from flightstore.schema import TablePath
 from tests.waiting import wait_until
 
@@ -95,7 +101,7 @@ def test_a_deposed_coordinator_is_fenced_and_commits_nothing(members, observer):
     member.coordinator.on_lead = epochs.append
     elected = decode(observer.client.get(observer.paths.coordinator_epoch)[0])["epoch"]
     # A newer coordinator took office (as after this one's session expired unnoticed).
-    data, stat = observer.client.get(observer.paths.coordinator_epoch)
+    _, stat = observer.client.get(observer.paths.coordinator_epoch)
     observer.client.set(observer.paths.coordinator_epoch, encode({"epoch": elected + 1, "server": 7}),
                         version=stat.version)
     member.store.create_database("shop")
