@@ -27,36 +27,58 @@ def _gone(pid: int) -> bool:
     return False
 
 
+class _ClusterCommand:
+    """``flightstore cluster`` as a child process, its printed lines collected."""
+
+    def __init__(self, data_dir) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "flightstore", "cluster", "--servers", "3",
+                                         "--data-dir", str(data_dir), "--port", "0"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self.reader.start()
+        wait_until(lambda: any(line.startswith("cluster running") for line in self.lines)
+                   or self.process.poll() is not None, "the cluster command printing its URIs",
+                   timeout=300, poll=0.1)
+        assert self.process.poll() is None, "".join(self.lines)
+        self.uris = {int(line.split()[1]): line.split()[2] for line in self.lines if line.startswith("server ")}
+        self.zookeeper = next(line.split()[1] for line in self.lines if line.startswith("zookeeper "))
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=180)
+        self.reader.join(timeout=30)
+        return code
+
+
 def test_cluster_command_runs_zookeeper_and_three_servers_until_sigterm(tmp_path):
-    process = subprocess.Popen([sys.executable, "-m", "flightstore", "cluster", "--servers", "3",
-                                "--data-dir", str(tmp_path / "c"), "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
+    cluster = _ClusterCommand(tmp_path / "c")
     try:
-        wait_until(lambda: any(line.startswith("cluster running") for line in lines) or process.poll(),
-                   "the cluster command printing its URIs", timeout=300, poll=0.1)
-        assert process.poll() is None, "".join(lines)
-        uris = {int(line.split()[1]): line.split()[2] for line in lines if line.startswith("server ")}
-        zk = next(line.split()[1] for line in lines if line.startswith("zookeeper "))
+        uris = cluster.uris
         assert sorted(uris) == [1, 2, 3] and all(uri.startswith("grpc://127.0.0.1:") for uri in uris.values())
         with flightstore.connect(uris[1]) as conn:
             conn.sql("CREATE TABLE t (id BIGINT, PRIMARY KEY (id) NOT ENFORCED) WITH ('bucket.num' = '6')")
         seen = describe(uris[3], "default.t")
         assert seen["cluster_id"] and seen["coordinator"] in uris
         assert {int(i): s["uri"] for i, s in seen["servers"].items()} == uris
-        assert Counter(b["leader"] for b in seen["tables"]["default.t"]["buckets"]) == {1: 2, 2: 2, 3: 2}
+        leaders = [b["leader"] for b in seen["tables"]["default.t"]["buckets"]]
+        assert Counter(leaders) == {1: 2, 2: 2, 3: 2}
         pids = [s["pid"] for s in seen["servers"].values()]
-        zk_host, zk_port = zk.split("/")[0].split(":")
+        zk_host, zk_port = cluster.zookeeper.split("/")[0].split(":")
     finally:
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(timeout=180)
-        reader.join(timeout=30)
-    assert code == 0 and lines[-1].strip() == "cluster stopped"
+        code = cluster.stop()
+    assert code == 0 and cluster.lines[-1].strip() == "cluster stopped"
     assert all(_gone(pid) for pid in pids)
     with pytest.raises(OSError):
         socket.create_connection((zk_host, int(zk_port)), timeout=5).close()  # ZooKeeper stopped too
+    # Run again on the same directory: the same cluster comes back with its table and buckets.
+    again = _ClusterCommand(tmp_path / "c")
+    try:
+        seen_again = describe(again.uris[2], "default.t")
+        assert seen_again["cluster_id"] == seen["cluster_id"]
+        assert [b["leader"] for b in seen_again["tables"]["default.t"]["buckets"]] == leaders
+    finally:
+        assert again.stop() == 0
 
 
 @pytest.mark.parametrize("args, words", [
