@@ -233,6 +233,8 @@ class Coordinator:
         except FlightstoreError as exc:
             transaction = self._fenced()
             response = error_response(exc, int(state["version"]))
+        except _ZK_ERRORS:
+            raise  # ZooKeeper trouble is no answer: the request stays pending for the next attempt
         except Exception as exc:  # a bad request must be answered, not retried forever
             log.exception("DDL request %s failed", name)
             transaction = self._fenced()
