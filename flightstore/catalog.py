@@ -15,6 +15,7 @@ import shutil
 import threading
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from flightstore.errors import (AlreadyExists, CorruptData, DatabaseNotFound, InvalidInput,
                                 TableNotFound)
@@ -158,6 +159,33 @@ class Catalog:
                 "descriptor": descriptor.with_version(1).to_json(), "dir": relative}
             self._save()
             return True
+
+    def alter_table(self, path: TablePath, alter: Callable[[TableDescriptor], TableDescriptor]
+                    ) -> tuple[TableDescriptor, TableDescriptor]:
+        """Replace table ``path``'s descriptor by ``alter(descriptor)`` in one atomic catalog write
+        (a crash leaves the old or the new descriptor); a new path renames the table (its data
+        directory stays). Returns ``(old, new)``; nothing is written when they are equal or when
+        ``alter`` raises."""
+        with self._lock:
+            entry = self._entry(path)
+            old = self.get_table(path)
+            new = alter(old)
+            if new == old:
+                return old, new
+            if new.path != path:
+                if new.path.database != path.database:
+                    raise InvalidInput(f"table {path} cannot move to database {new.path.database!r}")
+                if new.path.table in self._databases[path.database]:
+                    raise AlreadyExists(f"table {new.path} already exists")
+                del self._databases[path.database][path.table]
+            self._databases[new.path.database][new.path.table] = {**entry, "descriptor": new.to_json()}
+            try:
+                self._save()
+            except BaseException:
+                self._databases[new.path.database].pop(new.path.table, None)
+                self._databases[path.database][path.table] = entry
+                raise
+            return old, new
 
     def drop_table(self, path: TablePath, if_exists: bool = False) -> Path | None:
         """Remove a table from the catalog and delete its data; returns the removed directory."""

@@ -70,6 +70,7 @@ class ConfigOption:
     doc: str
     choices: tuple[str, ...] | None = None
     minimum: int | None = None
+    live: bool = False  # a table option ALTER TABLE ... SET / RESET may change on a live table
 
     def parse(self, raw: Any) -> Any:
         """Return the typed value of ``raw``; raise :class:`InvalidOption` naming this option."""
@@ -111,7 +112,7 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
                  "`FULL` writes -U before-images into the changelog, `WAL` only the +U after-images.",
                  choices=("FULL", "WAL")),
     ConfigOption("table.log.ttl", "duration", 7 * 86_400_000,
-                 "Log segments whose newest batch is older than this are deleted."),
+                 "Log segments whose newest batch is older than this are deleted.", live=True),
     ConfigOption("table.log.arrow.compression.type", "str", "NONE",
                  "Compression of the Arrow IPC log batches.", choices=("NONE", "LZ4_FRAME", "ZSTD")),
     ConfigOption("table.log.segment.bytes", "int", 256 * 1024 * 1024,
@@ -119,6 +120,24 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("table.statistics.columns", "list", ("*",),
                  "Columns with per-batch min/max/null-count statistics used to skip batches in "
                  "filtered reads; `*` means every column of a statistics-capable type."),
+    ConfigOption("table.auto-partition.enabled", "bool", False,
+                 "The server creates the table's time partitions ahead and drops expired ones "
+                 "(checked every `auto-partition.check.interval` and at start-up)."),
+    ConfigOption("table.auto-partition.key", "str", None,
+                 "The STRING partition key holding the time, when the table has several partition "
+                 "keys (with several, partitions are only dropped, never created ahead)."),
+    ConfigOption("table.auto-partition.time-unit", "str", "DAY",
+                 "Time unit of an auto partition, with Fluss's value formats: HOUR `yyyyMMddHH`, "
+                 "DAY `yyyyMMdd`, MONTH `yyyyMM`, QUARTER `yyyyQ`, YEAR `yyyy`.",
+                 choices=("HOUR", "DAY", "MONTH", "QUARTER", "YEAR")),
+    ConfigOption("table.auto-partition.num-precreate", "int", 2,
+                 "Partitions created ahead at each check, the current one included.", minimum=0,
+                 live=True),
+    ConfigOption("table.auto-partition.num-retention", "int", 7,
+                 "Partitions kept before the current one; older ones are dropped at each check.",
+                 minimum=0, live=True),
+    ConfigOption("table.auto-partition.time-zone", "str", None,
+                 "IANA time zone of the partition times (e.g. `UTC`); default: the server's."),
 )
 
 # Per-field options of the aggregation merge engine: fields.<field>.agg and
@@ -152,6 +171,17 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("cluster.ddl-timeout", "duration", 30_000,
                  "How long a server waits for the coordinator to answer a DDL statement before "
                  "answering UNAVAILABLE (having changed nothing).", minimum=100),
+    ConfigOption("max.partition.num", "int", 1000,
+                 "Most partitions one partitioned table may hold; creating more is refused, "
+                 "nothing written.", minimum=1),
+    ConfigOption("max.bucket.num", "int", 128_000,
+                 "Most buckets one table may hold (`bucket.num` times its partitions).", minimum=1),
+    ConfigOption("client.writer.dynamic-create-partition.enabled", "bool", True,
+                 "A write to a partition that does not exist creates it (within `max.partition.num` "
+                 "and `max.bucket.num`); `false` refuses such writes."),
+    ConfigOption("auto-partition.check.interval", "duration", 600_000,
+                 "How often the server creates auto partitions ahead and drops expired ones.",
+                 minimum=10),
 )
 
 

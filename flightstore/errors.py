@@ -16,6 +16,7 @@ __all__ = [
     "NotFound",
     "DatabaseNotFound",
     "TableNotFound",
+    "PartitionNotFound",
     "AlreadyExists",
     "Unsupported",
     "Unauthorized",
@@ -69,6 +70,10 @@ class DatabaseNotFound(NotFound):
 
 class TableNotFound(NotFound):
     """An unknown table."""
+
+
+class PartitionNotFound(NotFound):
+    """A partition named by DROP PARTITION (or a read) that the table does not have."""
 
 
 class AlreadyExists(FlightstoreError):

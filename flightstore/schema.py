@@ -2,6 +2,12 @@
 
 A :class:`TableDescriptor` is an immutable value; the catalog persists it as JSON (the Arrow schema
 travels as base64 IPC bytes, so every Arrow type and nullability round-trips exactly).
+
+It also records what ALTER TABLE changed over the table's life: ``version`` is the schema version
+(1 at CREATE, +1 per schema change) and ``past_schemas`` the schemas of versions 1 .. version-1,
+so stored data written under any version reads back (columns added later read as NULL). The
+partitions of a partitioned table (:class:`~flightstore.partitioning.Partition`, with the next
+never-used partition id) travel with it too: they are catalog state, changed atomically with it.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import pyarrow as pa
 
 from flightstore.config import table_option, validate_table_options
 from flightstore.errors import InvalidInput
+from flightstore.partitioning import Partition, check_partition_type
 
 __all__ = ["TablePath", "TableDescriptor", "sql_type_to_arrow", "arrow_type_to_sql", "IDENTIFIER", "as_table",
-           "Projections"]
+           "Projections", "conform"]
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -56,6 +63,9 @@ class TableDescriptor:
     options: Mapping[str, str] = field(default_factory=dict)
     comment: str = ""
     version: int = 1
+    past_schemas: tuple[pa.Schema, ...] = ()
+    partitions: tuple[Partition, ...] = ()
+    next_partition_id: int = 0
 
     @classmethod
     def create(cls, path: TablePath | str, schema: pa.Schema, primary_key: Sequence[str] = (),
@@ -76,9 +86,15 @@ class TableDescriptor:
                 if column not in names:
                     raise InvalidInput(f"table {path}: {kind} column {column!r} is not a column")
         primary_key = tuple(primary_key)
-        if primary_key:
-            fields = [f.with_nullable(False) if f.name in primary_key else f for f in schema]
+        if len(set(partition_keys)) != len(partition_keys):
+            raise InvalidInput(f"table {path}: a partition key column is named twice")
+        for column in partition_keys:
+            check_partition_type(column, schema.field(column).type, f"table {path}")
+        if primary_key or partition_keys:  # key columns never hold NULL
+            fields = [f.with_nullable(False) if f.name in primary_key or f.name in partition_keys
+                      else f for f in schema]
             schema = pa.schema(fields, metadata=schema.metadata)
+        if primary_key:
             for column in partition_keys:
                 if column not in primary_key:
                     raise InvalidInput(
@@ -119,9 +135,12 @@ class TableDescriptor:
         for column in stats:
             if column != "*" and column not in names:
                 raise InvalidInput(f"table {path}: statistics column {column!r} is not a column")
-        return cls(path=path, schema=schema, primary_key=primary_key, bucket_key=bucket_key,
-                   partition_keys=tuple(partition_keys),
-                   num_buckets=table_option(opts, "bucket.num"), options=opts, comment=comment)
+        descriptor = cls(path=path, schema=schema, primary_key=primary_key, bucket_key=bucket_key,
+                         partition_keys=tuple(partition_keys),
+                         num_buckets=table_option(opts, "bucket.num"), options=opts, comment=comment)
+        from flightstore.autopartition import auto_partition
+        auto_partition(descriptor)  # refuses auto-partition options the table cannot honour
+        return descriptor
 
     # ---- derived properties -------------------------------------------------------------------
     @property
@@ -143,28 +162,66 @@ class TableDescriptor:
             return tuple(f.name for f in self.schema if _has_order(f.type))
         return tuple(wanted)
 
+    @property
+    def is_partitioned(self) -> bool:
+        return bool(self.partition_keys)
+
+    def schema_of(self, version: int) -> pa.Schema:
+        """The table schema at schema ``version`` (1 .. :attr:`version`)."""
+        if version == self.version:
+            return self.schema
+        if not 1 <= version < self.version:
+            raise InvalidInput(f"table {self.path} has no schema version {version}")
+        return self.past_schemas[version - 1]
+
+    @property
+    def schemas(self) -> dict[int, pa.Schema]:
+        """Every schema version of the table: ``{version: schema}``."""
+        return {**{i: s for i, s in enumerate(self.past_schemas, start=1)}, self.version: self.schema}
+
+    def partition(self, name: str) -> Partition | None:
+        """The partition named ``name`` (None when there is none)."""
+        for partition in self.partitions:
+            if partition.name == name:
+                return partition
+        return None
+
     def with_version(self, version: int) -> "TableDescriptor":
-        return replace(self, version=version)
+        """A fresh table's descriptor at schema ``version`` (history and partitions cleared)."""
+        return replace(self, version=version, past_schemas=(), partitions=(), next_partition_id=0)
 
     # ---- persistence --------------------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps({
             "database": self.path.database, "table": self.path.table,
-            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            "schema": _schema_text(self.schema),
             "primary_key": list(self.primary_key), "bucket_key": list(self.bucket_key),
             "partition_keys": list(self.partition_keys), "num_buckets": self.num_buckets,
             "options": dict(self.options), "comment": self.comment, "version": self.version,
+            "past_schemas": [_schema_text(s) for s in self.past_schemas],
+            "partitions": [p.to_json() for p in self.partitions],
+            "next_partition_id": self.next_partition_id,
         }, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "TableDescriptor":
         data = json.loads(text)
-        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
-        return cls(path=TablePath(data["database"], data["table"]), schema=schema,
+        return cls(path=TablePath(data["database"], data["table"]), schema=_schema_of(data["schema"]),
                    primary_key=tuple(data["primary_key"]), bucket_key=tuple(data["bucket_key"]),
                    partition_keys=tuple(data["partition_keys"]), num_buckets=int(data["num_buckets"]),
                    options=dict(data["options"]), comment=data.get("comment", ""),
-                   version=int(data.get("version", 1)))
+                   version=int(data.get("version", 1)),
+                   past_schemas=tuple(_schema_of(s) for s in data.get("past_schemas", ())),
+                   partitions=tuple(Partition.from_json(p) for p in data.get("partitions", ())),
+                   next_partition_id=int(data.get("next_partition_id", 0)))
+
+
+def _schema_text(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def _schema_of(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 class Projections:
@@ -201,6 +258,28 @@ def as_table(data: Any) -> pa.Table:
         return pa.Table.from_pylist(data)
     raise InvalidInput(f"expected an Arrow table, record batch, dict of columns or list of rows, "
                        f"got {type(data).__name__}")
+
+
+def conform(data: pa.RecordBatch | pa.Table, target: pa.Schema, names: Sequence[str],
+            num_rows: int | None = None) -> pa.RecordBatch | pa.Table:
+    """``data``, stored under an older schema version, as the columns ``names`` of ``target``:
+    columns it lacks (added later) are NULL, columns whose type was widened are cast (losslessly,
+    as ALTER TABLE allows only such widening). ``num_rows`` sizes a result with no stored column."""
+    rows = data.num_rows if num_rows is None else num_rows
+    present = set(data.schema.names)
+    arrays, fields = [], []
+    for name in names:
+        field = target.field(name)
+        if name in present:
+            column = data.column(name)
+            if column.type != field.type:
+                column = column.cast(field.type)
+        else:
+            column = pa.nulls(rows, field.type)
+        arrays.append(column)
+        fields.append(field)
+    kind = pa.RecordBatch if isinstance(data, pa.RecordBatch) else pa.Table
+    return kind.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def _has_order(arrow_type: pa.DataType) -> bool:

@@ -21,10 +21,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flightstore import changetype
+from flightstore.alter import AddPartition, Change, DropPartition, PartitionLimits, apply_changes
+from flightstore.autopartition import auto_partition
+from flightstore.autopartition import plan as plan_auto_partitions
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
+from flightstore.config import server_option
 from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, OutOfOrderSequence,
-                                SchemaMismatch, Unsupported)
+                                PartitionNotFound, SchemaMismatch, Unsupported)
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys
@@ -85,17 +89,18 @@ class Table:
         self._projections = Projections(self.schema)
         self._written = threading.Condition()
         self._round_robin = itertools.count()
-        log_schema = changelog_schema(self.schema) if descriptor.has_primary_key else self.schema
+        log_schemas = _log_schemas(descriptor)
         self.logs: list[LogTablet] = []
         self.kvs: list[KvTablet] = []
         ttl = descriptor.option("table.log.ttl")
         for bucket in range(descriptor.num_buckets):
             log = LogTablet(
-                directory / f"bucket-{bucket}" / "log", log_schema,
+                directory / f"bucket-{bucket}" / "log", log_schemas[descriptor.version],
                 compression=descriptor.option("table.log.arrow.compression.type"),
                 segment_bytes=descriptor.option("table.log.segment.bytes"),
                 statistics_columns=descriptor.statistics_columns,
-                ttl_ms=None if descriptor.has_primary_key else ttl, fsync=fsync)
+                ttl_ms=None if descriptor.has_primary_key else ttl, fsync=fsync,
+                schema_version=descriptor.version, past_schemas=log_schemas)
             self.logs.append(log)
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log))
@@ -111,9 +116,38 @@ class Table:
     def num_buckets(self) -> int:
         return self.descriptor.num_buckets
 
+    def bucket_ids(self, partitions: Sequence[str] | None = None) -> list[int]:
+        """The table's buckets, as changelog offsets, endpoints and ``scan(buckets=...)`` number
+        them (a partitioned table numbers the buckets of every partition)."""
+        return list(range(self.num_buckets))
+
+    def evolve(self, descriptor: TableDescriptor) -> None:
+        """Follow ALTER TABLE (same table, new schema version or options) without reopening:
+        logs and KVs write the new version from now on, reads conform older data, and readers
+        already running keep the columns they started with."""
+        with self._lock:
+            if descriptor.version != self.descriptor.version:
+                log_schema = _log_schemas(descriptor)[descriptor.version]
+                for log in self.logs:
+                    log.evolve(log_schema, descriptor.version, descriptor.statistics_columns)
+            for kv in self.kvs:
+                kv.evolve(descriptor)
+            ttl = descriptor.option("table.log.ttl")
+            for log in self.logs:
+                log.ttl_ms = None if descriptor.has_primary_key else ttl
+            self.descriptor, self.path, self.schema = descriptor, descriptor.path, descriptor.schema
+            self._projections = Projections(self.schema)
+
+    refresh = evolve
+
     @property
     def has_primary_key(self) -> bool:
         return self.descriptor.has_primary_key
+
+    @property
+    def merger(self) -> Any:
+        """The merge engine writes are checked against (primary-key tables)."""
+        return self.kvs[0].merger
 
     def close(self) -> None:
         for kv in self.kvs:
@@ -276,11 +310,18 @@ class Table:
             raise InvalidInput("unknown change type code in the write")
         if not overwrite:
             table, kinds = self._apply_delete_behavior(table, kinds)
-            self.kvs[0].merger.check_write(kinds, target, table)
+            self.merger.check_write(kinds, target, table)
         if writer_id is not None and target is not None:
             # Writers of partial updates own their columns while they live (see kv/ownership.py).
             self.ownership.claim(writer_id, [c for c in target if c not in self.descriptor.primary_key])
         return self._apply_buckets(table, kinds, target, writer_id, sequence, overwrite)
+
+    def apply_routed(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                     writer_id: str | None, sequence: int | None, overwrite: bool = False) -> WriteResult:
+        """Apply a write a partitioned table validated, sequenced and recorded as its own intent
+        (see :mod:`flightstore.partitioned`): the buckets skip what they applied already, and
+        this partition keeps no intent or sequence check of its own."""
+        return self._apply_buckets(table, kinds, target, writer_id, sequence, overwrite, recovering=True)
 
     def _apply_buckets(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
                        writer_id: str | None, sequence: int | None, overwrite: bool = False,
@@ -292,7 +333,8 @@ class Table:
         between two buckets is completed on the next open instead of leaving it half applied.
         """
         with self._lock:
-            self._check_sequence(writer_id, sequence)
+            if not recovering:
+                self._check_sequence(writer_id, sequence)
             result = WriteResult()
             if kinds is None and not self.descriptor.bucket_key and sequence is not None \
                     and writer_id in self._writers and sequence <= self._writers[writer_id]:
@@ -578,10 +620,11 @@ class Table:
         """
         offsets = self.resolve_start(start)
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
-        stored = self._stored_columns(columns)
         out_schema = changetype.changelog_schema(self.schema)
+        columns = list(columns or out_schema.names)  # kept for the stream's life, whatever ALTER does
+        stored = self._stored_columns(columns)
         heartbeat = pa.RecordBatch.from_pylist(
-            [], schema=pa.schema([out_schema.field(c) for c in (columns or out_schema.names)]))
+            [], schema=pa.schema([out_schema.field(c) for c in columns]))
         idle_since = time.monotonic()
         while stop is None or not stop.is_set():
             with self._written:
@@ -610,6 +653,14 @@ class Table:
     def _require_pk(self, what: str) -> None:
         if not self.has_primary_key:
             raise Unsupported(f"{what} needs a primary-key table; {self.path} is a log table")
+
+
+def _log_schemas(descriptor: TableDescriptor) -> dict[int, pa.Schema]:
+    """The log schema of every schema version of the table (a primary-key table's log adds
+    ``_change_type`` to the columns)."""
+    if descriptor.has_primary_key:
+        return {version: changelog_schema(schema) for version, schema in descriptor.schemas.items()}
+    return descriptor.schemas
 
 
 def new_table_descriptor(path: TablePath | str, schema: pa.Schema | None = None, *,
@@ -655,7 +706,11 @@ def _lock_data_dir(data_dir: Path) -> int:
 class Store:
     """A data directory of databases and tables. Thread-safe; close() when done."""
 
-    def __init__(self, data_dir: str | os.PathLike, *, fsync: bool = False) -> None:
+    def __init__(self, data_dir: str | os.PathLike, *, fsync: bool = False,
+                 options: Mapping[str, Any] | None = None) -> None:
+        """``options``: server options (:data:`flightstore.config.SERVER_OPTIONS`) the storage
+        honours: partition limits and dynamic partition creation."""
+        self.options = dict(options or {})
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._dir_lock: int | None = _lock_data_dir(self.data_dir)
@@ -694,8 +749,71 @@ class Store:
                                           partition_keys=partition_keys, options=options,
                                           descriptor=descriptor)
         with self._lock:
-            self.catalog.create_table(descriptor, if_not_exists)
+            created = self.catalog.create_table(descriptor, if_not_exists)
+            if created and descriptor.option("table.auto-partition.enabled"):
+                self.auto_partition(tables=[descriptor.path])
             return self.table(descriptor.path)
+
+    @property
+    def partition_limits(self) -> PartitionLimits:
+        return PartitionLimits(server_option(self.options, "max.partition.num"),
+                               server_option(self.options, "max.bucket.num"))
+
+    def alter_table(self, path: TablePath | str, changes: Sequence[Change]) -> TableDescriptor:
+        """Apply ALTER TABLE ``changes`` (all or nothing, one atomic catalog write) and make the
+        open handle follow; returns the new descriptor. See :mod:`flightstore.alter`."""
+        path = self._path(path)
+        with self._lock:
+            old, new = self.catalog.alter_table(
+                path, lambda descriptor: apply_changes(descriptor, changes, self.partition_limits))
+            if new != old:
+                self._follow(old.path, new)
+            return new
+
+    def _follow(self, old_path: TablePath, new: TableDescriptor) -> None:
+        """Make the open handle (if any) of a table follow its committed new descriptor; a table
+        not open only needs the directories of dropped partitions removed."""
+        with self._lock:
+            table = self._tables.pop(old_path, None)
+            if table is not None:
+                table.refresh(new)
+                self._tables[new.path] = table
+            elif new.is_partitioned:
+                from flightstore.partitioned import remove_partition_directories
+                remove_partition_directories(self.catalog.table_dir(new.path),
+                                             [p.id for p in new.partitions])
+
+    def _create_partitions(self, path: TablePath, values: list[tuple[str, ...]]) -> None:
+        """Dynamic partition creation for a write (one catalog change for every missing one)."""
+        if not server_option(self.options, "client.writer.dynamic-create-partition.enabled"):
+            shown = ", ".join(repr("$".join(v)) for v in values)
+            raise PartitionNotFound(
+                f"table {path} has no partition {shown} and dynamic partition creation is off "
+                "('client.writer.dynamic-create-partition.enabled' = false): ALTER TABLE ... ADD "
+                "PARTITION first; nothing was written")
+        self.alter_table(path, [AddPartition(v, if_not_exists=True) for v in values])
+
+    def auto_partition(self, now_ms: int | None = None,
+                       tables: Sequence[TablePath] | None = None) -> dict[str, tuple[int, int]]:
+        """Create ahead and drop expired partitions of auto-partitioned tables (see
+        :mod:`flightstore.autopartition`); returns ``{table: (created, dropped)}`` of the tables
+        that changed. A table that cannot be changed (limits) is skipped; the next check retries."""
+        now_ms = int(time.time() * 1000) if now_ms is None else int(now_ms)
+        changed: dict[str, tuple[int, int]] = {}
+        for path in (self.catalog.all_tables() if tables is None else tables):
+            try:
+                descriptor = self.catalog.get_table(path)
+                settings = auto_partition(descriptor)
+                if settings is None:
+                    continue
+                create, drop = plan_auto_partitions(settings, descriptor.partitions, now_ms)
+                if create or drop:
+                    self.alter_table(path, [DropPartition(p.values, if_exists=True) for p in drop] +
+                                     [AddPartition(v, if_not_exists=True) for v in create])
+                    changed[str(path)] = (len(create), len(drop))
+            except FlightstoreError:
+                continue
+        return changed
 
     def drop_table(self, path: TablePath | str, if_exists: bool = False) -> None:
         path = self._path(path)
@@ -716,7 +834,13 @@ class Store:
             table = self._tables.get(path)
             if table is None:
                 descriptor = self.catalog.get_table(path)
-                table = Table(descriptor, self.catalog.table_dir(path), fsync=self.fsync)
+                directory = self.catalog.table_dir(path)
+                if descriptor.is_partitioned:
+                    from flightstore.partitioned import PartitionedTable
+                    table = PartitionedTable(descriptor, directory, fsync=self.fsync,
+                                             create_partitions=self._create_partitions)
+                else:
+                    table = Table(descriptor, directory, fsync=self.fsync)
                 self._tables[path] = table
             return table
 

@@ -19,6 +19,7 @@ must bring values to the key column's type first (:func:`encode_key_prefix` does
 
 Values (:class:`RowCodec`) hold one whole row: a fixed-size header, then the variable-width bytes::
 
+    [schema version: uint16 little-endian, when the codec has one (see :mod:`flightstore.kv.versions`)]
     [null bitmap: ceil(ncols/8) bytes, bit j set = column j is null]
     [every fixed-width column, little-endian, in schema order (bool: 1 byte); null slots zeroed]
     [uint32 little-endian byte length of every variable-width column, in schema order]
@@ -44,13 +45,14 @@ import pyarrow.compute as pc
 from flightstore.errors import CorruptData, InvalidInput, SchemaMismatch
 from flightstore.schema import Projections
 
-__all__ = ["encode_keys", "encode_key_prefix", "RowCodec"]
+__all__ = ["encode_keys", "encode_key_prefix", "RowCodec", "VERSION_TAG"]
 
 _EMPTY = pa.scalar(b"", pa.large_binary())
 _TERMINATOR = pa.scalar(b"\x00\x00", pa.large_binary())
 _DATA = pa.Table | pa.RecordBatch
 _U32 = struct.Struct("<I")
 _FEW_ROWS = 16  # up to this many rows, RowCodec.decode slices row bytes instead of vectorizing
+VERSION_TAG = struct.Struct("<H")  # the schema version leading a versioned value
 
 
 # ---- shared helpers ---------------------------------------------------------------------------
@@ -266,11 +268,15 @@ class RowCodec:
     large_binary. Anything else raises InvalidInput at construction.
     """
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, version: int | None = None) -> None:
+        """``version``: every value starts with this schema version (:data:`VERSION_TAG`)."""
         self.schema = schema
+        self.version = version
+        self._prefix = 0 if version is None else VERSION_TAG.size
+        self.tag = b"" if version is None else VERSION_TAG.pack(version)
         bitmap = (len(schema) + 7) // 8
         slots: list[_Slot] = []
-        position = bitmap
+        position = self._prefix + bitmap
         for index, f in enumerate(schema):
             width = _fixed_width(f.type)
             if width is None and not _is_variable(f.type):
@@ -296,6 +302,8 @@ class RowCodec:
         if n == 0:
             return []
         header = np.zeros((n, self._header_size), np.uint8)
+        if self._prefix:
+            header[:, : self._prefix] = np.frombuffer(self.tag, np.uint8)
         nulls = None
         variable_parts: list[pa.Array] = []
         for slot in sorted(self._slots.values(), key=lambda s: s.start):
@@ -324,7 +332,8 @@ class RowCodec:
             header[:, slot.start:end] = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
             variable_parts.append(arr)
         if nulls is not None:
-            header[:, : self._bitmap_bytes] = np.packbits(nulls, axis=1, bitorder="little")
+            header[:, self._prefix: self._prefix + self._bitmap_bytes] = np.packbits(
+                nulls, axis=1, bitorder="little")
         head = _binary_from_matrix(header)
         if not variable_parts:
             return head.to_pylist()
@@ -374,8 +383,9 @@ class RowCodec:
         if (position != offsets[1:]).any():
             raise CorruptData("row value length does not match its header")
         null_bits = None
-        if self._bitmap_bytes and header[:, : self._bitmap_bytes].any():
-            null_bits = np.unpackbits(header[:, : self._bitmap_bytes], axis=1, bitorder="little")
+        bitmap = header[:, self._prefix: self._prefix + self._bitmap_bytes]
+        if self._bitmap_bytes and bitmap.any():
+            null_bits = np.unpackbits(bitmap, axis=1, bitorder="little")
         arrays = []
         for name in names:
             slot = self._slots[name]
@@ -409,6 +419,7 @@ class RowCodec:
             slot = self._slots[name]
             validity = None
             byte, bit = divmod(slot.index, 8)
+            byte += self._prefix
             present = [not (value[byte] >> bit) & 1 for value in values]
             if not all(present):
                 validity = pa.py_buffer(_pack_bits(present))

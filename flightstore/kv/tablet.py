@@ -32,9 +32,10 @@ from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 from flightstore import changetype
 from flightstore.errors import CorruptData
 from flightstore.expressions import Predicate
-from flightstore.kv.encoding import RowCodec, encode_keys
+from flightstore.kv.encoding import encode_keys
 from flightstore.kv.merge import MergeInput, merger_for
 from flightstore.kv.merge.base import take_or_null
+from flightstore.kv.versions import VersionedRowCodec
 from flightstore.log import LogTablet
 from flightstore.schema import TableDescriptor
 
@@ -43,6 +44,7 @@ __all__ = ["KvTablet", "ApplyResult", "changelog_schema"]
 _APPLIED = b"applied_offset"
 _ROWS = b"row_count"
 _WRITER = b"writer:"
+_VALUE_FORMAT = b"value_format"  # present: every value leads with its schema version
 _INT = struct.Struct(">q")
 SCAN_CHUNK_ROWS = 65_536
 
@@ -76,12 +78,36 @@ class KvTablet:
         self.schema = descriptor.schema
         self.primary_key = descriptor.primary_key
         self.log = log
-        self.codec = RowCodec(self.schema)
+        self.codec = VersionedRowCodec(descriptor.schemas, descriptor.version)
         self.merger = merger_for(descriptor)
         self.full_image = descriptor.option("table.changelog.image") == "FULL"
         self._lock = threading.RLock()
         self._open_db()
+        self._upgrade_values()
         self.recover()
+
+    def evolve(self, descriptor: TableDescriptor) -> None:
+        """Follow ALTER TABLE: write values of the new schema version from now on (stored values
+        keep theirs and read back conformed), merge with the new options. Nothing is rewritten."""
+        with self._lock:
+            self.descriptor = descriptor
+            self.schema = descriptor.schema
+            self.codec = VersionedRowCodec(descriptor.schemas, descriptor.version)
+            self.merger = merger_for(descriptor)
+            self.full_image = descriptor.option("table.changelog.image") == "FULL"
+
+    def _upgrade_values(self) -> None:
+        """Values written before they carried a schema version are rebuilt from the log once."""
+        if self._meta.get(_VALUE_FORMAT) is not None:
+            return
+        if next(iter(self._db.keys()), None) is not None:
+            self.rebuild()
+        self._mark_versioned()
+
+    def _mark_versioned(self) -> None:
+        write = WriteBatch(raw_mode=True)
+        write.put(_VALUE_FORMAT, b"\x01", self._meta_cf)
+        self._db.write(write)
 
     # ---- RocksDB plumbing ---------------------------------------------------------------------
     def _open_db(self) -> None:
@@ -271,6 +297,7 @@ class KvTablet:
             self.close()
             shutil.rmtree(self.directory)
             self._open_db()
+            self._mark_versioned()
             return self.recover()
 
     # ---- reads --------------------------------------------------------------------------------

@@ -19,13 +19,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from flightstore.errors import CorruptData, FlightstoreError, InvalidInput, SchemaMismatch
 from flightstore.expressions import Predicate
+from flightstore.log.schemas import SchemaEpochs, needed_indices
+from flightstore.schema import conform
 from flightstore.log.segment import COMPRESSIONS, RecordHeader, Segment, compute_statistics, \
     encode_payload, encode_record, statistics_from_json
 
@@ -65,12 +67,15 @@ class LogTablet:
     def __init__(self, directory: str | os.PathLike, schema: pa.Schema, *,
                  compression: str = "NONE", segment_bytes: int = 256 * 1024 * 1024,
                  statistics_columns: Sequence[str] = (), ttl_ms: int | None = None,
-                 fsync: bool = False) -> None:
+                 fsync: bool = False, schema_version: int = 1,
+                 past_schemas: Mapping[int, pa.Schema] | None = None) -> None:
         """Open the log in ``directory`` (created if missing), recovering a torn tail.
 
         ``statistics_columns`` may contain ``"*"`` for every column; columns whose type has no
-        min/max simply get no statistics. Raises :class:`InvalidInput` for an unknown compression
-        or statistics column.
+        min/max simply get no statistics. ``schema`` is the log's schema at ``schema_version``;
+        ``past_schemas`` gives the log schemas of earlier versions, so records written under them
+        read back conformed to ``schema`` (see :mod:`flightstore.log.schemas`). Raises
+        :class:`InvalidInput` for an unknown compression or statistics column.
         """
         if compression not in COMPRESSIONS:
             raise InvalidInput(f"unknown log compression {compression!r}; use one of "
@@ -97,6 +102,14 @@ class LogTablet:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._segments = self._open_segments()
         self._end_offset = self._segments[-1].next_offset
+        self._schemas = {version: s.remove_metadata() for version, s in (past_schemas or {}).items()}
+        self._version = schema_version
+        self._epochs = SchemaEpochs(self.directory, schema_version, self._end_offset,
+                                    has_records=self._end_offset > 0, fsync=fsync)
+        unknown_versions = self._epochs.versions - set(self._schemas) - {schema_version}
+        if unknown_versions:
+            raise CorruptData(f"{self.directory}: records of schema version(s) "
+                              f"{sorted(unknown_versions)} but no such schema was given")
         self._writers: dict[str, int] = {}
         for segment in self._segments:
             for record in segment.records:
@@ -131,6 +144,26 @@ class LogTablet:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def schema_version(self) -> int:
+        return self._version
+
+    def evolve(self, schema: pa.Schema, version: int,
+               statistics_columns: Sequence[str] | None = None) -> None:
+        """Append under ``schema`` (schema ``version``) from now on; records written before keep
+        their schema and read back conformed (new columns NULL). Durable before it returns."""
+        schema = schema.remove_metadata()
+        with self._lock:
+            self._check_open()
+            if version == self._version:
+                return
+            self._epochs.begin(version, self._end_offset)
+            self._schemas[self._version] = self.schema
+            self.schema, self._version = schema, version
+            if statistics_columns is not None:
+                wanted = schema.names if "*" in statistics_columns else statistics_columns
+                self._stats_columns = tuple(dict.fromkeys(c for c in wanted if c in schema.names))
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -235,8 +268,10 @@ class LogTablet:
               filter: Predicate | None, max_bytes: int | None,
               max_rows: int | None) -> Iterator[LogBatch]:
         needed = set(names) | (filter.columns() if filter is not None else set())
-        included = [i for i, name in enumerate(self.schema.names) if name in needed]
-        include_all = len(included) == len(self.schema)
+        schema, current = self.schema, self._version
+        versioned = len(self._epochs.versions) > 1
+        included = needed_indices(schema, needed)
+        include_all = len(included) == len(schema)
         expression = filter.to_arrow() if filter is not None else None
         rows_out = bytes_out = 0
         if upper <= lower:
@@ -254,7 +289,11 @@ class LogTablet:
                 if filter is not None and not filter.might_match(record.stats):
                     self._count(0, skipped=1)
                     continue
-                batch = self._decode(segment, record, included, include_all)
+                version = self._epochs.version_at(record.base_offset) if versioned else current
+                if version == current:
+                    batch = self._decode(segment, record, included, include_all)
+                else:
+                    batch = self._decode_version(segment, record, version, schema, needed)
                 start = max(lower, record.base_offset) - record.base_offset
                 stop = min(upper, record.next_offset) - record.base_offset
                 if start or stop < record.num_rows:
@@ -279,14 +318,27 @@ class LogTablet:
                         return
 
     def _decode(self, segment: Segment, record: RecordHeader, included: list[int],
-                include_all: bool) -> pa.RecordBatch:
+                include_all: bool, schema: pa.Schema | None = None) -> pa.RecordBatch:
         if not included:  # no column needed (e.g. a count): nothing to read
             self._count(0, read=1)
             return pa.RecordBatch.from_struct_array(pa.nulls(record.num_rows, pa.struct([])))
+        schema = self.schema if schema is None else schema
         batch, nbytes = segment.read_batch(record, None if include_all else included,
-                                           self.schema if self.compression == "NONE" else None)
+                                           schema if self.compression == "NONE" else None)
         self._count(nbytes, read=1)
         return batch
+
+    def _decode_version(self, segment: Segment, record: RecordHeader, version: int,
+                        schema: pa.Schema, needed: set[str]) -> pa.RecordBatch:
+        """``record``, written under schema ``version``, as the ``needed`` columns of ``schema``."""
+        old = self._schemas[version]
+        included = needed_indices(old, needed)
+        names = [name for name in schema.names if name in needed]
+        if included:
+            batch = self._decode(segment, record, included, len(included) == len(old), old)
+        else:
+            batch = pa.RecordBatch.from_struct_array(pa.nulls(record.num_rows, pa.struct([])))
+        return conform(batch, schema, names, record.num_rows)
 
     def _count(self, nbytes: int, read: int = 0, skipped: int = 0) -> None:
         with self._stats_lock:

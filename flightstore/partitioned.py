@@ -1,0 +1,419 @@
+"""A partitioned table: a router over one :class:`~flightstore.store.Table` unit per partition.
+
+Each partition is a complete table unit in its own directory ``<table dir>/p-<id>`` (named by the
+partition's generated id, never by its values): its own ``bucket.num`` buckets, each with its own
+log and, for primary-key tables, its own KV. So everything a bucket does (recovery, retention,
+statistics skipping, fsync, snapshots) holds in every partition. :class:`PartitionedTable` keeps the
+:class:`Table` interface: it validates a write once for the whole table, routes rows by partition
+then bucket, and unions reads over the partitions a filter cannot rule out.
+
+Buckets are numbered table-wide: bucket ``b`` of partition ``p`` is ``p * bucket.num + b``
+(:func:`~flightstore.partitioning.bucket_id`). Changelog offsets, subscriptions, Flight endpoints
+and Spark input partitions use these numbers, and partition ids are never reused, so a stream never
+confuses a new partition with a dropped one; partitions created while a stream runs appear as new
+bucket numbers starting at offset 0.
+
+Writes. A write whose rows fall in partitions that do not exist creates them first, in one catalog
+change (``client.writer.dynamic-create-partition.enabled``, within ``max.partition.num`` and
+``max.bucket.num``; beyond them the write is refused and nothing is written). A write spanning
+several buckets (of one or several partitions) is recorded as one intent in the table directory,
+so a crash between two partitions is completed on the next open; writer sequences are the table's,
+checked once here.
+
+Partition directories follow the catalog: a partition is added or dropped by one atomic catalog
+write; its directory is created when the partition opens and removed after the drop is committed.
+A directory the catalog does not list (a crash between the commit and the removal) is deleted when
+the table opens: a crash never leaves half a partition visible.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flightstore import changetype
+from flightstore.bucketing import bucket_ids
+from flightstore.errors import InvalidInput, PartitionNotFound
+from flightstore.expressions import Predicate
+from flightstore.intents import IntentLog
+from flightstore.kv.encoding import encode_keys
+from flightstore.kv.ownership import ColumnOwnership
+from flightstore.partitioning import (SEPARATOR, Partition, bucket_id, prune, row_partition_names,
+                                      split_bucket_id)
+from flightstore.schema import Projections, TableDescriptor, as_table
+from flightstore.store import TABLE_WRITER, Table, WriteResult
+
+__all__ = ["PartitionedTable", "partition_directory", "remove_partition_directories"]
+
+CreatePartitions = Callable[[Any, list[tuple[str, ...]]], None]
+
+
+def partition_directory(table_dir: Path, partition_id: int) -> Path:
+    """Where partition ``partition_id`` of the table in ``table_dir`` keeps its buckets."""
+    return Path(table_dir) / f"p-{partition_id}"
+
+
+def remove_partition_directories(table_dir: Path, keep: Sequence[int]) -> list[Path]:
+    """Delete every partition directory of ``table_dir`` whose id is not in ``keep``."""
+    removed = []
+    wanted = {f"p-{i}" for i in keep}
+    for child in sorted(Path(table_dir).glob("p-*")):
+        if child.is_dir() and child.name not in wanted and child.name[2:].isdigit():
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    return removed
+
+
+class PartitionedTable(Table):
+    """A handle on a partitioned table (same interface as :class:`Table`)."""
+
+    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = False,
+                 create_partitions: CreatePartitions | None = None) -> None:
+        # Not Table.__init__: the buckets live in the partition units.
+        self.descriptor = descriptor
+        self.path = descriptor.path
+        self.schema = descriptor.schema
+        self.directory = Path(directory)
+        self.fsync = fsync
+        self._lock = threading.RLock()
+        self._projections = Projections(self.schema)
+        self._written = threading.Condition()
+        self._round_robin = itertools.count()
+        self.ownership = ColumnOwnership()
+        self._create_partitions = create_partitions
+        self._merger = self._new_merger(descriptor)
+        remove_partition_directories(self.directory, [p.id for p in descriptor.partitions])
+        self.units: dict[int, Table] = {}
+        try:
+            for partition in descriptor.partitions:
+                self.units[partition.id] = self._open_unit(partition)
+        except BaseException:
+            self.close()
+            raise
+        self._writers: dict[str, int] = {}
+        for unit in self.units.values():
+            for writer, sequence in unit._writers.items():
+                self._writers[writer] = max(sequence, self._writers.get(writer, -1))
+        self._intents = IntentLog(self.directory / "intent", fsync=fsync)
+        self._complete_pending_write()
+
+    # ---- units --------------------------------------------------------------------------------
+    def _open_unit(self, partition: Partition) -> Table:
+        return Table(self.descriptor, partition_directory(self.directory, partition.id), fsync=self.fsync)
+
+    @staticmethod
+    def _new_merger(descriptor: TableDescriptor) -> Any:
+        if not descriptor.has_primary_key:
+            return None
+        from flightstore.kv.merge import merger_for
+        return merger_for(descriptor)
+
+    @property
+    def merger(self) -> Any:
+        return self._merger
+
+    def _unit(self, name: str) -> tuple[Partition, Table] | None:
+        partition = self.descriptor.partition(name)
+        if partition is None:
+            return None
+        unit = self.units.get(partition.id)
+        return None if unit is None else (partition, unit)
+
+    def _pruned(self, filter: Predicate | None,
+                partitions: Sequence[str] | None = None) -> list[tuple[Partition, Table]]:
+        """The (partition, unit) pairs a read must visit, in partition-name order."""
+        d = self.descriptor
+        chosen = prune(d.partitions, d.partition_keys, d.schema, filter)
+        if partitions is not None:
+            wanted = set(partitions)
+            chosen = tuple(p for p in chosen if p.name in wanted)
+        return [(p, self.units[p.id]) for p in chosen if p.id in self.units]
+
+    def bucket_ids(self, partitions: Sequence[str] | None = None,
+                   filter: Predicate | None = None) -> list[int]:
+        nb = self.num_buckets
+        return [bucket_id(p.id, b, nb) for p, _ in self._pruned(filter, partitions) for b in range(nb)]
+
+    def _locate(self, global_bucket: int) -> tuple[Table, int]:
+        partition_id, bucket = split_bucket_id(global_bucket, self.num_buckets)
+        unit = self.units.get(partition_id)
+        if unit is None:
+            raise PartitionNotFound(f"table {self.path} has no bucket {global_bucket} (its partition "
+                                    "was dropped, or never existed)")
+        return unit, bucket
+
+    def partition_stats(self) -> list[tuple[Partition, int]]:
+        """Every partition with its row count, in name order."""
+        with self._lock:
+            return [(p, unit.row_count()) for p, unit in self._pruned(None)]
+
+    def refresh(self, descriptor: TableDescriptor) -> None:
+        """Follow a committed catalog change: new schema version or options (every unit evolves),
+        partitions added (opened) or dropped (closed, directory removed)."""
+        with self._lock:
+            keep = {p.id for p in descriptor.partitions}
+            for partition_id in [i for i in self.units if i not in keep]:
+                self.units.pop(partition_id).close()
+            remove_partition_directories(self.directory, sorted(keep))
+            if descriptor != self.descriptor:
+                for unit in self.units.values():
+                    unit.evolve(descriptor)
+            self.descriptor, self.path, self.schema = descriptor, descriptor.path, descriptor.schema
+            self._projections = Projections(self.schema)
+            self._merger = self._new_merger(descriptor)
+            for partition in descriptor.partitions:
+                if partition.id not in self.units:
+                    self.units[partition.id] = self._open_unit(partition)
+        self._notify()  # subscriptions pick up new partitions
+
+    evolve = refresh
+
+    def close(self) -> None:
+        for unit in getattr(self, "units", {}).values():
+            unit.close()
+
+    # ---- writes -------------------------------------------------------------------------------
+    def _ensure_partitions(self, names: list[str]) -> None:
+        """Create the partitions among ``names`` that do not exist (one catalog change), or refuse
+        the write naming them. Runs without the table lock: creation is DDL."""
+        missing = [n for n in names if self.descriptor.partition(n) is None]
+        if not missing:
+            return
+        if self._create_partitions is None:
+            raise PartitionNotFound(f"table {self.path} has no partition {missing[0]!r}; create it "
+                                    "with ALTER TABLE ... ADD PARTITION")
+        self._create_partitions(self.path, [tuple(n.split(SEPARATOR)) for n in missing])
+
+    def _apply_buckets(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                       writer_id: str | None, sequence: int | None, overwrite: bool = False,
+                       recovering: bool = False) -> WriteResult:
+        keys = self.descriptor.partition_keys
+        names = row_partition_names(table, keys, f"write to {self.path}")
+        encoded = names.dictionary_encode()
+        groups = encoded.indices.to_numpy(zero_copy_only=False)
+        wanted = encoded.dictionary.to_pylist()
+        if not recovering:
+            self._ensure_partitions(wanted)
+        result = WriteResult()
+        with self._lock:
+            if not recovering:
+                self._check_sequence(writer_id, sequence)
+                if writer_id is not None and sequence is not None and \
+                        sequence <= self._writers.get(writer_id, -1):
+                    result.duplicate = True  # the whole write landed: partitions apply all or none
+                    return result
+            units = []
+            for index, name in enumerate(wanted):
+                found = self._unit(name)
+                if found is None:
+                    if recovering:
+                        continue  # dropped since: its rows went with it
+                    raise PartitionNotFound(f"partition {name!r} of {self.path} was dropped while "
+                                            "the write ran; nothing was written")
+                units.append((found[0], found[1], groups == index))
+            intent = not recovering and self._spans_buckets(table, units)
+            if intent:
+                if writer_id is None or sequence is None:
+                    writer_id = TABLE_WRITER
+                    sequence = self._writers.get(TABLE_WRITER, -1) + 1
+                record = table if kinds is None else table.append_column(
+                    changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
+                self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
+                                     "kv": kinds is not None, "writer_id": writer_id,
+                                     "sequence": sequence}, record)
+            nb = self.num_buckets
+            for partition, unit, mask in units:
+                part = table.filter(pa.array(mask))
+                outcome = unit.apply_routed(part, None if kinds is None else kinds[mask], target,
+                                            writer_id, sequence, overwrite)
+                result.duplicate |= outcome.duplicate
+                for bucket, offset in outcome.items():
+                    result[bucket_id(partition.id, bucket, nb)] = offset
+            if intent:
+                self._intents.complete()
+            self._note_sequence(writer_id, sequence)
+        self._notify()
+        return result
+
+    def _spans_buckets(self, table: pa.Table, units: list) -> bool:
+        if len(units) > 1:
+            return True
+        key = self.descriptor.bucket_key
+        if not key or self.num_buckets == 1 or table.num_rows < 2:
+            return False
+        return len(np.unique(bucket_ids(table, key, self.num_buckets))) > 1
+
+    def undo(self, writer_id: str, after_sequence: int) -> int:
+        """Undo the writer's batches after ``after_sequence`` in every partition."""
+        from flightstore.kv.undo import undo_fence
+        with self._lock:
+            for unit in self.units.values():  # refuse before anything is restored
+                for kv in unit.kvs:
+                    _, target = undo_fence(kv, writer_id)
+                    if target is not None and int(after_sequence) < target:
+                        raise InvalidInput(f"table {self.path}: writer {writer_id!r} was already undone "
+                                           f"to sequence {target}; cannot undo to the earlier "
+                                           f"{after_sequence}")
+            restored = sum(unit.undo(writer_id, after_sequence) for unit in self.units.values())
+            if after_sequence < 0:
+                self._writers.pop(writer_id, None)
+            elif self._writers.get(writer_id, -1) > after_sequence:
+                self._writers[writer_id] = int(after_sequence)
+        self._notify()
+        return restored
+
+    # ---- reads --------------------------------------------------------------------------------
+    def _by_partition(self, keys: pa.Table) -> list[tuple[Table, np.ndarray]]:
+        """Rows of ``keys`` (holding the partition columns) grouped by existing partition."""
+        names = row_partition_names(keys, self.descriptor.partition_keys, f"lookup in {self.path}")
+        encoded = names.dictionary_encode()
+        groups = encoded.indices.to_numpy(zero_copy_only=False)
+        found = []
+        for index, name in enumerate(encoded.dictionary.to_pylist()):
+            located = self._unit(name)
+            if located is not None:
+                found.append((located[1], np.flatnonzero(groups == index)))
+        return found
+
+    def lookup(self, keys: Any, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows with the given primary keys, in key order: each key goes to its one partition."""
+        self._require_pk("lookup")
+        columns = self._check_columns(columns)
+        keys = self._pk_table(keys, self.descriptor.primary_key)
+        out_schema = self._projections.of(columns)
+        groups = self._by_partition(keys)
+        if len(groups) == 1 and len(groups[0][1]) == keys.num_rows:  # one partition (point lookups)
+            return groups[0][0].lookup(keys, columns)
+        pk = list(self.descriptor.primary_key)
+        wanted = list(columns) + [c for c in pk if c not in columns]
+        parts, positions = [], []
+        for unit, rows in groups:
+            subset = keys.take(pa.array(rows))
+            found = unit.lookup(subset, wanted)
+            if found.num_rows:
+                parts.append(found)
+                where = pc.index_in(pa.array(encode_keys(found, pk), pa.binary()),
+                                    value_set=pa.array(encode_keys(subset, pk), pa.binary()))
+                positions.append(rows[where.to_numpy(zero_copy_only=False)])
+        if not parts:
+            return out_schema.empty_table()
+        order = np.argsort(np.concatenate(positions), kind="stable")
+        return pa.concat_tables(parts).take(pa.array(order)).select(list(columns)).cast(out_schema)
+
+    def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
+                      limit: int | None = None) -> pa.Table:
+        """Rows whose leading primary-key columns equal ``prefix`` rows; the prefix must hold the
+        partition keys (the lookup goes to their partitions only)."""
+        self._require_pk("prefix lookup")
+        columns = self._check_columns(columns)
+        table = as_table(prefix)
+        missing = [k for k in self.descriptor.partition_keys if k not in table.column_names]
+        if missing:
+            raise InvalidInput(f"a prefix lookup on partitioned table {self.path} needs the partition "
+                               f"key column(s) {missing}")
+        out_schema = self._projections.of(columns)
+        parts = []
+        for unit, rows in self._by_partition(table):
+            remaining = None if limit is None else limit - sum(p.num_rows for p in parts)
+            if remaining is not None and remaining <= 0:
+                break
+            parts.append(unit.prefix_lookup(table.take(pa.array(rows)), columns, remaining))
+        return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
+
+    def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+             limit: int | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
+        """Current rows of the partitions ``filter`` cannot rule out (or of ``buckets``)."""
+        columns = self._check_columns(columns)
+        if filter is not None:
+            filter = filter.bind(self.schema)
+        if buckets is None:
+            targets = [(unit, None) for _, unit in self._pruned(filter)]
+        else:
+            targets = [(unit, [bucket]) for unit, bucket in map(self._locate, buckets)]
+        remaining = limit
+        for unit, local in targets:
+            if remaining is not None and remaining <= 0:
+                return
+            for batch in unit.scan(columns, filter, remaining, local):
+                if remaining is not None:
+                    remaining -= batch.num_rows
+                yield batch
+
+    def row_count(self, partitions: Sequence[str] | None = None) -> int:
+        """Maintained counts of the (named) partitions: no scan."""
+        return sum(unit.row_count() for _, unit in self._pruned(None, partitions))
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        return sum(unit.enforce_retention(now_ms) for unit in list(self.units.values()))
+
+    # ---- changelog ----------------------------------------------------------------------------
+    def _logs(self) -> dict[int, Any]:
+        """Every bucket's log by table-wide bucket number."""
+        nb = self.num_buckets
+        with self._lock:
+            return {bucket_id(pid, b, nb): log for pid, unit in self.units.items()
+                    for b, log in enumerate(unit.logs)}
+
+    def end_offsets(self) -> dict[int, int]:
+        return {b: log.end_offset for b, log in self._logs().items()}
+
+    def start_offsets(self) -> dict[int, int]:
+        return {b: log.start_offset for b, log in self._logs().items()}
+
+    def offsets_for_timestamp(self, timestamp_ms: int) -> dict[int, int]:
+        return {b: log.offset_for_timestamp(timestamp_ms) for b, log in self._logs().items()}
+
+    def read_changelog(self, bucket: int, from_offset: int = 0, *, columns: Sequence[str] | None = None,
+                       to_offset: int | None = None, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        unit, local = self._locate(bucket)
+        stored = self._stored_columns(columns)
+        for record in unit.logs[local].read(from_offset, columns=stored, to_offset=to_offset,
+                                            max_rows=max_rows):
+            yield self.changelog_batch(record, columns)
+
+    def subscribe(self, start: Any = "earliest", *, columns: Sequence[str] | None = None,
+                  stop: Any = None, heartbeat_s: float | None = 1.0,
+                  until: Mapping | None = None) -> Iterator[pa.RecordBatch]:
+        """Changelog batches of every partition, including partitions created while the stream
+        runs (read from their first offset); otherwise as :meth:`Table.subscribe`."""
+        import time
+        offsets = self.resolve_start(start)
+        ends = None if until is None else {int(b): int(o) for b, o in until.items()}
+        out_schema = changetype.changelog_schema(self.schema)
+        columns = list(columns or out_schema.names)
+        stored = self._stored_columns(columns)
+        heartbeat = pa.RecordBatch.from_pylist([], schema=pa.schema([out_schema.field(c) for c in columns]))
+        idle_since = time.monotonic()
+        while stop is None or not stop.is_set():
+            with self._written:
+                before = self.end_offsets()
+            logs = self._logs()
+            progressed = False
+            for bucket in sorted(logs):
+                log = logs[bucket]
+                position = offsets.setdefault(bucket, 0)
+                limit = None if ends is None else ends.get(bucket, position)
+                if limit is not None and position >= limit:
+                    continue
+                for record in log.read(position, columns=stored, to_offset=limit):
+                    offsets[bucket] = record.next_offset if limit is None else min(record.next_offset, limit)
+                    progressed = True
+                    yield self.changelog_batch(record, columns)
+            if ends is not None and all(offsets.get(b, 0) >= o or b not in logs for b, o in ends.items()):
+                return
+            if progressed:
+                idle_since = time.monotonic()
+                continue
+            with self._written:
+                if self.end_offsets() == before:
+                    self._written.wait(0.1)
+            if heartbeat_s is not None and time.monotonic() - idle_since >= heartbeat_s:
+                idle_since = time.monotonic()
+                yield heartbeat
