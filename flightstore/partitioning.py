@@ -31,7 +31,7 @@ from flightstore.expressions import AlwaysTrue, And, Not, Or, Predicate
 
 __all__ = [
     "SEPARATOR", "MAX_VALUE_LENGTH", "Partition", "check_partition_type", "partition_name",
-    "partition_values", "flink_name", "row_partition_names", "values_table", "prune",
+    "partition_values", "flink_name", "row_partition_names", "values_table", "prune", "pruned_names",
     "partition_for_values", "bucket_id", "split_bucket_id",
 ]
 
@@ -219,6 +219,15 @@ def prune(partitions: Sequence[Partition], keys: Sequence[str], schema: pa.Schem
         return ordered
     keep = _evaluate(values_table(ordered, keys, schema), relaxed)
     return tuple(p for p, k in zip(ordered, keep) if k)
+
+
+def pruned_names(descriptor, predicate: Predicate | None) -> tuple[str, ...] | None:  # noqa: ANN001
+    """Names of the partitions of ``descriptor`` (a TableDescriptor) that ``predicate`` cannot rule
+    out, in name order; None for a table that is not partitioned."""
+    if not descriptor.partition_keys:
+        return None
+    return tuple(p.name for p in prune(descriptor.partitions, descriptor.partition_keys,
+                                       descriptor.schema, predicate))
 
 
 def _evaluate(table: pa.Table, predicate: Predicate) -> np.ndarray:

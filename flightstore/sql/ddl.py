@@ -20,7 +20,7 @@ from flightstore.sql.nodes import (CreateDatabase, CreateTable, Describe, DropDa
 from flightstore.sql.parse import Show
 from flightstore.sql.resolve import CatalogView, resolve_database, resolve_table_node
 
-__all__ = ["plan_show", "plan_ddl", "statement_kind"]
+__all__ = ["plan_show", "plan_ddl", "statement_kind", "column_field"]
 
 
 def statement_kind(statement: exp.Expression) -> str:
@@ -125,7 +125,7 @@ def _create_table(statement: exp.Create, catalog: CatalogView) -> CreateTable:
     primary_key: list[str] = []
     for item in schema_node.expressions:
         if isinstance(item, exp.ColumnDef):
-            field, is_pk = _column(item)
+            field, is_pk = column_field(item)
             fields.append(field)
             if is_pk:
                 primary_key.append(field.name)
@@ -190,7 +190,8 @@ def _option_value(node: exp.Expression | None, path: TablePath) -> str:
     return str(value)
 
 
-def _column(node: exp.ColumnDef) -> tuple[pa.Field, bool]:
+def column_field(node: exp.ColumnDef) -> tuple[pa.Field, bool]:
+    """The Arrow field of a column definition, and whether it declares PRIMARY KEY."""
     name = node.name
     if not name or "$" in name:
         raise InvalidInput(f"invalid column name {name!r}")

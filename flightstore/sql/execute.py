@@ -24,11 +24,12 @@ import pyarrow.compute as pc
 from flightstore import changetype
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.errors import SqlError, Unsupported
+from flightstore.partitioning import flink_name, values_table
 from flightstore.schema import TableDescriptor, TablePath, arrow_type_to_sql
 from flightstore.sql import nodes as n
 from flightstore.sql.parse import literal_shape
 from flightstore.sql.plan import plan as plan_sql
-from flightstore.sql.resolve import binlog_schema, changelog_schema
+from flightstore.sql.resolve import binlog_schema, changelog_schema, partitions_schema
 from flightstore.store import Store, Table
 
 __all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
@@ -36,11 +37,13 @@ __all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
 PLAN_CACHE_SIZE = 4096
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.Count, n.Changelog, n.Residual,
-                n.ShowDatabases, n.ShowTables, n.Describe, n.Explain)
+                n.ShowDatabases, n.ShowTables, n.Describe, n.Explain, n.ShowPartitions)
 _DESCRIBE_SCHEMA = pa.schema([pa.field("name", pa.string(), nullable=False),
                               pa.field("type", pa.string(), nullable=False),
                               pa.field("null", pa.bool_(), nullable=False),
-                              pa.field("key", pa.string())])
+                              pa.field("key", pa.string()),
+                              pa.field("partition_key", pa.bool_(), nullable=False)])
+_SHOW_PARTITIONS_SCHEMA = pa.schema([pa.field("partition", pa.string(), nullable=False)])
 
 
 def is_query(plan: n.PlanNode) -> bool:
@@ -180,16 +183,21 @@ class Executor:
             return pa.schema([pa.field("table_name", pa.string(), nullable=False)])
         if isinstance(plan, n.Describe):
             return _DESCRIBE_SCHEMA
+        if isinstance(plan, n.ShowPartitions):
+            return _SHOW_PARTITIONS_SCHEMA
         if isinstance(plan, n.Explain):
             return pa.schema([pa.field("plan", pa.string(), nullable=False)])
         return ROWS_AFFECTED_SCHEMA
 
     def partitions(self, plan: n.PlanNode) -> list[int | None]:
-        """Independent pieces of the result: one per bucket for scans, else a single ``None``."""
+        """Independent pieces of the result: one per bucket for scans (of the pruned partitions of
+        a partitioned table: one per partition and bucket), else a single ``None``."""
         if isinstance(plan, (n.Scan, n.Changelog)) and plan.limit is None:
-            table = self.store.table(plan.table)
-            if table.num_buckets > 1 and not (isinstance(plan, n.Changelog) and plan.kind == "binlog"):
-                return list(range(table.num_buckets))
+            if isinstance(plan, n.Changelog) and plan.kind == "binlog":
+                return [None]
+            buckets = self.store.table(plan.table).bucket_ids(plan.partitions)
+            if len(buckets) > 1:
+                return list(buckets)
         return [None]
 
     # ---- running ------------------------------------------------------------------------------
@@ -207,7 +215,7 @@ class Executor:
         """Whether ``plan`` is cheap and small enough to run while its FlightInfo is built: point
         lookups (bounded by the keys in the statement), counts and catalog listings."""
         return isinstance(plan, (n.PointLookup, n.Count, n.ShowDatabases, n.ShowTables, n.Describe,
-                                 n.Explain))
+                                 n.Explain, n.ShowPartitions))
 
     def execute_table(self, plan: n.PlanNode, schema: pa.Schema | None = None) -> pa.Table:
         schema = self.output_schema(plan) if schema is None else schema
@@ -229,6 +237,9 @@ class Executor:
                                if_not_exists=plan.if_not_exists)
         elif isinstance(plan, n.DropTable):
             store.drop_table(plan.table, plan.if_exists)
+        elif isinstance(plan, n.AlterTable):
+            if plan.changes:
+                store.alter_table(plan.table, plan.changes)
         elif isinstance(plan, n.UseDatabase):
             if not store.catalog.database_exists(plan.name):
                 from flightstore.errors import DatabaseNotFound
@@ -305,7 +316,14 @@ class Executor:
             buckets = None if partition is None else [partition]
             yield from table.scan(list(plan.columns), plan.filter, plan.limit, buckets)
         elif isinstance(plan, n.Count):
-            yield pa.table({plan.column_name: pa.array([store.table(plan.table).row_count()], pa.int64())})
+            table = store.table(plan.table)
+            count = table.row_count() if plan.partitions is None else table.row_count(plan.partitions)
+            yield pa.table({plan.column_name: pa.array([count], pa.int64())})
+        elif isinstance(plan, n.ShowPartitions):
+            descriptor = store.table(plan.table).descriptor
+            names = sorted(descriptor.partitions, key=lambda p: p.name)
+            yield pa.table({"partition": pa.array([flink_name(descriptor.partition_keys, p.values)
+                                                   for p in names], pa.string())})
         elif isinstance(plan, n.Changelog):
             yield from self._changelog(plan, partition)
         elif isinstance(plan, n.Residual):
@@ -321,6 +339,7 @@ class Executor:
                 "type": [arrow_type_to_sql(f.type) for f in descriptor.schema],
                 "null": [f.nullable for f in descriptor.schema],
                 "key": [("PRI" if f.name in descriptor.primary_key else None) for f in descriptor.schema],
+                "partition_key": [f.name in descriptor.partition_keys for f in descriptor.schema],
             })
         elif isinstance(plan, n.Explain):
             yield pa.table({"plan": [plan.plan.explain()]})
@@ -328,9 +347,10 @@ class Executor:
             yield pa.table({"rows_affected": pa.array([self.run_statement(plan)], pa.int64())})
 
     # ---- changelog ----------------------------------------------------------------------------
-    def changelog_table(self, path: TablePath, kind: str, partition: int | None = None) -> pa.Table:
+    def changelog_table(self, path: TablePath, kind: str, partition: int | None = None,
+                        partitions: tuple[str, ...] | None = None) -> pa.Table:
         table = self.store.table(path)
-        buckets = range(table.num_buckets) if partition is None else [partition]
+        buckets = table.bucket_ids(partitions) if partition is None else [partition]
         schema = changelog_schema(table.descriptor)
         batches = [b for bucket in buckets for b in table.read_changelog(bucket)]
         full = pa.Table.from_batches(batches, schema=schema)
@@ -340,7 +360,7 @@ class Executor:
         table = self.store.table(plan.table)
         if plan.kind == "changelog" and plan.filter is None:
             remaining = plan.limit
-            buckets = range(table.num_buckets) if partition is None else [partition]
+            buckets = table.bucket_ids(plan.partitions) if partition is None else [partition]
             for bucket in buckets:
                 for batch in table.read_changelog(bucket, columns=list(plan.columns), max_rows=remaining):
                     if remaining is not None:
@@ -350,7 +370,7 @@ class Executor:
                     if remaining is not None and remaining <= 0:
                         return
             return
-        full = self.changelog_table(plan.table, plan.kind, partition)
+        full = self.changelog_table(plan.table, plan.kind, partition, plan.partitions)
         if plan.filter is not None:
             full = full.filter(plan.filter.bind(full.schema).to_arrow())
         if plan.limit is not None:
@@ -364,6 +384,8 @@ class Executor:
             full = descriptor.schema
         elif item.source == "changelog":
             full = changelog_schema(descriptor)
+        elif item.source == "partitions":
+            full = partitions_schema(descriptor)
         else:
             full = binlog_schema(descriptor)
         return _fields(full, item.columns)
@@ -371,10 +393,29 @@ class Executor:
     def _input_data(self, item: n.ResidualInput) -> pa.Table:
         if item.source == "table":
             return self.store.table(item.table).scan_table(list(item.columns), item.filter)
-        full = self.changelog_table(item.table, item.source)
+        if item.source == "partitions":
+            full = self._partitions_table(item.table)
+            if item.filter is not None:
+                full = full.filter(item.filter.bind(full.schema).to_arrow())
+            return full.select(list(item.columns))
+        full = self.changelog_table(item.table, item.source, partitions=item.partitions)
         if item.filter is not None:
             full = full.filter(item.filter.bind(full.schema).to_arrow())
         return full.select(list(item.columns))
+
+    def _partitions_table(self, path: TablePath) -> pa.Table:
+        """``t$partitions``: every partition with its values, buckets and maintained row count."""
+        table = self.store.table(path)
+        descriptor = table.descriptor
+        stats = table.partition_stats()
+        partitions = [p for p, _ in stats]
+        values = values_table(partitions, descriptor.partition_keys, descriptor.schema)
+        columns = {"partition_name": [p.name for p in partitions],
+                   "partition_id": [p.id for p in partitions],
+                   **{k: values.column(k) for k in descriptor.partition_keys},
+                   "num_buckets": [descriptor.num_buckets] * len(partitions),
+                   "row_count": [count for _, count in stats]}
+        return pa.table(columns, schema=partitions_schema(descriptor))
 
     def _duckdb(self, sql: str, inputs: dict[str, pa.Table]) -> pa.Table:
         connection = duckdb.connect(config={"enable_external_access": False})

@@ -22,8 +22,33 @@ __all__ = [
     "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "Count", "Changelog", "Residual",
     "ResidualInput", "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
     "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain", "UseDatabase",
-    "render_predicate",
+    "AlterTable", "ShowPartitions", "render_predicate", "render_change",
 ]
+
+# A field that EXPLAIN shows only when set: e.g. the pruned partitions of a partitioned table.
+_SHOWN_WHEN_SET = {"shown": "when set"}
+
+
+def render_change(change: Any) -> str:
+    """One ALTER TABLE change as SQL-like text."""
+    from flightstore import alter
+    from flightstore.schema import arrow_type_to_sql
+
+    if isinstance(change, alter.AddColumns):
+        return "ADD (" + ", ".join(f"{f.name} {arrow_type_to_sql(f.type)}" for f in change.fields) + ")"
+    if isinstance(change, alter.ModifyColumn):
+        return f"MODIFY {change.name} {arrow_type_to_sql(change.type)}"
+    if isinstance(change, alter.SetOptions):
+        return "SET (" + ", ".join(f"{k}={v}" for k, v in change.options) + ")"
+    if isinstance(change, alter.ResetOptions):
+        return "RESET (" + ", ".join(change.keys) + ")"
+    if isinstance(change, alter.RenameTable):
+        return f"RENAME TO {change.target}"
+    if isinstance(change, alter.AddPartition):
+        return f"ADD{' IF NOT EXISTS' if change.if_not_exists else ''} PARTITION {'$'.join(change.values)}"
+    if isinstance(change, alter.DropPartition):
+        return f"DROP{' IF EXISTS' if change.if_exists else ''} PARTITION {'$'.join(change.values)}"
+    return repr(change)
 
 
 def render_predicate(predicate: Predicate | None) -> str:
@@ -67,6 +92,8 @@ def _render(value: Any) -> str:
         return "[" + ", ".join(_render_row(row) for row in rows) + "]"
     if isinstance(value, tuple):
         return "[" + ", ".join(_render(v) if not isinstance(v, str) else v for v in value) + "]"
+    if type(value).__module__ == "flightstore.alter":
+        return render_change(value)
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {render_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, bool):
@@ -100,6 +127,8 @@ class PlanNode:
         parts = []
         for f in fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
+            if value is None and f.metadata.get("shown") == "when set":
+                continue
             text = render_value(value) if f.name == "sql" else _render(value)
             parts.append(f"{f.name}={text}")
         return f"{type(self).__name__}({', '.join(parts)})"
@@ -138,14 +167,17 @@ class Scan(PlanNode):
     columns: tuple[str, ...]
     filter: Predicate | None = None
     limit: int | None = None
+    partitions: tuple[str, ...] | None = field(default=None, metadata=_SHOWN_WHEN_SET)
 
 
 @dataclass(frozen=True)
 class Count(PlanNode):
-    """``SELECT COUNT(*) FROM t``: one row, one BIGINT column named ``column_name``."""
+    """``SELECT COUNT(*) FROM t [WHERE <partition columns only>]``: one row, one BIGINT column
+    named ``column_name``; ``partitions`` (a partitioned table) are the ones counted."""
 
     table: TablePath
     column_name: str
+    partitions: tuple[str, ...] | None = field(default=None, metadata=_SHOWN_WHEN_SET)
 
 
 @dataclass(frozen=True)
@@ -157,6 +189,7 @@ class Changelog(PlanNode):
     columns: tuple[str, ...]
     filter: Predicate | None = None
     limit: int | None = None
+    partitions: tuple[str, ...] | None = field(default=None, metadata=_SHOWN_WHEN_SET)
 
 
 @dataclass(frozen=True)
@@ -165,9 +198,10 @@ class ResidualInput(PlanNode):
 
     name: str
     table: TablePath
-    source: Literal["table", "changelog", "binlog"]
+    source: Literal["table", "changelog", "binlog", "partitions"]
     columns: tuple[str, ...]
     filter: Predicate | None = None
+    partitions: tuple[str, ...] | None = field(default=None, metadata=_SHOWN_WHEN_SET)
 
 
 @dataclass(frozen=True)
@@ -268,3 +302,19 @@ class Explain(PlanNode):
 @dataclass(frozen=True)
 class UseDatabase(PlanNode):
     name: str
+
+
+@dataclass(frozen=True)
+class AlterTable(PlanNode):
+    """ALTER TABLE: ``changes`` (of :mod:`flightstore.alter`) applied all or nothing."""
+
+    table: TablePath
+    changes: tuple = ()
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class ShowPartitions(PlanNode):
+    """``SHOW PARTITIONS t``: one ``partition`` row per partition, ``k=v[/k2=v2]``."""
+
+    table: TablePath

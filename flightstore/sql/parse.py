@@ -30,7 +30,7 @@ from sqlglot.tokens import TokenType
 from flightstore.errors import SqlError, Unsupported
 
 __all__ = [
-    "FlinkSql", "DIALECT", "Show", "Explain", "Statement", "parse_statement", "placeholders",
+    "FlinkSql", "DIALECT", "Show", "Explain", "Alter", "Statement", "parse_statement", "placeholders",
     "bind_parameters", "value_to_sql", "literal_shape",
 ]
 
@@ -50,10 +50,21 @@ _PARAM_NAME = re.compile(r"^\$(\d+)$")
 
 @dataclass(frozen=True)
 class Show:
-    """``SHOW DATABASES`` (``what='databases'``) or ``SHOW TABLES [IN|FROM db]``."""
+    """``SHOW DATABASES`` (``what='databases'``), ``SHOW TABLES [IN|FROM db]`` or
+    ``SHOW PARTITIONS [db.]t`` (``table``)."""
 
     what: str
     database: str | None = None
+    table: str | None = None
+
+
+@dataclass(frozen=True)
+class Alter:
+    """``ALTER TABLE ...``: its text and tokens, parsed action by action by
+    :mod:`flightstore.sql.alter` (sqlglot knows only some of Flink's forms)."""
+
+    text: str
+    tokens: tuple
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,11 @@ def _parse_show(text: str) -> Show:
         if len(words) == 4 and words[2] in ("IN", "FROM"):
             return Show("tables", toks[3].text)  # type: ignore[union-attr]
         raise SqlError(f"syntax error in {text!r}: expected SHOW TABLES [IN|FROM database]")
+    if len(words) >= 2 and words[1] == "PARTITIONS":
+        name = "".join(t.text if t.token_type != TokenType.DOT else "." for t in toks[2:])
+        if len(toks) < 3 or not name or words[-1] == ".":
+            raise SqlError(f"syntax error in {text!r}: expected SHOW PARTITIONS [database.]table")
+        return Show("partitions", table=name)
     raise Unsupported(f"unsupported statement: {' '.join(words[:3])}")
 
 
@@ -158,6 +174,8 @@ def parse_statement(sql: str) -> Statement:
     head = toks[0].text.upper()
     if head == "SHOW":
         return _parse_show(text)
+    if head == "ALTER":
+        return Alter(text, tuple(toks))
     if head == "EXPLAIN":
         inner = re.sub(r"^PLAN\s+FOR\b", "", text[len(toks[0].text):].strip(), flags=re.I).strip()
         if not inner:

@@ -21,6 +21,7 @@ from sqlglot import exp
 
 from flightstore.errors import InvalidInput, SqlError
 from flightstore.expressions import Predicate, and_all
+from flightstore.partitioning import pruned_names
 from flightstore.sql import ddl, dml
 from flightstore.sql import nodes
 from flightstore.sql.literals import NotALiteral, literal_value
@@ -29,6 +30,8 @@ from flightstore.sql.nodes import __all__ as _NODES
 from flightstore.sql.nodes import Changelog, Count, Plan, PointLookup, PrefixLookup, Scan
 from flightstore.sql.parameters import parameter_schema
 from flightstore.sql.parse import Explain as ParsedExplain
+from flightstore.sql.alter import plan_alter, plan_show_partitions
+from flightstore.sql.parse import Alter as ParsedAlter
 from flightstore.sql.parse import Show, bind_parameters, parse_statement
 from flightstore.sql.predicates import conjuncts, extract_keys, to_predicate
 from flightstore.sql.residual import plan_residual
@@ -67,7 +70,11 @@ def plan_statement(statement: Any, catalog: CatalogView) -> Plan:
     if isinstance(statement, ParsedExplain):
         return nodes.Explain(plan_statement(statement.statement, catalog))
     if isinstance(statement, Show):
+        if statement.what == "partitions":
+            return plan_show_partitions(statement.table, catalog)
         return ddl.plan_show(statement, catalog)
+    if isinstance(statement, ParsedAlter):
+        return plan_alter(statement, catalog)
     if isinstance(statement, exp.Query):
         return plan_query(statement, catalog)
     if isinstance(statement, exp.Insert):
@@ -132,19 +139,12 @@ def _count_name(select: exp.Select) -> str | None:
 def _plan_plain(select: exp.Select, catalog: CatalogView) -> Plan | None:
     source = (select.args.get("from_") or select.args.get("from")).this
     table = resolve_table_node(catalog, source)
+    if table.source == "partitions":
+        return None  # a small virtual table: the embedded engine answers any query on it
     qualifiers = {source.alias_or_name.lower(), source.name.lower()}
 
     limit = _limit(select)
     if limit is False:
-        return None
-    count_name = _count_name(select)
-    if count_name is not None:
-        if table.source == "table" and select.args.get("where") is None and limit is None:
-            return Count(table=table.path, column_name=count_name)
-        return None
-
-    columns = _projection(select, table, qualifiers)
-    if columns is None:
         return None
 
     def column_of(column: exp.Column) -> str | None:
@@ -163,10 +163,35 @@ def _plan_plain(select: exp.Select, catalog: CatalogView) -> Plan | None:
         except InvalidInput as exc:
             raise SqlError(str(exc)) from None
 
+    count_name = _count_name(select)
+    if count_name is not None:
+        return _count(table, count_name, predicates, limit)
+
+    columns = _projection(select, table, qualifiers)
+    if columns is None:
+        return None
+
     if table.source != "table":
         return Changelog(table=table.path, kind=table.source, columns=columns,  # type: ignore[arg-type]
-                         filter=and_all(predicates), limit=limit)
+                         filter=and_all(predicates), limit=limit,
+                         partitions=pruned_names(table.descriptor, and_all(predicates)))
     return _route(table, columns, predicates, limit)
+
+
+def _count(table: ResolvedTable, name: str, predicates: list[Predicate], limit: int | None) -> Plan | None:
+    """``COUNT(*)`` from maintained counts: the whole table, or the partitions a WHERE over
+    partition columns only selects (such a WHERE decides every row of a partition alike)."""
+    if table.source != "table" or limit is not None:
+        return None
+    descriptor = table.descriptor
+    if not predicates:
+        return Count(table=table.path, column_name=name,
+                     partitions=pruned_names(descriptor, None))
+    keys = set(descriptor.partition_keys)
+    if keys and all(p.columns() <= keys for p in predicates):
+        return Count(table=table.path, column_name=name,
+                     partitions=pruned_names(descriptor, and_all(predicates)))
+    return None
 
 
 def _shown(table: ResolvedTable) -> str:
@@ -196,6 +221,7 @@ def _route(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Pred
     descriptor = table.descriptor
     schema = table.schema
     pk = descriptor.primary_key
+    partitions = pruned_names(descriptor, and_all(predicates))
     if pk:
         found = extract_keys(predicates, pk, schema)
         if found is not None:
@@ -203,13 +229,16 @@ def _route(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Pred
             if limit is None or limit >= keys.num_rows:
                 return PointLookup(table=table.path, keys=keys, columns=columns,
                                    filter=and_all(remaining))
-            return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit)
-        bucket_key = descriptor.bucket_key
-        if bucket_key and len(bucket_key) < len(pk) and pk[: len(bucket_key)] == bucket_key:
-            found = extract_keys(predicates, bucket_key, schema)
+            return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit,
+                        partitions=partitions)
+        # A prefix lookup pins the bucket key (and, partitioned, the partition keys before it).
+        prefix_key = tuple(descriptor.partition_keys) + tuple(descriptor.bucket_key)
+        if descriptor.bucket_key and len(prefix_key) < len(pk) and pk[: len(prefix_key)] == prefix_key:
+            found = extract_keys(predicates, prefix_key, schema)
             if found is not None:
                 prefix, remaining = found
                 return PrefixLookup(table=table.path, prefix=prefix, columns=columns,
                                     filter=and_all(remaining), limit=limit)
-    return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit)
+    return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit,
+                partitions=partitions)
 

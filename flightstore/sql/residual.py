@@ -19,6 +19,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from flightstore.errors import InvalidInput, SqlError
 from flightstore.expressions import Predicate, and_all
+from flightstore.partitioning import pruned_names
 from flightstore.sql.nodes import Residual, ResidualInput
 from flightstore.sql.predicates import conjuncts, to_predicate
 from flightstore.sql.resolve import CatalogView, ResolvedTable, resolve_column, resolve_table_node
@@ -92,8 +93,11 @@ def plan_residual(ast: exp.Expression, catalog: CatalogView) -> Residual:
         if not columns:  # e.g. COUNT(*): one narrow column keeps the row count
             columns = (table.descriptor.primary_key or table.schema.names)[:1]
         predicate = and_all(filters[index])
+        partitions = pruned_names(table.descriptor, predicate) \
+            if table.source in ("table", "changelog") else None
         inputs.append(ResidualInput(name=f"{INPUT_PREFIX}{index}", table=table.path,
-                                    source=table.source, columns=tuple(columns), filter=predicate))
+                                    source=table.source, columns=tuple(columns), filter=predicate,
+                                    partitions=partitions))
     return Residual(sql=sql, inputs=tuple(inputs))
 
 

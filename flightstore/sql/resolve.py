@@ -18,8 +18,11 @@ from flightstore.schema import TableDescriptor, TablePath
 
 __all__ = [
     "CatalogView", "ResolvedTable", "resolve_database", "resolve_table", "resolve_table_node",
-    "resolve_column", "changelog_schema", "binlog_schema", "META_COLUMNS",
+    "resolve_column", "changelog_schema", "binlog_schema", "partitions_schema", "META_COLUMNS",
+    "VIEWS",
 ]
+
+VIEWS = ("changelog", "binlog", "partitions")  # the ``t$<view>`` system tables
 
 
 @runtime_checkable
@@ -53,6 +56,16 @@ def binlog_schema(descriptor: TableDescriptor) -> pa.Schema:
     """``t$binlog`` (primary-key tables): one row per change with ``before`` / ``after`` images."""
     row = pa.struct(list(descriptor.schema))
     return pa.schema(list(META_COLUMNS) + [pa.field("before", row), pa.field("after", row)])
+
+
+def partitions_schema(descriptor: TableDescriptor) -> pa.Schema:
+    """``t$partitions`` (partitioned tables): one row per partition with its name, id, values
+    (typed as the partition columns), bucket count and maintained row count."""
+    keys = [descriptor.schema.field(k).with_nullable(False) for k in descriptor.partition_keys]
+    return pa.schema([pa.field("partition_name", pa.string(), nullable=False),
+                      pa.field("partition_id", pa.int64(), nullable=False), *keys,
+                      pa.field("num_buckets", pa.int32(), nullable=False),
+                      pa.field("row_count", pa.int64(), nullable=False)])
 
 
 @dataclass(frozen=True)
@@ -119,15 +132,19 @@ def resolve_table_node(catalog: CatalogView, node: exp.Table) -> ResolvedTable:
     source = "table"
     if "$" in name:
         base, _, suffix = name.rpartition("$")
-        if suffix.lower() not in ("changelog", "binlog"):
+        if suffix.lower() not in VIEWS:
             raise TableNotFound(f"table {name!r} does not exist; system tables are "
-                                "<table>$changelog and <table>$binlog")
+                                "<table>$changelog, <table>$binlog and <table>$partitions")
         name, source = base, suffix.lower()
     descriptor = resolve_table(catalog, node.db or None, name)
     if source == "table":
         return ResolvedTable(descriptor, source, descriptor.schema)
     if source == "changelog":
         return ResolvedTable(descriptor, source, changelog_schema(descriptor))
+    if source == "partitions":
+        if not descriptor.is_partitioned:
+            raise SqlError(f"{descriptor.path}$partitions: table {descriptor.path} is not partitioned")
+        return ResolvedTable(descriptor, source, partitions_schema(descriptor))
     if not descriptor.has_primary_key:
         raise SqlError(f"{descriptor.path}$binlog: binlog is only available for primary-key tables; "
                        f"use {descriptor.path.table}$changelog")

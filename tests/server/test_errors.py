@@ -82,7 +82,10 @@ SQL_CASES = [
     ("CREATE TABLE t (id BIGINT)", INVALID, ["t", "already exists"]),
     ("CREATE DATABASE default", INVALID, ["default", "already exists"]),
     ("GRANT SELECT ON t TO bob", UNIMPLEMENTED, ["unsupported", "GRANT"]),
-    ("ALTER TABLE t ADD COLUMN z INT", UNIMPLEMENTED, ["unsupported", "ALTER"]),
+    ("ALTER TABLE t DROP COLUMN score", UNIMPLEMENTED, ["DROP COLUMN score", "not supported"]),
+    ("ALTER TABLE t MODIFY score INT", UNIMPLEMENTED, ["score", "not a lossless widening"]),
+    ("ALTER TABLE t SET ('bucket.num' = '8')", UNIMPLEMENTED, ["bucket.num", "cannot change"]),
+    ("ALTER TABLE t ADD PRIMARY KEY (name) NOT ENFORCED", UNIMPLEMENTED, ["primary key", "cannot change"]),
     ("DELETE FROM lg WHERE id = 1", UNIMPLEMENTED, ["lg", "append-only"]),
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from flightstore.alter import AddPartition, apply_changes
 from flightstore.errors import TableNotFound
 from flightstore.schema import TableDescriptor, TablePath, sql_type_to_arrow
 
@@ -44,7 +45,17 @@ def _schema(*columns: str) -> pa.Schema:
 def sample_catalog() -> DictCatalog:
     """shop.orders (PK order_id), shop.items (PK order_id, item_id; bucket key order_id),
     shop.users (PK user_id), shop.events (log table), shop.daily (PK dt, order_id; partitioned by
-    dt) and analytics.Metrics (mixed-case names, log table)."""
+    dt: 2024-01-01, 2024-01-02, 2024-01-03), shop.visits (log table partitioned by day DATE and
+    hour INT: four partitions) and analytics.Metrics (mixed-case names, log table)."""
+    daily = TableDescriptor.create(
+        "shop.daily", _schema("dt STRING", "order_id BIGINT", "total DOUBLE"),
+        primary_key=["dt", "order_id"], partition_keys=["dt"])
+    daily = apply_changes(daily, [AddPartition((d,)) for d in ("2024-01-01", "2024-01-02", "2024-01-03")])
+    visits = TableDescriptor.create(
+        "shop.visits", _schema("day DATE", "hour INT", "url STRING", "ms BIGINT"),
+        partition_keys=["day", "hour"], options={"bucket.num": "2"})
+    visits = apply_changes(visits, [AddPartition(v) for v in (
+        ("2024-01-01", "9"), ("2024-01-01", "10"), ("2024-01-02", "9"), ("2024-01-02", "23"))])
     tables = [
         TableDescriptor.create(
             "shop.orders", _schema("order_id BIGINT", "user_id BIGINT NOT NULL", "amount DOUBLE",
@@ -61,9 +72,8 @@ def sample_catalog() -> DictCatalog:
         TableDescriptor.create(
             "shop.events", _schema("user_id BIGINT", "kind STRING", "payload STRING",
                                    "ts TIMESTAMP_LTZ(3)")),
-        TableDescriptor.create(
-            "shop.daily", _schema("dt STRING", "order_id BIGINT", "total DOUBLE"),
-            primary_key=["dt", "order_id"], partition_keys=["dt"]),
+        daily,
+        visits,
         TableDescriptor.create(
             "analytics.Metrics", _schema("Name STRING", "Value DOUBLE", "At TIMESTAMP(3)")),
     ]
