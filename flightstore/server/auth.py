@@ -104,6 +104,8 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
             raise flight.FlightUnauthenticatedError("authentication required: send Basic credentials")
         scheme, _, credentials = values[0].partition(" ")
         if scheme.lower() == "basic":
+            credentials = credentials.strip()
+            credentials += "=" * (-len(credentials) % 4)  # ADBC (Go) sends base64 without padding
             try:
                 user, sep, password = base64.b64decode(credentials, validate=True).decode("utf-8").partition(":")
             except (ValueError, UnicodeDecodeError, binascii.Error):
