@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from flightstore.errors import InvalidInput
 
-__all__ = ["Operation", "Resource", "Permission", "Grant", "CLUSTER"]
+__all__ = ["CLUSTER", "Grant", "Operation", "Permission", "Resource"]
 
 
 class Operation(enum.Enum):
@@ -33,7 +33,7 @@ class Operation(enum.Enum):
     ALL = "ALL"
 
     @classmethod
-    def parse(cls, text: str) -> "Operation":
+    def parse(cls, text: str) -> Operation:
         """The operation named ``text`` (any case); InvalidInput listing the valid names."""
         name = str(text).strip().upper()
         try:
@@ -42,7 +42,7 @@ class Operation(enum.Enum):
             valid = ", ".join(op.value for op in cls)
             raise InvalidInput(f"unknown operation {text!r}; operations are {valid}") from None
 
-    def implies(self, other: "Operation") -> bool:
+    def implies(self, other: Operation) -> bool:
         """Whether holding ``self`` allows ``other`` (ALL allows everything, any operation
         allows DESCRIBE)."""
         return self is other or self is Operation.ALL or other is Operation.DESCRIBE
@@ -60,11 +60,11 @@ class Resource:
             raise InvalidInput("a table resource needs its database")
 
     @classmethod
-    def of_database(cls, database: str) -> "Resource":
+    def of_database(cls, database: str) -> Resource:
         return cls(database, None)
 
     @classmethod
-    def of_table(cls, database: str, table: str) -> "Resource":
+    def of_table(cls, database: str, table: str) -> Resource:
         return cls(database, table)
 
     @property
@@ -74,7 +74,7 @@ class Resource:
             return "cluster"
         return "database" if self.table is None else "table"
 
-    def covers(self, other: "Resource") -> bool:
+    def covers(self, other: Resource) -> bool:
         """Whether a grant on ``self`` applies to ``other`` (itself or anything below it)."""
         if self.database is None:
             return True
@@ -82,7 +82,7 @@ class Resource:
             return False
         return self.table is None or self.table == other.table
 
-    def ancestors(self) -> tuple["Resource", ...]:
+    def ancestors(self) -> tuple[Resource, ...]:
         """``self`` and every resource above it, nearest first."""
         if self.database is None:
             return (self,)
@@ -101,7 +101,7 @@ class Resource:
         return {"database": self.database, "table": self.table}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Resource":
+    def from_json(cls, data: dict) -> Resource:
         return cls(data.get("database"), data.get("table"))
 
 
@@ -136,6 +136,6 @@ class Grant:
                 "resource": self.resource.to_json()}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Grant":
+    def from_json(cls, data: dict) -> Grant:
         return cls(str(data["principal"]), Resource.from_json(data["resource"]),
                    Operation.parse(data["operation"]))

@@ -53,7 +53,7 @@ def _password(args: argparse.Namespace, confirm: bool) -> str:
         return os.environ[PASSWORD_ENV]
     if getattr(args, "password_stdin", False) or not sys.stdin.isatty():
         line = sys.stdin.readline()
-        return line[:-1] if line.endswith("\n") else line
+        return line.removesuffix("\n")
     password = getpass.getpass("password: ")
     if confirm and getpass.getpass("again: ") != password:
         raise SystemExit("the passwords differ")

@@ -23,14 +23,14 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
-import pyarrow.flight as flight
+from pyarrow import flight
 
 from flightstore.config import SERVER_OPTIONS
 from flightstore.server.users import UserStore
 
-__all__ = ["NoAuthHandler", "BasicAuthMiddlewareFactory", "principal_of", "AUTH_MIDDLEWARE"]
+__all__ = ["AUTH_MIDDLEWARE", "BasicAuthMiddlewareFactory", "NoAuthHandler", "principal_of"]
 
 AUTH_MIDDLEWARE = "auth"  # the key of the middleware in the server's middleware dict
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import pyarrow as pa
 
@@ -31,7 +31,7 @@ from flightstore.schema import TablePath
 from flightstore.sql import nodes
 from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
 
-__all__ = ["Authorizer", "GRANTS_FILE"]
+__all__ = ["GRANTS_FILE", "Authorizer"]
 
 GRANTS_FILE = "grants.json"
 

@@ -21,23 +21,26 @@ Series (each server has its own registry, so several servers in one process do n
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.flight as flight
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import start_http_server
 from prometheus_client.process_collector import ProcessCollector
+from pyarrow import flight
 
 if TYPE_CHECKING:
     from flightstore.store import Store
 
-__all__ = ["ServerMetrics", "MetricsMiddlewareFactory", "METRICS_MIDDLEWARE", "status_name"]
+__all__ = ["METRICS_MIDDLEWARE", "MetricsMiddlewareFactory", "ServerMetrics", "status_name"]
 
 METRICS_MIDDLEWARE = "metrics"
+_log = logging.getLogger("flightstore.server.metrics")
 _QUERY_METHODS = (flight.FlightMethod.DO_GET, flight.FlightMethod.GET_FLIGHT_INFO)
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -67,7 +70,7 @@ def status_name(exc: BaseException | None) -> str:
 
 
 class _CallMetrics(flight.ServerMiddleware):
-    def __init__(self, metrics: "ServerMetrics", method: flight.FlightMethod) -> None:
+    def __init__(self, metrics: ServerMetrics, method: flight.FlightMethod) -> None:
         self.metrics = metrics
         self.method = method
         self.started = time.perf_counter()
@@ -92,7 +95,7 @@ class _CallMetrics(flight.ServerMiddleware):
 class MetricsMiddlewareFactory(flight.ServerMiddlewareFactory):
     """Times every call; install it before the authentication middleware."""
 
-    def __init__(self, metrics: "ServerMetrics") -> None:
+    def __init__(self, metrics: ServerMetrics) -> None:
         super().__init__()
         self.metrics = metrics
 
@@ -103,7 +106,7 @@ class MetricsMiddlewareFactory(flight.ServerMiddlewareFactory):
 class _StoreCollector:
     """Offsets of the open tables' buckets and Arrow's memory, read at each scrape."""
 
-    def __init__(self, store: "Store") -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -114,16 +117,13 @@ class _StoreCollector:
                                     labels=["table", "bucket"])
         for table in self.store.open_tables():
             name = str(table.path)
-            for bucket, log in enumerate(table.logs):
-                try:
+            try:
+                for bucket, log in enumerate(table.logs):
                     log_end.add_metric([name, str(bucket)], log.end_offset)
-                except Exception:  # noqa: BLE001 - a table closing under the scrape: skip it
-                    continue
-            for bucket, kv in enumerate(table.kvs):
-                try:
+                for bucket, kv in enumerate(table.kvs):
                     applied.add_metric([name, str(bucket)], kv.applied_offset)
-                except Exception:  # noqa: BLE001 - as above
-                    continue
+            except Exception:  # noqa: BLE001 - a table dropped or closed under the scrape
+                _log.debug("metrics: skipped table %s", name, exc_info=True)
         yield log_end
         yield applied
         memory = GaugeMetricFamily("flightstore_arrow_allocated_bytes",
@@ -135,7 +135,7 @@ class _StoreCollector:
 class ServerMetrics:
     """The metrics of one server and, once :meth:`serve` ran, its HTTP endpoint."""
 
-    def __init__(self, store: "Store") -> None:
+    def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.rpcs = Counter("flightstore_rpc", "Flight calls by method and final status",

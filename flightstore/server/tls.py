@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.flight as flight
+from pyarrow import flight
 
 from flightstore.errors import InvalidInput
 
@@ -21,7 +21,8 @@ __all__ = ["TlsConfig"]
 
 def _read_pem(path: str | os.PathLike, what: str) -> bytes:
     try:
-        data = open(path, "rb").read()
+        with open(path, "rb") as handle:
+            data = handle.read()
     except OSError as exc:
         raise InvalidInput(f"cannot read the {what} {path}: {exc.strerror}") from None
     if b"-----BEGIN " not in data:
@@ -39,7 +40,7 @@ class TlsConfig:
 
     @classmethod
     def from_files(cls, cert: str | os.PathLike, key: str | os.PathLike,
-                   client_ca: str | os.PathLike | None = None) -> "TlsConfig":
+                   client_ca: str | os.PathLike | None = None) -> TlsConfig:
         return cls(_read_pem(cert, "TLS certificate"), _read_pem(key, "TLS key"),
                    _read_pem(client_ca, "client CA") if client_ca else None)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import argon2
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -66,7 +66,7 @@ class UserStore:
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_passwords(cls, passwords: Mapping[str, str]) -> "UserStore":
+    def from_passwords(cls, passwords: Mapping[str, str]) -> UserStore:
         """In-memory users from plain passwords (tests, embedded servers); nothing is written."""
         store = cls(hasher=_CHEAP)
         for name, password in passwords.items():
@@ -74,7 +74,7 @@ class UserStore:
         return store
 
     @classmethod
-    def open(cls, path: str | os.PathLike, *, create: bool = False) -> "UserStore":
+    def open(cls, path: str | os.PathLike, *, create: bool = False) -> UserStore:
         """The users of file ``path``; an absent file is an empty store when ``create`` is set,
         else NotFound. InvalidInput when the file is not a users file."""
         store = cls(path=path)

@@ -27,8 +27,15 @@ from flightstore.errors import InvalidInput, SqlError
 from flightstore.sql.nodes import Grant, Revoke, ShowGrants
 from flightstore.sql.resolve import CatalogView, resolve_database, resolve_table
 
-__all__ = ["GrantStatement", "ShowGrantsStatement", "parse_grant", "parse_show_grants", "plan_grant",
-           "plan_show_grants", "SHOW_GRANTS_SCHEMA"]
+__all__ = [
+    "SHOW_GRANTS_SCHEMA",
+    "GrantStatement",
+    "ShowGrantsStatement",
+    "parse_grant",
+    "parse_show_grants",
+    "plan_grant",
+    "plan_show_grants",
+]
 
 SHOW_GRANTS_SCHEMA = pa.schema([
     pa.field("principal", pa.string(), nullable=False),

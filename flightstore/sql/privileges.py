@@ -28,7 +28,7 @@ from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.schema import TablePath
 from flightstore.sql import nodes as n
 
-__all__ = ["required_permissions", "table_resource", "plan_tables"]
+__all__ = ["plan_tables", "required_permissions", "table_resource"]
 
 
 def table_resource(path: TablePath) -> Resource:

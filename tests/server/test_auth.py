@@ -11,9 +11,9 @@ import subprocess
 import sys
 import threading
 
-import adbc_driver_flightsql.dbapi as dbapi
-import pyarrow.flight as flight
 import pytest
+from adbc_driver_flightsql import dbapi
+from pyarrow import flight
 
 import flightstore
 from flightstore.server.service import FlightSqlServer
@@ -74,9 +74,9 @@ def test_wrong_or_missing_credentials_are_refused(secured):
         flightstore.connect(secured.uri, username="alice", password="wrong", timeout=30)
     with pytest.raises(flight.FlightUnauthenticatedError, match="wrong username or password"):
         flightstore.connect(secured.uri, username="nobody", password="s3cret", timeout=30)
-    with flightstore.connect(secured.uri, timeout=30) as anonymous:
-        with pytest.raises(flight.FlightUnauthenticatedError, match="authentication required"):
-            anonymous.sql("SELECT 1")
+    with flightstore.connect(secured.uri, timeout=30) as anonymous, \
+            pytest.raises(flight.FlightUnauthenticatedError, match="authentication required"):
+        anonymous.sql("SELECT 1")
     client = _raw_client(secured)
     with pytest.raises(flight.FlightUnauthenticatedError, match="invalid or expired token"):
         _list_actions(client, (b"authorization", b"Bearer made-up"))
@@ -139,7 +139,7 @@ def test_tokens_are_bounded(tmp_path):
 
 def _cli(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flightstore", *args], input=stdin, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})})
+                          text=True, timeout=120, env={**os.environ, **(env or {})}, check=False)
 
 
 def test_user_cli_writes_salted_hashes_only(tmp_path):

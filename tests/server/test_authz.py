@@ -5,14 +5,14 @@ REVOKE takes them back; metadata lists only what the user may describe."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
-import adbc_driver_flightsql.dbapi as dbapi
 import adbc_driver_manager
 import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
+from adbc_driver_flightsql import dbapi
+from pyarrow import flight
 
 import flightstore
 from flightstore.server import protocol
@@ -229,7 +229,7 @@ def test_a_ticket_is_checked_for_whoever_presents_it(env):
 
 
 def _allowed(env: AclServer, user: str, name: str) -> None:
-    dict((c[0], c[1]) for c in CASES)[name](env, user)
+    {c[0]: c[1] for c in CASES}[name](env, user)
 
 
 def test_grants_allow_survive_restart_and_revoke_takes_them_back(env):

@@ -7,11 +7,11 @@ import sys
 import threading
 
 import adbc_driver_flightsql as adbc_flightsql
-import adbc_driver_flightsql.dbapi as dbapi
 import adbc_driver_manager
 import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
+from adbc_driver_flightsql import dbapi
+from pyarrow import flight
 
 import flightstore
 from flightstore.server.service import FlightSqlServer
@@ -77,17 +77,17 @@ def test_python_client_and_adbc_over_tls_with_auth(tls_server, certs):
 
 def test_tls_server_refuses_what_cannot_verify_or_speaks_plaintext(tls_server, certs):
     port = tls_server.port
-    with flightstore.connect(f"grpc://127.0.0.1:{port}", timeout=10) as plain:
-        with pytest.raises(flight.FlightUnavailableError):
-            plain.sql("SELECT 1")
+    with flightstore.connect(f"grpc://127.0.0.1:{port}", timeout=10) as plain, \
+            pytest.raises(flight.FlightUnavailableError):
+        plain.sql("SELECT 1")
     # No CA given: the system roots do not know the test CA, the handshake fails.
-    with flightstore.connect(tls_server.uri, timeout=10) as unverified:
-        with pytest.raises(flight.FlightUnavailableError):
-            unverified.sql("SELECT 1")
-    with pytest.raises(adbc_driver_manager.Error):
-        with dbapi.connect(tls_server.uri, db_kwargs={"username": "alice", "password": "s3cret"},
-                           autocommit=True) as conn, conn.cursor() as cur:
-            cur.execute("SELECT 1")
+    with flightstore.connect(tls_server.uri, timeout=10) as unverified, \
+            pytest.raises(flight.FlightUnavailableError):
+        unverified.sql("SELECT 1")
+    with pytest.raises(adbc_driver_manager.Error), \
+            dbapi.connect(tls_server.uri, db_kwargs={"username": "alice", "password": "s3cret"},
+                          autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT 1")
 
 
 def test_mutual_tls_accepts_a_signed_client_and_refuses_others(mtls_server, certs):
@@ -100,15 +100,14 @@ def test_mutual_tls_accepts_a_signed_client_and_refuses_others(mtls_server, cert
                ) as conn, conn.cursor() as cur:
         cur.execute("SELECT id FROM t")
         assert cur.fetchall() == [(7,)]
-    refused = [dict(),  # no client certificate
-               dict(cert_chain=certs.rogue_cert, private_key=certs.rogue_key)]  # signed by an unknown CA
+    refused = [{},  # no client certificate
+               {"cert_chain": certs.rogue_cert, "private_key": certs.rogue_key}]  # signed by an unknown CA
     for extra in refused:
-        with flightstore.connect(mtls_server.uri, tls_root_certs=certs.ca, timeout=10, **extra) as conn:
-            with pytest.raises(flight.FlightError):
-                conn.sql("SELECT id FROM t")
-    with pytest.raises(adbc_driver_manager.Error):
-        with _adbc(mtls_server.uri, certs) as conn, conn.cursor() as cur:
-            cur.execute("SELECT id FROM t")
+        with flightstore.connect(mtls_server.uri, tls_root_certs=certs.ca, timeout=10, **extra) as conn, \
+                pytest.raises(flight.FlightError):
+            conn.sql("SELECT id FROM t")
+    with pytest.raises(adbc_driver_manager.Error), _adbc(mtls_server.uri, certs) as conn, conn.cursor() as cur:
+        cur.execute("SELECT id FROM t")
     # Nothing the refused clients sent reached the table.
     with flightstore.connect(mtls_server.uri, tls_root_certs=certs.ca, cert_chain=certs.client_cert,
                              private_key=certs.client_key, timeout=30) as conn:
@@ -127,12 +126,13 @@ def test_serve_cli_over_mutual_tls(tmp_path, certs):
         with flightstore.connect(uri, tls_root_certs=certs.ca, cert_chain=certs.client_cert,
                                  private_key=certs.client_key, timeout=30) as conn:
             assert conn.sql("SELECT 40 + 2 AS x").column("x").to_pylist() == [42]
-        with flightstore.connect(uri, tls_root_certs=certs.ca, timeout=10) as conn:
-            with pytest.raises(flight.FlightError):
-                conn.sql("SELECT 1")
+        with flightstore.connect(uri, tls_root_certs=certs.ca, timeout=10) as conn, \
+                pytest.raises(flight.FlightError):
+            conn.sql("SELECT 1")
     finally:
         process.terminate()
         process.wait(timeout=30)
     bad = subprocess.run([sys.executable, "-m", "flightstore", "serve", "--data-dir", str(tmp_path / "d2"),
-                          "--tls-cert", str(certs.server_cert)], capture_output=True, text=True, timeout=60)
+                          "--tls-cert", str(certs.server_cert)], capture_output=True, text=True, timeout=60,
+                         check=False)
     assert bad.returncode != 0 and "--tls-key" in bad.stderr
