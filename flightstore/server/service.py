@@ -31,7 +31,9 @@ from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.auth import BasicAuthMiddlewareFactory, NoAuthHandler
+from flightstore.server.session import Session, apply_options, option_values
 from flightstore.sql import nodes
+from flightstore.sql.resolve import resolve_database
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
 from flightstore.sql.plan import parameter_schema
 from flightstore.store import Store
@@ -120,14 +122,6 @@ def _messages(table: pa.Table) -> pa.Table:
 def _peer(context: flight.ServerCallContext | None) -> str:
     """The key of a call's session: its connection's gRPC peer address ("" in process)."""
     return context.peer() if context is not None else ""
-
-
-@dataclass
-class Session:
-    """What one client connection set: its default database (``USE``) and Flight session options."""
-
-    database: str = "default"
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -222,9 +216,12 @@ class FlightSqlServer(flight.FlightServerBase):
             ticket = tickets.result_ticket(result) or self._keep_result(result)
             return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])],
                                      result.num_rows, -1)
+        # One endpoint streaming every bucket unless the session asked for one per bucket: clients
+        # that read only endpoints[0] (flightsql-dbapi, Superset over it) must get whole answers.
+        partitions = self.executor.partitions(plan) if session.per_bucket_endpoints else [None]
         endpoints = []
         query_id = uuid.uuid4().hex  # tickets of one FlightInfo only: CancelFlightInfo cancels just these
-        for partition in self.executor.partitions(plan):
+        for partition in partitions:
             payload = {"sql": sql, "params": tickets.encode_params(params), "db": database,
                        "partition": partition, "query": query_id}
             endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
@@ -351,15 +348,18 @@ class FlightSqlServer(flight.FlightServerBase):
             result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
         elif kind == protocol.SET_SESSION_OPTIONS:
             session = self.session(context)
+            catalog = StoreCatalog(self.store)
             with self._lock:
-                for key, value in request.session_options.items():
-                    session.options[key] = value
+                errors = apply_options(session, request.session_options,
+                                       lambda name: resolve_database(catalog, name))
             result = protocol.SetSessionOptionsResult()
+            for key, value in errors.items():
+                result.errors[key].value = value
         elif kind == protocol.GET_SESSION_OPTIONS:
             session = self.session(context)
             result = protocol.GetSessionOptionsResult()
             with self._lock:
-                for key, value in session.options.items():
+                for key, value in option_values(session).items():
                     result.session_options[key].CopyFrom(value)
         elif kind == protocol.CLOSE_SESSION:
             with self._lock:

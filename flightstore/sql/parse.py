@@ -36,7 +36,14 @@ __all__ = [
 
 
 class FlinkSql(Dialect):
-    """sqlglot's default dialect with Flink's backtick identifiers and ``X'..'`` bytes."""
+    """sqlglot's default dialect with Flink's backtick identifiers and ``X'..'`` bytes.
+
+    NULLs sort last in both directions unless the query says ``NULLS FIRST``: DuckDB's rule, which
+    the server advertises as SqlInfo ``SQL_NULL_ORDERING`` = sorted at end. (sqlglot's default,
+    "NULLs are small", would rewrite ``ORDER BY x`` to ``NULLS FIRST`` on the way to DuckDB.)
+    """
+
+    NULL_ORDERING = "nulls_are_last"
 
     class Tokenizer(tokens.Tokenizer):
         IDENTIFIERS = ['"', "`"]

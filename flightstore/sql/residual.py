@@ -56,8 +56,10 @@ def _has_outer_join(ast: exp.Expression) -> bool:
 def plan_residual(ast: exp.Expression, catalog: CatalogView) -> Residual:
     """Plan ``ast`` (a query) as DuckDB SQL over pruned, pre-filtered inputs."""
     ast = ast.copy()
+    refs = _table_refs(ast)
+    _unqualify_columns(ast, refs)
     resolved: list[ResolvedTable] = []
-    for index, node in enumerate(_table_refs(ast)):
+    for index, node in enumerate(refs):
         resolved.append(resolve_table_node(catalog, node))
         alias = node.args.get("alias")
         if alias is None:
@@ -95,6 +97,22 @@ def plan_residual(ast: exp.Expression, catalog: CatalogView) -> Residual:
         inputs.append(ResidualInput(name=f"{INPUT_PREFIX}{index}", table=table.path,
                                     source=table.source, columns=tuple(columns), filter=predicate))
     return Residual(sql=sql, inputs=tuple(inputs))
+
+
+def _unqualify_columns(ast: exp.Expression, refs: list[exp.Table]) -> None:
+    """Rewrite schema-qualified columns (``bi.sales.cust_id``, as SQLAlchemy writes with
+    ``schema=``) to the table's own name (``sales.cust_id``): each table reference becomes a named
+    input aliased by that name, which the embedded engine would not find under ``bi.sales``."""
+    by_path = {(ref.db.lower(), ref.name.lower()) for ref in refs if ref.db and not ref.alias}
+    for column in ast.find_all(exp.Column):
+        if not column.args.get("db"):
+            continue
+        key = (column.db.lower(), column.table.lower())
+        if key not in by_path:
+            raise SqlError(f"column {column.sql()} names table {column.db}.{column.table}, which is not "
+                           "in the FROM clause (or has an alias there: use the alias)")
+        column.set("catalog", None)
+        column.set("db", None)
 
 
 def _qualified(ast: exp.Expression, resolved: list[ResolvedTable]) -> exp.Expression:
