@@ -31,11 +31,25 @@ from flightstore.kv.encoding import encode_keys
 from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
-from flightstore.schema import Projections, TableDescriptor, TablePath, as_table
+from flightstore.schema import Projections, TableDescriptor, TablePath, as_table, storage_type
 
 __all__ = ["Store", "Table", "WriteResult"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
+
+
+def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` without run-end or dictionary encoding, values in their storage type: pyarrow's
+    cast decodes neither runs nor dictionaries of view types (``array_take`` has no view kernel)."""
+    kind = column.type
+    if pa.types.is_run_end_encoded(kind):
+        return _decoded(pa.chunked_array([pc.run_end_decode(c) for c in column.chunks], kind.value_type))
+    if pa.types.is_dictionary(kind):
+        values = storage_type(kind.value_type)
+        chunks = [pa.DictionaryArray.from_arrays(c.indices, pc.cast(c.dictionary, values)).dictionary_decode()
+                  for c in column.chunks]
+        return pa.chunked_array(chunks, values)
+    return column
 
 
 def _widens(source: pa.DataType, target: pa.DataType) -> bool:
@@ -48,13 +62,18 @@ def _widens(source: pa.DataType, target: pa.DataType) -> bool:
     t = pa.types
     if t.is_null(source) or source == target:
         return True
+    if t.is_dictionary(source) or t.is_run_end_encoded(source):
+        return _widens(source.value_type, target)
+    if t.is_nested(source):  # lists, structs, maps: the same shape in another layout
+        return storage_type(source) == storage_type(target)
     kinds = (
         (t.is_integer, lambda x: t.is_integer(x) or t.is_floating(x) or t.is_decimal(x)),
         (t.is_floating, t.is_floating),
         (t.is_decimal, lambda x: t.is_decimal(x) or t.is_floating(x)),
         (lambda x: t.is_string(x) or t.is_large_string(x) or t.is_string_view(x),
          lambda x: t.is_string(x) or t.is_large_string(x)),
-        (lambda x: t.is_binary(x) or t.is_large_binary(x) or t.is_fixed_size_binary(x),
+        (lambda x: t.is_binary(x) or t.is_large_binary(x) or t.is_fixed_size_binary(x)
+         or t.is_binary_view(x),
          lambda x: t.is_binary(x) or t.is_large_binary(x)),
         (t.is_boolean, t.is_boolean),
         (t.is_date, t.is_date),
@@ -155,7 +174,7 @@ class Table:
                         raise SchemaMismatch(f"column {field.name!r} of {self.path} is {field.type}; "
                                              f"data of type {column.type} does not fit it")
                     try:
-                        column = pc.cast(column, field.type)
+                        column = pc.cast(_decoded(column), field.type)
                     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                         raise SchemaMismatch(f"column {field.name!r} of {self.path}: cannot convert "
                                              f"{column.type} to {field.type}: {exc}") from None

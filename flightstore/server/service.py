@@ -496,21 +496,28 @@ class FlightSqlServer(flight.FlightServerBase):
         path = TablePath(database, command.table)
         create = options.if_not_exist  # 0 unspecified, 1 CREATE, 2 FAIL
         exists = options.if_exists      # 0 unspecified, 1 FAIL, 2 APPEND, 3 REPLACE
+        created = False
         try:
             table = self.store.table(path)
             if exists in (0, 1):
                 raise InvalidInput(f"table {path} already exists (ingest mode 'create' fails on it)")
             if exists == 3:
+                TableDescriptor.create(path, data.schema)  # a schema that cannot be stored fails first
                 self.store.drop_table(path)
-                table = self.store.create_table(path, data.schema)
+                table, created = self.store.create_table(path, data.schema), True
         except TableNotFound:
             if create == 2:
                 raise TableNotFound(f"table {path} does not exist (ingest mode 'append' fails)") from None
-            table = self.store.create_table(path, data.schema)
-        if table.has_primary_key:
-            table.upsert(data)
-        else:
-            table.append(data)
+            table, created = self.store.create_table(path, data.schema), True
+        try:
+            if table.has_primary_key:
+                table.upsert(data)
+            else:
+                table.append(data)
+        except BaseException:
+            if created:  # create-then-ingest is one step: a failed ingest leaves no empty table
+                self.store.drop_table(path, if_exists=True)
+            raise
         return data.num_rows
 
     # ---- flightstore's own commands (Python client) -------------------------------------------
