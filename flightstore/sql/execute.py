@@ -13,6 +13,7 @@ partition yields is cast to it.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any, Iterator, Sequence
 
@@ -384,7 +385,7 @@ class Executor:
             try:
                 return connection.sql(sql).to_arrow_table()
             except duckdb.Error as exc:
-                raise SqlError(f"query failed: {exc}") from None
+                raise SqlError(f"query failed: {_engine_message(str(exc), inputs)}") from None
         finally:
             connection.close()
 
@@ -395,6 +396,15 @@ class Executor:
     def _residual(self, plan: n.Residual) -> Iterator[pa.Table]:
         inputs = {item.name: self._input_data(item) for item in plan.inputs}
         yield self._duckdb(plan.sql, inputs)
+
+
+def _engine_message(message: str, inputs: dict[str, Any]) -> str:
+    """DuckDB's message without what only the rewritten SQL has: its ``LINE 1: ...`` excerpt (of
+    SQL the user did not write) and the ``"__t0"`` input names."""
+    kept = [line for line in message.splitlines() if line.strip()]
+    cut = next((i for i, line in enumerate(kept) if line.startswith("LINE ")), len(kept))
+    text = " ".join(kept[:cut])
+    return re.sub(r'"?__t\d+"?(?: AS )?', "", text).strip()
 
 
 def _with_filter_columns(columns: Sequence[str], filter) -> list[str]:
