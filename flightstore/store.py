@@ -470,8 +470,12 @@ class Table:
         return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-             limit: int | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
-        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs)."""
+             limit: int | None = None, buckets: Sequence[int] | None = None, *,
+             exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs).
+
+        ``exact=False`` lets a log table's rows through unfiltered in batches the statistics could
+        not rule out: for callers that apply ``filter`` again themselves (residual SQL)."""
         columns = self._check_columns(columns)
         if filter is not None:
             filter = filter.bind(self.schema)
@@ -482,7 +486,8 @@ class Table:
             if self.has_primary_key:
                 source = self.kvs[bucket].scan(columns, filter, remaining)
             else:
-                source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter))
+                source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter,
+                                                                     exact=exact))
             for batch in source:
                 if remaining is not None:
                     batch = batch.slice(0, remaining)
@@ -493,10 +498,10 @@ class Table:
                     return
 
     def scan_table(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-                   limit: int | None = None) -> pa.Table:
+                   limit: int | None = None, *, exact: bool = True) -> pa.Table:
         columns = self._check_columns(columns)
         schema = pa.schema([self.schema.field(c) for c in columns])
-        return pa.Table.from_batches(list(self.scan(columns, filter, limit)), schema=schema)
+        return pa.Table.from_batches(list(self.scan(columns, filter, limit, exact=exact)), schema=schema)
 
     def row_count(self) -> int:
         """Rows in the table without a scan: maintained KV counts, or log offsets."""
