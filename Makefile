@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: run test bench lint clean
+.PHONY: run cluster test bench lint clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ $(TESTING): $(RUNTIME)
 run: $(RUNTIME)
 	$(PY) -m flightstore serve --data-dir ./data --host 127.0.0.1 --port 8815
 
+cluster: $(RUNTIME)
+	$(PY) -m flightstore cluster --servers 3 --data-dir ./cluster-data
+
 test: $(TESTING)
 	$(PY) -m pytest -q -ra
 
@@ -31,4 +34,4 @@ lint: $(TESTING)
 	$(PY) -m pip install -q ruff && $(VENV)/bin/ruff check flightstore flightstore_sqlalchemy connectors tests bench
 
 clean:
-	rm -rf $(VENV) data
+	rm -rf $(VENV) data cluster-data

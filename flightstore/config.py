@@ -137,6 +137,22 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,
                  "Largest record batch sent in one Flight message."),
+    ConfigOption("zookeeper.address", "str", None,
+                 "ZooKeeper `HOST:PORT[,HOST:PORT...][/chroot]` of the cluster this server joins; "
+                 "unset runs one server alone, with no coordination."),
+    ConfigOption("server.id", "int", None,
+                 "This server's id in its cluster: unique among live servers and kept across "
+                 "restarts (its buckets follow the id).", minimum=0),
+    ConfigOption("advertised-uri", "str", None,
+                 "The URI other servers and clients reach this server at; default "
+                 "`grpc://HOST:PORT` of the listening address."),
+    ConfigOption("zookeeper.session-timeout", "duration", 10_000,
+                 "How long ZooKeeper keeps a silent server registered: a killed server's buckets are "
+                 "reported unavailable, and a killed coordinator replaced, after about this long.",
+                 minimum=1000),
+    ConfigOption("cluster.ddl-timeout", "duration", 30_000,
+                 "How long a server waits for the coordinator to answer a DDL statement before "
+                 "answering UNAVAILABLE (having changed nothing).", minimum=100),
 )
 
 # Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.

@@ -33,7 +33,7 @@ from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
 from flightstore.schema import Projections, TableDescriptor, TablePath, as_table, storage_type
 
-__all__ = ["Store", "Table", "WriteResult"]
+__all__ = ["Store", "Table", "WriteResult", "new_table_descriptor"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
 
@@ -636,6 +636,26 @@ class Table:
             raise Unsupported(f"{what} needs a primary-key table; {self.path} is a log table")
 
 
+def new_table_descriptor(path: TablePath | str, schema: pa.Schema | None = None, *,
+                         primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
+                         options: Mapping[str, Any] | None = None,
+                         descriptor: TableDescriptor | None = None) -> TableDescriptor:
+    """The validated descriptor of a table to create (every check :meth:`Store.create_table`
+    makes before touching the catalog), so a cluster can refuse bad DDL before it is committed."""
+    if descriptor is None:
+        if schema is None:
+            raise InvalidInput("create_table needs a schema")
+        descriptor = TableDescriptor.create(path, schema, primary_key, partition_keys, options)
+    if descriptor.merge_engine in ("first_row", "versioned") and \
+            descriptor.options.get("table.delete.behavior") == "allow":
+        raise InvalidInput(f"table {descriptor.path}: the {descriptor.merge_engine} merge engine "
+                           "cannot allow deletes; use 'ignore' or 'disable'")
+    if descriptor.merge_engine == "aggregation":
+        from flightstore.kv.merge.aggregation import validate_aggregation
+        validate_aggregation(descriptor)
+    return descriptor
+
+
 def _lock_data_dir(data_dir: Path) -> int:
     """An exclusive lock on ``data_dir/LOCK`` for one Store's life, as a file descriptor.
 
@@ -694,17 +714,9 @@ class Store:
                      options: Mapping[str, Any] | None = None, if_not_exists: bool = False,
                      descriptor: TableDescriptor | None = None) -> Table:
         """Create a table (or pass a prepared ``descriptor``) and return its handle."""
-        if descriptor is None:
-            if schema is None:
-                raise InvalidInput("create_table needs a schema")
-            descriptor = TableDescriptor.create(path, schema, primary_key, partition_keys, options)
-        if descriptor.merge_engine in ("first_row", "versioned") and \
-                descriptor.options.get("table.delete.behavior") == "allow":
-            raise InvalidInput(f"table {descriptor.path}: the {descriptor.merge_engine} merge engine "
-                               "cannot allow deletes; use 'ignore' or 'disable'")
-        if descriptor.merge_engine == "aggregation":
-            from flightstore.kv.merge.aggregation import validate_aggregation
-            validate_aggregation(descriptor)
+        descriptor = new_table_descriptor(path, schema, primary_key=primary_key,
+                                          partition_keys=partition_keys, options=options,
+                                          descriptor=descriptor)
         with self._lock:
             self.catalog.create_table(descriptor, if_not_exists)
             return self.table(descriptor.path)

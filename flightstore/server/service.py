@@ -70,6 +70,8 @@ def _translate(exc: BaseException) -> BaseException:
             return flight.FlightUnauthorizedError(message)
         if status == "cancelled":
             return flight.FlightCancelledError(message)
+        if status == "unavailable":
+            return flight.FlightUnavailableError(message)
         if status == "data_loss":
             return flight.FlightInternalError(f"DATA_LOSS: {message}")
         return flight.FlightInternalError(message)
@@ -150,6 +152,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self._cancelled: set[bytes] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -378,6 +381,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 (protocol.GET_SESSION_OPTIONS, "get session options"),
                 (protocol.CLOSE_SESSION, "close the session"),
                 ("flightstore.offsets", "log offsets of a table's buckets"),
+                ("flightstore.cluster", "this server's view of its cluster (servers, bucket leaders)"),
                 ("flightstore.writer", "the last batch sequence a writer applied"),
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
                 ("flightstore.release", "release the columns a writer owns")]
@@ -612,6 +616,10 @@ class FlightSqlServer(flight.FlightServerBase):
             table = self.store.table(payload["table"])
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
+        if kind == "flightstore.cluster":
+            if self.cluster is None:
+                raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
+            return tickets.encode_custom({"op": "cluster", **self.cluster.describe(payload.get("table"))})
         raise Unsupported(f"action {kind} is not supported by flightstore")
 
 
@@ -663,11 +671,16 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
 
 
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bool = False,
-          users: dict[str, str] | None = None) -> None:
-    """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store."""
+          users: dict[str, str] | None = None, cluster: Any = None) -> None:
+    """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store.
+    ``cluster`` (a :class:`flightstore.cluster.member.ClusterConfig`) joins a cluster first."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if cluster is not None:
+        from flightstore.cluster.store import ClusterStore as store_class
+    else:
+        store_class = Store
     try:
-        store = Store(data_dir, fsync=fsync)
+        store = store_class(data_dir, fsync=fsync)
     except DataDirectoryInUse as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     try:
@@ -675,6 +688,14 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
     except pa.ArrowException as exc:
         store.close()
         raise SystemExit(f"flightstore: cannot listen on {host}:{port} ({exc}); is the port in use?")
+    if cluster is not None:
+        from flightstore.cluster.member import join
+        try:
+            server.cluster = join(cluster, store, host, server.port)
+        except FlightstoreError as exc:
+            server.shutdown()
+            store.close()
+            raise SystemExit(f"flightstore: {exc}") from None
     print(f"flightstore serving {data_dir} at grpc://{host}:{server.port}", flush=True)
 
     def stop(signum: int, frame: Any) -> None:
@@ -697,5 +718,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
     try:
         server.serve()
     finally:
+        if server.cluster is not None:
+            server.cluster.stop()
         store.close()
         print("flightstore stopped", flush=True)
