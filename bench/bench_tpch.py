@@ -118,7 +118,8 @@ def tables(seed: int = 7) -> dict[str, pa.Table]:
     return {"customer": customer, "orders": orders, "lineitem": lineitem}
 
 
-PRIMARY_KEYS = {"customer": ["c_custkey"], "orders": ["o_orderkey"], "lineitem": ["l_orderkey", "l_linenumber"]}
+PRIMARY_KEYS = {"customer": ["c_custkey"], "orders": ["o_orderkey"],
+                "lineitem": ["l_orderkey", "l_linenumber"]}
 
 
 def _build(data_dir: Path, data: dict[str, pa.Table]) -> None:
@@ -126,7 +127,8 @@ def _build(data_dir: Path, data: dict[str, pa.Table]) -> None:
         for name, table in data.items():
             options = {"bucket.num": str(BUCKETS)}
             log = store.create_table(f"log_{name}", table.schema, options=options)
-            pk = store.create_table(f"pk_{name}", table.schema, primary_key=PRIMARY_KEYS[name], options=options)
+            pk = store.create_table(f"pk_{name}", table.schema, primary_key=PRIMARY_KEYS[name],
+                                    options=options)
             for start in range(0, table.num_rows, APPEND_BATCH):
                 piece = table.slice(start, APPEND_BATCH)
                 log.append(piece)
@@ -176,8 +178,9 @@ def run() -> list[Row]:
         for kind, goal in (("log", ">=0.5x"), ("pk", ">=0.3x")):
             names = {n: f"{kind}_{n}" for n in data}
             for label, template in QUERIES.items():
+                local_sql = template.format(**{n: n for n in data})
                 fns = {"ours": ours(template.format(**names)),
-                       "peer": lambda t=template: local.sql(t.format(**{n: n for n in data})).to_arrow_table()}
+                       "peer": lambda q=local_sql: local.sql(q).to_arrow_table()}
                 got, expected = fns["ours"](), fns["peer"]()
                 if not _same(got, expected):
                     raise AssertionError(f"{label} on {kind} tables differs from DuckDB:\n{got}\n{expected}")
@@ -187,8 +190,9 @@ def run() -> list[Row]:
                     assert fns["scan"]().num_rows == LINEITEMS
                 best = best_interleaved(fns, ROUNDS)
                 table_kind = "log" if kind == "log" else "primary-key"
-                rows.append(Row(f"TPC-H {label}, 1M lineitem, {table_kind} tables (s)", best["ours"], best["peer"],
-                                "s", "DuckDB on the same Arrow tables, in process", higher_is_better=False, goal=goal))
+                rows.append(Row(f"TPC-H {label}, 1M lineitem, {table_kind} tables (s)", best["ours"],
+                                best["peer"], "s", "DuckDB on the same Arrow tables, in process",
+                                higher_is_better=False, goal=goal))
                 if kind == "pk":
                     rows.append(Row(f"  {label}: PK scan of its lineitem columns alone (s)", best["scan"],
                                     best["peer"], "s", "the whole query in DuckDB (share: PK-scan bound)",

@@ -30,7 +30,8 @@ def _cell(value: Any) -> str:
 
 
 def _numeric(arrow_type: pa.DataType) -> bool:
-    return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_decimal(arrow_type)
+    t = pa.types
+    return t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_decimal(arrow_type)
 
 
 def format_table(table: pa.Table, max_rows: int = 200) -> str:

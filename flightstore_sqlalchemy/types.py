@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import types as sqltypes
 from sqlalchemy.sql.compiler import GenericTypeCompiler
 
-__all__ = ["FlightstoreTypeCompiler", "type_from_sql", "Date", "DateTime", "COLSPECS"]
+__all__ = ["COLSPECS", "Date", "DateTime", "FlightstoreTypeCompiler", "type_from_sql"]
 
 
 class Date(sqltypes.Date):

@@ -25,10 +25,11 @@ def _block(marker: str) -> str:
 def test_tour_and_client_snippets_run_twice(server, capsys) -> None:
     snippets = [_block("CREATE TABLE IF NOT EXISTS shop.orders"), _block("cur.fetch_arrow_table()"),
                 _block("sa.create_engine")]
+    address = server.uri.split("//")[1]
     for _ in range(2):
         for code in snippets:
-            exec(compile(code.replace("grpc://127.0.0.1:8815", server.uri)
-                         .replace("flightstore://127.0.0.1:8815", "flightstore://" + server.uri.split("//")[1]),
+            code = code.replace("grpc://127.0.0.1:8815", server.uri)
+            exec(compile(code.replace("flightstore://127.0.0.1:8815", f"flightstore://{address}"),
                          "README.md", "exec"), {})
     printed = capsys.readouterr().out
     assert "'_change_type': '+I'" in printed
@@ -38,8 +39,8 @@ def test_tour_and_client_snippets_run_twice(server, capsys) -> None:
 
 
 def test_sql_command_shown_in_the_readme_prints_that_table(server) -> None:
-    exec(compile(_block("CREATE TABLE IF NOT EXISTS shop.orders").replace("grpc://127.0.0.1:8815", server.uri),
-                 "README.md", "exec"), {})
+    tour = _block("CREATE TABLE IF NOT EXISTS shop.orders").replace("grpc://127.0.0.1:8815", server.uri)
+    exec(compile(tour, "README.md", "exec"), {})
     shown = re.search(r"```\n\.venv/bin/flightstore sql \"(.*?)\"\n(.*?)```", README, flags=re.S)
     done = subprocess.run([sys.executable, "-m", "flightstore", "sql", "--uri", server.uri, shown.group(1)],
                           capture_output=True, text=True, timeout=60)
@@ -49,8 +50,8 @@ def test_sql_command_shown_in_the_readme_prints_that_table(server) -> None:
 
 def test_make_run_installs_the_runtime_only(tmp_path) -> None:
     def plan(target: str) -> str:
-        return subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=60, check=True).stdout
+        return subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, check=True).stdout
 
     run = plan("run")
     assert "pip install -q -e ." in run and "[test" not in run and "pyspark" not in run

@@ -1,7 +1,8 @@
 """The Flight SQL server: Flight RPCs -> planner/executor/store, errors -> Flight status codes.
 
-GetFlightInfo plans a query and answers its exact schema with one endpoint per partition (bucket)
-for scans; statements (DDL, writes) arriving on the query path run once and answer a
+GetFlightInfo plans a query and answers its exact schema with one endpoint that streams every
+bucket (one endpoint per bucket when the session sets ``flightstore.per-bucket-endpoints``, as the
+Spark connector does); statements (DDL, writes) arriving on the query path run once and answer a
 ``rows_affected`` row. DoGet re-plans from the stateless ticket and streams Arrow batches kept well
 below gRPC's message limit. DoPut handles Flight SQL updates, prepared-statement parameter binding,
 bulk ingest and flightstore's own write commands. Errors are translated in exactly one place,

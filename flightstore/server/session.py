@@ -18,8 +18,9 @@ nothing of that request is applied, so a client never believes a setting took th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.config import SESSION_OPTIONS
@@ -27,7 +28,7 @@ from flightstore.errors import InvalidOption
 from flightstore.server import protocol
 from flightstore.server.sql_info import CATALOG_NAME
 
-__all__ = ["Session", "apply_options", "option_values", "PER_BUCKET_ENDPOINTS"]
+__all__ = ["PER_BUCKET_ENDPOINTS", "Session", "apply_options", "option_values"]
 
 PER_BUCKET_ENDPOINTS = "flightstore.per-bucket-endpoints"
 _INVALID_NAME, _INVALID_VALUE = 1, 2  # SetSessionOptionsResult.ErrorValue

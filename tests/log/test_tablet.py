@@ -149,7 +149,8 @@ def test_inexact_read_skips_by_statistics_only(tmp_path: Path) -> None:
         assert stats["records_skipped"] - base["records_skipped"] == 17
         assert [b.batch.num_rows for b in batches] == [100, 100, 100]
         assert [b.batch.column_names for b in batches] == [["name"]] * 3
-        assert [b.row_offsets.to_pylist() for b in batches] == [list(range(s, s + 100)) for s in (1000, 1100, 1200)]
+        assert [b.row_offsets.to_pylist() for b in batches] == \
+            [list(range(s, s + 100)) for s in (1000, 1100, 1200)]
 
 
 def test_filter_without_statistics_still_exact(tmp_path: Path) -> None:

@@ -296,7 +296,8 @@ def _set_session(client, **values) -> dict:
             request.session_options[key].bool_value = value
         else:
             request.session_options[key].string_value = value
-    [answer] = list(client.do_action(flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString())))
+    action = flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString())
+    [answer] = list(client.do_action(action))
     errors = protocol.parse("SetSessionOptionsResult", answer.body.to_pybytes()).errors
     return {key: error.value for key, error in errors.items()}
 

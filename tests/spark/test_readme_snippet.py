@@ -22,9 +22,11 @@ def test_readme_spark_snippet(spark, server) -> None:
     exec(compile(_block("CREATE TABLE IF NOT EXISTS").replace("grpc://127.0.0.1:8815", server.uri),
                  "README.md", "exec"), {})
     scope: dict = {}
-    exec(compile(_block("SparkSession").replace("grpc://127.0.0.1:8815", server.uri), "README.md", "exec"), scope)
+    snippet = _block("SparkSession").replace("grpc://127.0.0.1:8815", server.uri)
+    exec(compile(snippet, "README.md", "exec"), scope)
     assert scope["spark"] is spark  # getOrCreate: the test session
     assert scope["df"].count() == 2
     rows = server.store.table("shop.orders").scan_table().sort_by("order_id").to_pylist()
-    assert [(r["order_id"], r["status"], r["amount"]) for r in rows] == [(1, "paid", 5.5), (2, "returned", 7.0)]
+    assert [(r["order_id"], r["status"], r["amount"]) for r in rows] == [
+        (1, "paid", 5.5), (2, "returned", 7.0)]
     assert scope["changes"].isStreaming

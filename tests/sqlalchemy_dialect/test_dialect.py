@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import tomllib
 from importlib import import_module
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+import tomllib
 from sqlalchemy.dialects import registry
 
 registry.register("flightstore", "flightstore_sqlalchemy.dialect", "FlightstoreDialect")
@@ -128,7 +128,8 @@ def test_url_database_is_the_current_schema(server, engine) -> None:
 
 
 def test_pandas_through_the_engine(server, engine) -> None:
-    frame = pd.DataFrame({"id": [1, 2], "city": ["oslo", "lima"], "at": pd.to_datetime(["2026-01-01", "2026-01-02"])})
+    frame = pd.DataFrame({"id": [1, 2], "city": ["oslo", "lima"],
+                          "at": pd.to_datetime(["2026-01-01", "2026-01-02"])})
     assert frame.to_sql("cities", engine, index=False) == 2
     back = pd.read_sql("SELECT * FROM cities ORDER BY id", engine)
     pd.testing.assert_frame_equal(back, frame, check_dtype=False)

@@ -24,12 +24,12 @@ import shutil
 import socket
 import subprocess
 import time
-import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import flightstore
 from tests.server.test_flightsql_dbapi import client_venv
@@ -77,7 +77,8 @@ try:
     driver.find_element(By.CSS_SELECTOR, "[data-test=login-button]").click()
     wait.until(lambda d: "/login" not in d.current_url)
     driver.get(f"{base}/superset/dashboard/{dashboard}/?standalone=1")
-    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".dashboard-chart canvas, .chart-container canvas")))
+    chart = (By.CSS_SELECTOR, ".dashboard-chart canvas, .chart-container canvas")
+    wait.until(ec.presence_of_element_located(chart))
     titles = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".header-title, .editable-title")]
     errors = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".alert-danger, .ant-alert-error")]
     time.sleep(2)  # let echarts finish its entry animation before the picture
@@ -230,7 +231,8 @@ def test_superset_time_series_chart_and_dashboard(server, tmp_path) -> None:
                  ["init"]):
         done = subprocess.run([superset, *args], env=env, cwd=tmp_path, capture_output=True, text=True,
                               timeout=600)
-        assert done.returncode == 0, f"superset {args[0]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert done.returncode == 0, \
+            f"superset {args[0]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -274,11 +276,13 @@ def test_superset_time_series_chart_and_dashboard(server, tmp_path) -> None:
             "DASHBOARD_VERSION_KEY": "v2",
             "ROOT_ID": {"type": "ROOT", "id": "ROOT_ID", "children": ["GRID_ID"]},
             "GRID_ID": {"type": "GRID", "id": "GRID_ID", "children": ["ROW-1"], "parents": ["ROOT_ID"]},
-            "ROW-1": {"type": "ROW", "id": "ROW-1", "children": ["CHART-1"], "parents": ["ROOT_ID", "GRID_ID"],
+            "ROW-1": {"type": "ROW", "id": "ROW-1", "children": ["CHART-1"],
+                      "parents": ["ROOT_ID", "GRID_ID"],
                       "meta": {"background": "BACKGROUND_TRANSPARENT"}},
             "CHART-1": {"type": "CHART", "id": "CHART-1", "children": [],
                         "parents": ["ROOT_ID", "GRID_ID", "ROW-1"],
-                        "meta": {"chartId": chart["id"], "width": 12, "height": 60, "sliceName": "Monthly sales"}},
+                        "meta": {"chartId": chart["id"], "width": 12, "height": 60,
+                                 "sliceName": "Monthly sales"}},
         }
         dashboard = api.call("POST", "/api/v1/dashboard/", {
             "dashboard_title": "flightstore sales", "published": True, "position_json": json.dumps(position)})
