@@ -16,9 +16,9 @@ What this client does differently from ADBC (and so what these tests cover):
   and GetPrimaryKeys.
 
 Client limitations found (not server bugs; worked around, not hidden):
-* the DB-API cursor reads only ``endpoints[0]``: a full scan of a table with ``bucket.num`` > 1
-  (one endpoint per bucket) would come back partial through it. The tables here have one bucket;
-  aggregates over the 4-bucket table are single-endpoint results and are exact;
+* the DB-API cursor reads only ``endpoints[0]``: the server therefore answers every query with
+  one endpoint that streams all buckets (per-bucket endpoints are a session option this client
+  never sets), so scans of multi-bucket tables are whole (``test_multi_bucket_scans_are_whole``);
 * rows come through ``DataFrame.values.tolist()``, so a row mixing BIGINT and DOUBLE columns has
   its integers as floats (``1.0``); the comparisons below are numeric, so they hold either way;
 * the SQLAlchemy dialect's default "literal binds" compiler renders ``text(":x")`` parameters as
