@@ -217,3 +217,25 @@ def test_basic_header_carries_utf8():
     from flightstore.server.auth import BasicAuthMiddlewareFactory
     factory = BasicAuthMiddlewareFactory(UserStore.from_passwords({"bob": NON_ASCII}))
     assert factory._authenticate({"authorization": [f"Basic {encoded}"]}).user == "bob"
+
+
+def test_serve_and_sql_cli_with_a_users_file(tmp_path):
+    users_file = tmp_path / "users.json"
+    assert _cli("user", "add", "admin", "--users-file", str(users_file), stdin="adm1n\n").returncode == 0
+    assert _cli("user", "add", "bob", "--users-file", str(users_file), stdin=NON_ASCII + "\n").returncode == 0
+    server = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", "--data-dir", str(tmp_path / "data"),
+                               "--port", "0", "--users-file", str(users_file), "--super-user", "admin"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        uri = server.stdout.readline().split(" at ", 1)[1].strip()
+        done = _cli("sql", "--uri", uri, "--user", "admin", "CREATE TABLE t (id BIGINT)", "SELECT 6 * 7 AS x",
+                    env={"FLIGHTSTORE_PASSWORD": "adm1n"})
+        assert done.returncode == 0, done.stderr
+        assert "42" in done.stdout
+        denied = _cli("sql", "--uri", uri, "--user", "bob", "SELECT * FROM t", stdin=NON_ASCII + "\n")
+        assert denied.returncode == 1 and "user 'bob' may not READ table default.t" in denied.stderr
+        wrong = _cli("sql", "--uri", uri, "--user", "bob", "SELECT 1", env={"FLIGHTSTORE_PASSWORD": "nope"})
+        assert wrong.returncode == 1 and "wrong username or password" in wrong.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
