@@ -18,6 +18,7 @@ __all__ = [
     "ConfigOption",
     "TABLE_OPTIONS",
     "SERVER_OPTIONS",
+    "SESSION_OPTIONS",
     "FIELD_OPTION_PATTERN",
     "parse_duration_ms",
     "validate_table_options",
@@ -182,6 +183,43 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("auto-partition.check.interval", "duration", 600_000,
                  "How often the server creates auto partitions ahead and drops expired ones.",
                  minimum=10),
+    ConfigOption("tls.cert", "str", None,
+                 "PEM certificate chain of the server; with `tls.key` the server speaks "
+                 "`grpc+tls://` only."),
+    ConfigOption("tls.key", "str", None, "PEM private key of `tls.cert`."),
+    ConfigOption("tls.client-ca", "str", None,
+                 "PEM CA certificates for mutual TLS: a client must present a certificate signed by "
+                 "one of them, or its connection is refused."),
+    ConfigOption("auth.users-file", "str", None,
+                 "Users file of salted password hashes (`flightstore user add`); set, every call must "
+                 "authenticate (HTTP Basic, then a bearer token) and is authorized by grants. Unset, "
+                 "the server is open and every caller is a super user."),
+    ConfigOption("auth.token-ttl", "duration", 3_600_000,
+                 "A bearer token expires this long after it was minted; the client authenticates "
+                 "again (flightstore's Python client does so by itself).", minimum=1000),
+    ConfigOption("auth.max-tokens", "int", 10_000,
+                 "Most bearer tokens held at once; minting one more forgets the oldest.", minimum=1),
+    ConfigOption("authorizer.super-users", "list", (),
+                 "Users allowed every operation on every resource, grants or not (they run the "
+                 "first GRANTs)."),
+    ConfigOption("metrics.port", "int", None,
+                 "Port of the Prometheus metrics endpoint (`http://HOST:PORT/metrics`); unset, no "
+                 "endpoint.", minimum=0),
+)
+
+# Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.
+# "catalog" and "schema" are the keys the ADBC Flight SQL driver uses for adbc_current_catalog and
+# adbc_current_db_schema; "schema" is the connection's default database, the one USE sets.
+SESSION_OPTIONS: dict[str, ConfigOption] = _registry(
+    ConfigOption("catalog", "str", "flightstore",
+                 "Current catalog; flightstore has one, `flightstore` (ADBC `adbc_current_catalog`)."),
+    ConfigOption("schema", "str", "default",
+                 "Current database of the connection: what unqualified table names resolve in; `USE db` "
+                 "sets it too (ADBC `adbc_current_db_schema`)."),
+    ConfigOption("flightstore.per-bucket-endpoints", "bool", False,
+                 "Answer a scan with one Flight endpoint per bucket (parallel readers such as Spark); by "
+                 "default every query has one endpoint that streams all buckets, so clients that read "
+                 "only the first endpoint still get every row."),
 )
 
 
@@ -224,7 +262,8 @@ def server_option(options: Mapping[str, Any], key: str) -> Any:
 def options_markdown() -> str:
     """The README option table, generated from the registry."""
     lines = ["| option | scope | type | default | description |", "|---|---|---|---|---|"]
-    for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS)):
+    for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS),
+                            ("session", SESSION_OPTIONS)):
         for option in registry.values():
             default = ",".join(option.default) if isinstance(option.default, tuple) else option.default
             kind = "|".join(option.choices) if option.choices else option.type

@@ -328,8 +328,10 @@ class PartitionedTable(Table):
         return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-             limit: int | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
-        """Current rows of the partitions ``filter`` cannot rule out (or of ``buckets``)."""
+             limit: int | None = None, buckets: Sequence[int] | None = None, *,
+             exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """Current rows of the partitions ``filter`` cannot rule out (or of ``buckets``); see
+        :meth:`Table.scan` for ``exact``."""
         columns = self._check_columns(columns)
         if filter is not None:
             filter = filter.bind(self.schema)
@@ -341,7 +343,7 @@ class PartitionedTable(Table):
         for unit, local in targets:
             if remaining is not None and remaining <= 0:
                 return
-            for batch in unit.scan(columns, filter, remaining, local):
+            for batch in unit.scan(columns, filter, remaining, local, exact=exact):
                 if remaining is not None:
                     remaining -= batch.num_rows
                 yield batch

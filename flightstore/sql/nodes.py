@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from flightstore.acl import Operation, Resource
 from flightstore.expressions import (AlwaysTrue, And, Comparison, In, IsNotNull, IsNull, Not, Or,
                                      Predicate, StartsWith)
 from flightstore.schema import TableDescriptor, TablePath
@@ -22,7 +23,7 @@ __all__ = [
     "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "Count", "Changelog", "Residual",
     "ResidualInput", "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
     "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain", "UseDatabase",
-    "AlterTable", "ShowPartitions", "render_predicate", "render_change",
+    "Grant", "Revoke", "ShowGrants", "AlterTable", "ShowPartitions", "render_predicate", "render_change",
 ]
 
 # A field that EXPLAIN shows only when set: e.g. the pruned partitions of a partitioned table.
@@ -83,8 +84,10 @@ def _render(value: Any) -> str:
         return value.explain()
     if isinstance(value, Predicate):
         return render_predicate(value)
-    if isinstance(value, TablePath):
+    if isinstance(value, (TablePath, Resource)):
         return str(value)
+    if isinstance(value, Operation):
+        return value.value
     if isinstance(value, TableDescriptor):
         return _render_descriptor(value)
     if isinstance(value, pa.Table):
@@ -318,3 +321,30 @@ class ShowPartitions(PlanNode):
     """``SHOW PARTITIONS t``: one ``partition`` row per partition, ``k=v[/k2=v2]``."""
 
     table: TablePath
+
+
+# ---- access control -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Grant(PlanNode):
+    """``GRANT operations ON resource TO principals`` (run by the server's authorizer)."""
+
+    principals: tuple[str, ...]
+    operations: tuple[Operation, ...]
+    resource: Resource
+
+
+@dataclass(frozen=True)
+class Revoke(PlanNode):
+    """``REVOKE operations ON resource FROM principals``."""
+
+    principals: tuple[str, ...]
+    operations: tuple[Operation, ...]
+    resource: Resource
+
+
+@dataclass(frozen=True)
+class ShowGrants(PlanNode):
+    """``SHOW GRANTS [FOR principal] [ON resource]``: the grants the caller may describe."""
+
+    principal: str | None = None
+    resource: Resource | None = None
