@@ -41,9 +41,20 @@ def _serve(args: argparse.Namespace) -> int:
             if args.metrics_port is not None else None
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
+    options = {}
+    for spec in args.option or []:
+        key, sep, value = spec.partition("=")
+        if not sep or key.strip() not in SERVER_OPTIONS:
+            raise SystemExit(f"--option expects KEY=VALUE with a server option KEY (flightstore "
+                             f"options), got {spec!r}")
+        try:
+            SERVER_OPTIONS[key.strip()].parse(value.strip())
+        except FlightstoreError as exc:
+            raise SystemExit(f"flightstore: {exc}") from None
+        options[key.strip()] = value.strip()
     serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users,
           cluster=_cluster_config(args), super_users=super_users, tls=tls, token_ttl_ms=token_ttl_ms,
-          max_tokens=max_tokens, metrics_port=metrics_port)
+          max_tokens=max_tokens, metrics_port=metrics_port, options=options)
     return 0
 
 
@@ -181,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--tls-key", metavar="PEM", help=SERVER_OPTIONS["tls.key"].doc)
     serve.add_argument("--tls-client-ca", metavar="PEM", help=SERVER_OPTIONS["tls.client-ca"].doc)
     serve.add_argument("--metrics-port", help=SERVER_OPTIONS["metrics.port"].doc)
+    serve.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
+                       help="any server option of `flightstore options` (repeatable), e.g. "
+                            "-o max.partition.num=100")
     serve.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", help=SERVER_OPTIONS["zookeeper.address"].doc)
     serve.add_argument("--server-id", help=SERVER_OPTIONS["server.id"].doc)
     serve.add_argument("--advertised-uri", metavar="grpc://HOST:PORT", help=SERVER_OPTIONS["advertised-uri"].doc)

@@ -289,13 +289,23 @@ class TableClient:
         return self.connection._get(payload).read_all()
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-             limit: int | None = None) -> pa.Table:
+             limit: int | None = None, buckets: Sequence[int] | None = None) -> pa.Table:
+        """Current rows (only ``columns``, filtered on the server; ``buckets``: only those)."""
         payload = {"op": "scan", "table": self.name, "columns": list(columns) if columns else None,
-                   "filter": filter.to_dict() if filter is not None else None, "limit": limit}
+                   "filter": filter.to_dict() if filter is not None else None, "limit": limit,
+                   "buckets": list(buckets) if buckets is not None else None}
         return self.connection._get(payload).read_all()
 
     def row_count(self) -> int:
         return self.connection._get({"op": "count", "table": self.name}).read_all().column(0)[0].as_py()
+
+    def buckets(self, filter: Predicate | None = None) -> list[int]:
+        """The table-wide numbers of the buckets a scan with ``filter`` reads: every bucket, or for
+        a partitioned table those of the partitions ``filter`` cannot rule out. Scan one with
+        ``scan(..., buckets=[b])``."""
+        answer = self.connection._action("flightstore.buckets", {
+            "table": self.name, "filter": filter.to_dict() if filter is not None else None})
+        return [int(b) for b in answer["buckets"]]
 
     def offsets(self, which: str = "end") -> dict[int, int]:
         answer = self.connection._action("flightstore.offsets", {"table": self.name, "which": which})

@@ -28,8 +28,8 @@ __all__ = ["ClusterStore"]
 class ClusterStore(Store):
     """A data directory of one cluster member; DDL goes through :attr:`member`'s coordinator."""
 
-    def __init__(self, data_dir: Any, *, fsync: bool = False) -> None:
-        super().__init__(data_dir, fsync=fsync)
+    def __init__(self, data_dir: Any, *, fsync: bool = False, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(data_dir, fsync=fsync, options=options)
         self.member: ClusterMember | None = None
 
     def _ddl(self, request: dict[str, Any]) -> None:

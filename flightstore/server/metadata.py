@@ -22,7 +22,7 @@ from flightstore.schema import TableDescriptor, arrow_type_to_sql
 from flightstore.server.sql_info import CATALOG_NAME, SQL_INFO, SQL_INFO_SCHEMA, sql_info_table
 
 __all__ = [
-    "CATALOG_NAME", "TABLE_TYPE",
+    "CATALOG_NAME", "TABLE_TYPE", "PARTITION_KEYS_METADATA",
     "CATALOGS_SCHEMA", "DB_SCHEMAS_SCHEMA", "TABLES_SCHEMA", "TABLES_SCHEMA_WITH_SCHEMA",
     "TABLE_TYPES_SCHEMA", "PRIMARY_KEYS_SCHEMA", "IMPORTED_KEYS_SCHEMA", "EXPORTED_KEYS_SCHEMA",
     "CROSS_REFERENCE_SCHEMA", "XDBC_TYPE_INFO_SCHEMA", "SQL_INFO_SCHEMA", "SQL_INFO",
@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 TABLE_TYPE = "TABLE"
+PARTITION_KEYS_METADATA = b"flightstore.partition_keys"  # schema metadata of a partitioned table
 
 
 def _utf8(name: str, nullable: bool = True) -> pa.Field:
@@ -216,8 +217,9 @@ def with_column_metadata(schema: pa.Schema, descriptor: TableDescriptor) -> pa.S
     Sets CATALOG_NAME, DB_SCHEMA_NAME (and SCHEMA_NAME), TABLE_NAME, TYPE_NAME (our SQL type name without its
     parameters, matching :func:`xdbc_type_info_table`), PRECISION and
     SCALE where meaningful, IS_AUTO_INCREMENT ("0"), IS_CASE_SENSITIVE ("1" for text),
-    IS_READ_ONLY ("0") and IS_SEARCHABLE ("1"). Existing field metadata is kept; schema-level
-    metadata is preserved.
+    IS_READ_ONLY ("0"), IS_SEARCHABLE ("1") and REMARKS ("partition key" on partition columns, and
+    the column's COMMENT). Existing field metadata is kept; schema-level metadata is preserved,
+    and a partitioned table's carries ``flightstore.partition_keys`` (comma-separated).
     """
     fields = []
     for field in schema:
@@ -236,6 +238,11 @@ def with_column_metadata(schema: pa.Schema, descriptor: TableDescriptor) -> pa.S
             "IS_READ_ONLY": "0",
             "IS_SEARCHABLE": "1",
         }
+        remarks = [r for r in (
+            "partition key" if field.name in descriptor.partition_keys else None,
+            (field.metadata or {}).get(b"comment", b"").decode() or None) if r]
+        if remarks:
+            meta["REMARKS"] = "; ".join(remarks)
         precision, scale = _precision_scale(arrow_type)
         if precision is not None:
             meta["PRECISION"] = str(precision)
@@ -244,7 +251,10 @@ def with_column_metadata(schema: pa.Schema, descriptor: TableDescriptor) -> pa.S
         merged = dict(field.metadata or {})
         merged.update({(_META + k).encode(): v.encode() for k, v in meta.items()})
         fields.append(field.with_metadata(merged))
-    return pa.schema(fields, metadata=schema.metadata)
+    table_meta = dict(schema.metadata or {})
+    if descriptor.partition_keys:
+        table_meta[PARTITION_KEYS_METADATA] = ",".join(descriptor.partition_keys).encode()
+    return pa.schema(fields, metadata=table_meta or None)
 
 
 # ---- XDBC type info -------------------------------------------------------------------------

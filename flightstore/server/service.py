@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -37,6 +37,7 @@ from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory
                                      principal_of)
 from flightstore.server.authz import Authorizer
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
+from flightstore.server.partition_manager import AutoPartitionManager
 from flightstore.server.session import Session, apply_options, option_values
 from flightstore.server.tls import TlsConfig
 from flightstore.server.users import UserStore
@@ -186,6 +187,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
+        self.partition_manager = AutoPartitionManager(store).start()
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -209,6 +211,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def shutdown(self) -> None:
         self._stop.set()
+        self.partition_manager.stop()
         super().shutdown()
         self.metrics.close()
 
@@ -446,6 +449,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 ("flightstore.offsets", "log offsets of a table's buckets"),
                 ("flightstore.cluster", "this server's view of its cluster (servers, bucket leaders)"),
                 ("flightstore.writer", "the last batch sequence a writer applied"),
+                ("flightstore.buckets", "the buckets a scan with a filter reads (partitions pruned)"),
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
                 ("flightstore.release", "release the columns a writer owns")]
 
@@ -695,6 +699,13 @@ class FlightSqlServer(flight.FlightServerBase):
             else:
                 offsets = table.offsets_for_timestamp(int(payload["timestamp_ms"]))
             return tickets.encode_custom({"op": "offsets", "offsets": {str(k): v for k, v in offsets.items()}})
+        if kind == "flightstore.buckets":
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.DESCRIBE, table)
+            filter = from_json(payload["filter"]) if payload.get("filter") else None
+            if filter is not None:
+                filter = filter.bind(table.schema)
+            return tickets.encode_custom({"op": "buckets", "buckets": _bucket_ids(table, filter)})
         if kind == "flightstore.undo":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.WRITE, table)
@@ -727,6 +738,14 @@ class _CallStop:
 
     def is_set(self) -> bool:
         return self.server_stop.is_set() or self.context.is_cancelled()
+
+
+def _bucket_ids(table: Any, filter: Any) -> list[int]:
+    """The buckets a scan with ``filter`` must read: of a partitioned table, those of the
+    partitions the filter cannot rule out (table-wide numbers)."""
+    if table.descriptor.is_partitioned:
+        return table.bucket_ids(filter=filter)
+    return table.bucket_ids()
 
 
 def _is_query_ticket(data: bytes) -> bool:
@@ -786,17 +805,18 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
           users: UserStore | dict[str, str] | None = None, cluster: Any = None,
           super_users: tuple[str, ...] = (), tls: TlsConfig | None = None,
           token_ttl_ms: int | None = None, max_tokens: int | None = None,
-          metrics_port: int | None = None) -> None:
+          metrics_port: int | None = None, options: Mapping[str, Any] | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store.
     ``cluster`` (a :class:`flightstore.cluster.member.ClusterConfig`) joins a cluster first;
-    ``metrics_port`` serves Prometheus metrics on ``host``."""
+    ``metrics_port`` serves Prometheus metrics on ``host``; ``options`` are server options of
+    :data:`flightstore.config.SERVER_OPTIONS` (``serve -o KEY=VALUE``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if cluster is not None:
         from flightstore.cluster.store import ClusterStore as store_class
     else:
         store_class = Store
     try:
-        store = store_class(data_dir, fsync=fsync)
+        store = store_class(data_dir, fsync=fsync, options=options)
     except DataDirectoryInUse as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     try:
