@@ -774,9 +774,9 @@ class Store:
                                           descriptor=descriptor)
         with self._lock:
             created = self.catalog.create_table(descriptor, if_not_exists)
-            if created and descriptor.option("table.auto-partition.enabled"):
-                self.auto_partition(tables=[descriptor.path])
-            return self.table(descriptor.path)
+        if created and descriptor.option("table.auto-partition.enabled"):
+            self.auto_partition(tables=[descriptor.path])  # its first partitions, at once
+        return self.table(descriptor.path)
 
     @property
     def partition_limits(self) -> PartitionLimits:

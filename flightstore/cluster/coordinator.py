@@ -36,6 +36,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NoNodeError, Rolle
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.election import Election
 
+from flightstore.alter import PartitionLimits, apply_changes, change_from_json
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.cluster.assignment import round_robin
 from flightstore.cluster.ddl import error_response
@@ -79,6 +80,7 @@ class Coordinator:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._campaign, name="cluster-coordinator", daemon=True)
         self.leading = threading.Event()
+        self.partition_limits = PartitionLimits()  # the server's max.partition.num / max.bucket.num
         self.on_lead: Callable[[int], None] | None = None  # tests and logs: called with the epoch
 
     # ---- life ---------------------------------------------------------------------------------
@@ -267,7 +269,38 @@ class Coordinator:
             return self._create_table(request, transaction, state)
         if op == "drop_table":
             return self._drop_table(request, transaction)
+        if op == "alter_table":
+            return self._alter_table(request, transaction)
         raise InvalidInput(f"unknown DDL operation {op!r}")
+
+    def _alter_table(self, request: dict, transaction: Any) -> dict:
+        """ALTER TABLE: the changes applied to the descriptor in ZooKeeper (the single-server rules
+        of :mod:`flightstore.alter`); a rename moves the table's znode, keeping its id and buckets."""
+        path = TablePath(request["database"], request["table"])
+        try:
+            data, stat = self._client.get(self._paths.table(path.database, path.table))
+        except NoNodeError:
+            raise TableNotFound(f"table {path} does not exist") from None
+        record = decode(data)
+        old = TableDescriptor.from_json(record["descriptor"])
+        changes = [change_from_json(c) for c in request["changes"]]
+        new = apply_changes(old, changes, self.partition_limits)
+        if new == old:
+            return {"changed": False}
+        record = {**record, "descriptor": new.to_json()}
+        if new.path == path:
+            transaction.set_data(self._paths.table(path.database, path.table), encode(record),
+                                 version=stat.version)
+            return {"changed": True}
+        if self._client.exists(self._paths.table(new.path.database, new.path.table)) is not None:
+            raise AlreadyExists(f"table {new.path} already exists")
+        transaction.delete(self._paths.table(path.database, path.table), version=stat.version)
+        transaction.create(self._paths.table(new.path.database, new.path.table), encode(record))
+        assignment, assignment_stat = self._client.get(self._paths.assignment(record["table_id"]))
+        transaction.set_data(self._paths.assignment(record["table_id"]),
+                             encode({**decode(assignment), "path": str(new.path)}),
+                             version=assignment_stat.version)
+        return {"changed": True}
 
     def _create_database(self, request: dict, transaction: Any) -> dict:
         name = str(request["name"])

@@ -17,9 +17,11 @@ its request: if the delete succeeds nothing was or will be changed (the coordina
 would fail on the missing request) and the caller gets :class:`CoordinatorUnavailable`; if the
 request is already gone, the answer is there to read. The requester deletes the answer it read.
 
-Operations: ``create_database``, ``drop_database``, ``create_table``, ``drop_table`` with the
-arguments of the :class:`~flightstore.store.Store` methods of the same name (a table travels as its
-descriptor's JSON, validated by the requester before it is sent and again by the coordinator).
+Operations: ``create_database``, ``drop_database``, ``create_table``, ``drop_table`` and
+``alter_table`` with the arguments of the :class:`~flightstore.store.Store` methods of the same name
+(a table travels as its descriptor's JSON, validated by the requester before it is sent and again
+by the coordinator; ALTER TABLE changes travel as :meth:`flightstore.alter.Change.to_json`, and the
+coordinator applies them to the descriptor it holds, so concurrent ALTERs never lose one another).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from flightstore.errors import CoordinatorUnavailable, FlightstoreError
 
 __all__ = ["OPERATIONS", "DdlClient", "error_response", "raise_for_error"]
 
-OPERATIONS = ("create_database", "drop_database", "create_table", "drop_table")
+OPERATIONS = ("create_database", "drop_database", "create_table", "drop_table", "alter_table")
 _ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 

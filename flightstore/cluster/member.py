@@ -82,6 +82,7 @@ class ClusterMember:
         self.metadata = MetadataCache(self.client, self.paths)
         self.mirror = CatalogMirror(store, config.server_id)
         self.coordinator = Coordinator(self.client, self.paths, config.server_id, config.advertised_uri)
+        self.coordinator.partition_limits = store.partition_limits
         self.ddl = DdlClient(self.client, self.paths, config.server_id)
         self._registered = threading.Event()
         self._reregister = threading.Event()

@@ -116,9 +116,18 @@ class CatalogMirror:
                                       "tables": {}}
         known: dict[str, str] = dict(identity["tables"])
         desired = {str(path): record for path, record in view.tables.items()}
+        by_id = {record.table_id: name for name, record in desired.items()}
+        local_tables = {str(p) for p in store.catalog.all_tables()}
         for name, table_id in list(known.items()):
             record = desired.get(name)
-            if record is None or record.table_id != table_id:
+            renamed = by_id.get(table_id)
+            if record is None and renamed is not None and renamed not in known and name in local_tables:
+                # ALTER TABLE ... RENAME TO: the same table (same id) under a new name keeps its data
+                store.local_alter_table(TablePath.parse(name), desired[renamed].descriptor)
+                del known[name]
+                known[renamed] = table_id
+                self._save(identity, known, view.version)
+            elif record is None or record.table_id != table_id:
                 store.local_drop_table(TablePath.parse(name))
                 del known[name]
                 self._save(identity, known, view.version)
@@ -138,6 +147,8 @@ class CatalogMirror:
                 store.local_create_table(record.descriptor)
             elif name not in local_tables:
                 store.local_create_table(record.descriptor)  # known, its creation was interrupted
+            elif store.catalog.get_table(record.path) != record.descriptor:
+                store.local_alter_table(record.path, record.descriptor)  # ALTER TABLE
         self._save(identity, known, view.version)
 
     def _save(self, identity: dict[str, Any], tables: dict[str, str], version: int) -> None:

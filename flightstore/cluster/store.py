@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from flightstore.alter import Change, RenameTable, apply_changes
 from flightstore.errors import CoordinatorUnavailable
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.store import Store, Table, new_table_descriptor
@@ -53,12 +54,32 @@ class ClusterStore(Store):
                                           schema, primary_key=primary_key, partition_keys=partition_keys,
                                           options=options, descriptor=descriptor)
         self._ddl({"op": "create_table", "descriptor": descriptor.to_json(), "if_not_exists": if_not_exists})
+        if descriptor.option("table.auto-partition.enabled"):
+            Store.auto_partition(self, tables=[descriptor.path])  # its first partitions, at once
         return self.table(descriptor.path)
 
     def drop_table(self, path: TablePath | str, if_exists: bool = False) -> None:
         path = self._path(path)
         self._ddl({"op": "drop_table", "database": path.database, "table": path.table,
                    "if_exists": if_exists})
+
+    def alter_table(self, path: TablePath | str, changes: Sequence[Change]) -> TableDescriptor:
+        path = self._path(path)
+        descriptor = self.catalog.get_table(path)
+        apply_changes(descriptor, changes, self.partition_limits)  # refuse bad changes before sending
+        self._ddl({"op": "alter_table", "database": path.database, "table": path.table,
+                   "changes": [change.to_json() for change in changes]})
+        renamed = [c.target for c in changes if isinstance(c, RenameTable)]
+        return self.catalog.get_table(renamed[-1] if renamed else path)
+
+    def auto_partition(self, now_ms: int | None = None,
+                       tables: Sequence[TablePath] | None = None) -> dict[str, tuple[int, int]]:
+        """Only the coordinator creates and drops auto partitions (through the coordinator, like
+        any DDL); the other servers follow its catalog."""
+        member = self.member
+        if member is None or not member.is_coordinator:
+            return {}
+        return super().auto_partition(now_ms, tables)
 
     # ---- what the catalog mirror applies locally ----------------------------------------------
     def local_create_database(self, name: str) -> None:
@@ -68,7 +89,18 @@ class ClusterStore(Store):
         Store.drop_database(self, name, if_exists=True, cascade=True)
 
     def local_create_table(self, descriptor: TableDescriptor) -> None:
-        Store.create_table(self, descriptor.path, descriptor=descriptor)
+        # Only the catalog entry: the table opens when used, and its auto partitions come from
+        # the coordinator (the mirror thread must never wait for DDL).
+        descriptor = new_table_descriptor(descriptor.path, descriptor=descriptor)
+        with self._lock:
+            self.catalog.create_table(descriptor)
 
     def local_drop_table(self, path: TablePath) -> None:
         Store.drop_table(self, path, if_exists=True)
+
+    def local_alter_table(self, path: TablePath, descriptor: TableDescriptor) -> None:
+        """The cluster's new descriptor of table ``path`` (same table; renamed when its path differs)."""
+        with self._lock:
+            old, new = self.catalog.alter_table(path, lambda _: descriptor)
+            if new != old:
+                self._follow(old.path, new)
