@@ -372,6 +372,16 @@ class PartitionedTable(Table):
     def offsets_for_timestamp(self, timestamp_ms: int) -> dict[int, int]:
         return {b: log.offset_for_timestamp(timestamp_ms) for b, log in self._logs().items()}
 
+    def resolve_start(self, start: Any) -> dict[int, int]:
+        """As :meth:`Table.resolve_start`; explicit offsets of buckets whose partition was dropped
+        since (a stream planned before a retention drop) are ignored: their rows are gone."""
+        if isinstance(start, Mapping) and "timestamp" not in start:
+            nb = self.num_buckets
+            start = {b: o for b, o in start.items()
+                     if not (split_bucket_id(int(b), nb)[0] < self.descriptor.next_partition_id
+                             and split_bucket_id(int(b), nb)[0] not in self.units)}
+        return Table.resolve_start(self, start)
+
     def read_changelog(self, bucket: int, from_offset: int = 0, *, columns: Sequence[str] | None = None,
                        to_offset: int | None = None, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
         unit, local = self._locate(bucket)

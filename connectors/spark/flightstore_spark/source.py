@@ -1,5 +1,6 @@
 """``spark.read.format("flightstore")``: schema from the server, one Spark partition per bucket
-(Flight endpoint), Arrow record batches straight from DoGet, filters and columns pushed to the server.
+(of a partitioned table: per partition and bucket, partitions pruned by the pushed filters), Arrow
+record batches straight from DoGet, filters and columns pushed to the server.
 
 Options: ``uri`` (grpc://host:port, grpc+tls://host:port), ``table`` (``db.t``) or ``query`` (a whole
 SELECT pushed to the server; its Flight endpoints become the partitions), ``columns`` (``a,b``:
@@ -139,12 +140,14 @@ class FlightstoreReader(DataSourceReader):
                     "op": "subscribe", "table": options.table, "columns": columns,
                     "start": {str(b): starts[b]}, "until": {str(b): ends[b]}}})
                     for b in sorted(ends) if ends[b] > starts[b]]
-            buckets = len(client.offsets("end"))
+            # One input partition per bucket; of a partitioned table, per (partition, bucket) of
+            # the partitions the pushed filters cannot rule out.
+            buckets = client.buckets(self.pushed)
         columns = options.columns or self.schema.fieldNames()
         filter_json = self.pushed.to_dict() if self.pushed is not None else None
         return [InputPartition({"payload": {"op": "scan", "table": options.table, "columns": columns,
                                             "filter": filter_json, "buckets": [bucket]}})
-                for bucket in range(buckets)]
+                for bucket in buckets]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         with self.options.connect() as conn:
