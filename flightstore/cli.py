@@ -1,4 +1,4 @@
-"""The ``flightstore`` command line: ``serve``, ``cluster``, ``sql``, ``options``."""
+"""The ``flightstore`` command line: ``serve``, ``cluster``, ``sql``, ``lake status``, ``options``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,33 @@ def _serve(args: argparse.Namespace) -> int:
         if not sep or not name:
             raise SystemExit(f"--user expects NAME:PASSWORD, got {spec!r}")
         users[name] = password
+    options = {}
+    for spec in args.option or []:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--option expects KEY=VALUE, got {spec!r}")
+        options[key.strip()] = value.strip()
     serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users or None,
-          cluster=_cluster_config(args))
+          cluster=_cluster_config(args), options=options)
+    return 0
+
+
+def _lake_status(args: argparse.Namespace) -> int:
+    import time
+
+    import flightstore
+    name, _, password = (args.user or "").partition(":")
+    with flightstore.connect(args.uri, username=name or None, password=password, timeout=60) as conn:
+        tables = conn.lake_status(args.table)
+    print("table\tbucket\ttiered_offset\tlog_end_offset\tlag_records\tlag_seconds\tlast_commit\tlast_error")
+    for table in tables:
+        commit = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(table["last_commit_ms"] / 1000))
+                  if table["last_commit_ms"] else "-")
+        for bucket in table["buckets"]:
+            tiered = "-" if bucket["tiered_offset"] is None else bucket["tiered_offset"]
+            print(f"{table['table']}\t{bucket['bucket']}\t{tiered}\t{bucket['log_end_offset']}\t"
+                  f"{bucket['lag_records']}\t{bucket['lag_seconds']:.1f}\t{commit}\t"
+                  f"{table['last_error'] or '-'}")
     return 0
 
 
@@ -108,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--fsync", action="store_true", help=SERVER_OPTIONS["log.fsync"].doc)
     serve.add_argument("--user", action="append", metavar="NAME:PASSWORD",
                        help="require Basic authentication; repeat for several users (default: open)")
+    serve.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
+                       help="any server option of `flightstore options` (repeatable), e.g. "
+                            "-o datalake.iceberg.warehouse=s3://bucket/lake")
     serve.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", help=SERVER_OPTIONS["zookeeper.address"].doc)
     serve.add_argument("--server-id", help=SERVER_OPTIONS["server.id"].doc)
     serve.add_argument("--advertised-uri", metavar="grpc://HOST:PORT", help=SERVER_OPTIONS["advertised-uri"].doc)
@@ -130,6 +158,14 @@ def main(argv: list[str] | None = None) -> None:
     sql.add_argument("--user", help="NAME:PASSWORD for a server that requires authentication")
     sql.add_argument("statements", nargs="+")
     sql.set_defaults(func=_sql)
+    lake = commands.add_parser("lake", help="the lake tier: `lake status [TABLE]`")
+    lake_commands = lake.add_subparsers(dest="lake_command", required=True)
+    status = lake_commands.add_parser("status", help="tiering lag per table and bucket, last commit, "
+                                                     "last error")
+    status.add_argument("--uri", default="grpc://127.0.0.1:8815")
+    status.add_argument("--user", help="NAME:PASSWORD for a server that requires authentication")
+    status.add_argument("table", nargs="?", help="database.table (default: every datalake-enabled table)")
+    status.set_defaults(func=_lake_status)
     options = commands.add_parser("options", help="print every option as a Markdown table")
     options.set_defaults(func=lambda _: print(options_markdown()) or 0)
     args = parser.parse_args(argv)

@@ -23,7 +23,9 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (CommitFailedException, CommitStateUnknownException, NoSuchNamespaceError,
                                   NoSuchTableError, TableAlreadyExistsError)
 from pyiceberg.table import Table as IcebergTable
+from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
 
 from flightstore.config import ICEBERG_TABLE_PREFIX
 from flightstore.errors import FlightstoreError, LakeUnavailable, TableNotFound, Unsupported
@@ -80,7 +82,14 @@ class LakeCatalog:
                             parents=True, exist_ok=True)
                     if local is not None:
                         local.mkdir(parents=True, exist_ok=True)
-                    self._catalog = SqlCatalog(CATALOG_NAME, **self.settings.pyiceberg_properties())
+                    catalog = SqlCatalog(CATALOG_NAME, **self.settings.pyiceberg_properties())
+                    if self.settings.catalog_uri.startswith("sqlite"):
+                        # No pooled connection across rounds: sqlite connections are cheap, and a
+                        # catalog file that went away (unmounted, restored) is noticed at once
+                        # instead of being written through a stale handle.
+                        catalog.engine.dispose()
+                        catalog.engine = create_engine(self.settings.catalog_uri, poolclass=NullPool)
+                    self._catalog = catalog
             return self._catalog
 
     def reset(self) -> None:

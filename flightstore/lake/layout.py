@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 from pyiceberg.catalog import Catalog as _IcebergCatalog
+from pyiceberg.io.pyarrow import UnsupportedPyArrowTypeException
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table.sorting import SortField, SortOrder
@@ -28,7 +29,7 @@ from flightstore.errors import Unsupported
 from flightstore.log import LogBatch
 from flightstore.schema import TableDescriptor
 
-__all__ = ["BUCKET_COLUMN", "OFFSET_COLUMN", "TIMESTAMP_COLUMN", "META_COLUMNS", "lake_schema",
+__all__ = ["BUCKET_COLUMN", "OFFSET_COLUMN", "TIMESTAMP_COLUMN", "META_COLUMNS", "lake_schema", "table_types",
            "iceberg_schema", "partition_spec", "sort_order", "bucket_transform_column", "lake_batch"]
 
 BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN = "__bucket", "__offset", "__timestamp"
@@ -39,11 +40,34 @@ _META_FIELDS = (pa.field(BUCKET_COLUMN, pa.int32(), nullable=False),
 _FIRST_PARTITION_FIELD_ID = 1000  # Iceberg's convention for partition field ids
 
 
+def _lake_type(arrow_type: pa.DataType) -> pa.DataType:
+    """Iceberg has 32- and 64-bit signed integers and microsecond times and timestamps only:
+    narrower or unsigned integers widen, second and millisecond timestamps and times become
+    microseconds (values, and so their bucket hash, are unchanged); other types are stored as is."""
+    t = pa.types
+    if t.is_timestamp(arrow_type) and arrow_type.unit in ("s", "ms"):
+        return pa.timestamp("us", tz=arrow_type.tz)
+    if t.is_time32(arrow_type):
+        return pa.time64("us")
+    if t.is_int8(arrow_type) or t.is_int16(arrow_type) or t.is_uint8(arrow_type) or t.is_uint16(arrow_type):
+        return pa.int32()
+    if t.is_uint32(arrow_type):
+        return pa.int64()
+    return arrow_type
+
+
 def lake_schema(descriptor: TableDescriptor) -> pa.Schema:
-    """The Arrow schema of lake rows: the table's columns, then the meta columns."""
+    """The Arrow schema of lake rows: the table's columns (integers widened to Iceberg's), then the
+    meta columns. Reads cast back to the table's own types."""
     clash = [name for name in META_COLUMNS if name in descriptor.schema.names]
     if clash:
         raise Unsupported(f"table {descriptor.path}: column(s) {clash} clash with the lake's own columns")
+    fields = [f.with_type(_lake_type(f.type)) for f in descriptor.schema.remove_metadata()]
+    return pa.schema(fields + list(_META_FIELDS))
+
+
+def table_types(descriptor: TableDescriptor) -> pa.Schema:
+    """The schema lake rows are read back in: the table's own types, then the meta columns."""
     return pa.schema(list(descriptor.schema.remove_metadata()) + list(_META_FIELDS))
 
 
@@ -51,7 +75,7 @@ def iceberg_schema(descriptor: TableDescriptor) -> Schema:
     """The Iceberg schema of the lake table (fresh field ids 1..n in column order)."""
     try:
         converted = _IcebergCatalog._convert_schema_if_needed(lake_schema(descriptor))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedPyArrowTypeException) as exc:
         raise Unsupported(f"table {descriptor.path} cannot be tiered to Iceberg: {exc}") from None
     return assign_fresh_schema_ids(converted)
 
@@ -59,14 +83,14 @@ def iceberg_schema(descriptor: TableDescriptor) -> Schema:
 def _hashes_like_iceberg(arrow_type: pa.DataType) -> bool:
     """Whether flightstore's bucket hash of this type is Iceberg's bucket transform of its column.
 
-    Both hash the little-endian long of integers, dates (days), times and timestamps (micros),
-    and the bytes of strings and binaries. Iceberg stores second/milli timestamps as micros, the
-    same value flightstore hashes; nanosecond timestamps, decimals, floats and booleans differ.
+    Both hash the little-endian long of integers, dates (days) and timestamps (micros), and the
+    bytes of strings and binaries. Iceberg stores second/milli timestamps as micros, the same value
+    flightstore hashes; nanosecond timestamps, decimals, floats and booleans differ. Times hash
+    alike too, but pyiceberg 0.12 cannot write a bucket(time) partition value.
     """
     t = pa.types
-    return (t.is_signed_integer(arrow_type) or t.is_date32(arrow_type)
+    return (t.is_integer(arrow_type) and not t.is_uint64(arrow_type) or t.is_date32(arrow_type)
             or (t.is_timestamp(arrow_type) and arrow_type.unit != "ns")
-            or (t.is_time64(arrow_type) and arrow_type.unit == "us")
             or t.is_string(arrow_type) or t.is_large_string(arrow_type)
             or t.is_binary(arrow_type) or t.is_large_binary(arrow_type))
 
@@ -114,7 +138,8 @@ def lake_batch(record: LogBatch, bucket: int, schema: pa.Schema) -> pa.RecordBat
     batch = record.batch
     n = batch.num_rows
     micros = np.full(n, record.timestamp_ms * 1000, dtype=np.int64)
-    arrays = list(batch.columns) + [
+    arrays = [column if column.type == field.type else column.cast(field.type)
+              for column, field in zip(batch.columns, schema)] + [
         pa.array(np.full(n, bucket, dtype=np.int32)),
         record.row_offsets,
         pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(micros)]),

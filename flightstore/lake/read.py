@@ -20,7 +20,7 @@ from pyiceberg.table.snapshots import Snapshot
 from flightstore import expressions as fs
 from flightstore.errors import InvalidInput, NotFound, TableNotFound
 from flightstore.lake.catalog import LakeCatalog, lake_failures
-from flightstore.lake.layout import lake_schema
+from flightstore.lake.layout import table_types
 from flightstore.lake.offsets import snapshot_offsets, tiering_snapshots
 from flightstore.schema import TableDescriptor
 
@@ -79,7 +79,7 @@ def resolve_snapshot(lake_table: IcebergTable, snapshot_id: int | None = None,
 
 
 def _output_schema(descriptor: TableDescriptor, columns: Sequence[str] | None) -> pa.Schema:
-    schema = lake_schema(descriptor)
+    schema = table_types(descriptor)
     if columns is None:
         return schema
     unknown = [c for c in columns if c not in schema.names]
@@ -91,7 +91,7 @@ def _output_schema(descriptor: TableDescriptor, columns: Sequence[str] | None) -
 
 def _scan(lake_table: IcebergTable, descriptor: TableDescriptor, columns: Sequence[str] | None,
           filter: fs.Predicate | None, snapshot: Snapshot | None, schema: pa.Schema):
-    bound = filter.bind(lake_schema(descriptor)) if filter is not None else None
+    bound = filter.bind(table_types(descriptor)) if filter is not None else None
     return lake_table.scan(row_filter=to_iceberg(bound), selected_fields=tuple(schema.names),
                            snapshot_id=snapshot.snapshot_id if snapshot is not None else None)
 
@@ -130,7 +130,7 @@ def plan_lake_files(catalog: LakeCatalog, descriptor: TableDescriptor, *,
     if snapshot is None:
         return []
     with lake_failures(f"planning a read of the lake table of {descriptor.path}"):
-        scan = _scan(lake_table, descriptor, None, filter, snapshot, lake_schema(descriptor))
+        scan = _scan(lake_table, descriptor, None, filter, snapshot, table_types(descriptor))
         return list(scan.plan_files())
 
 

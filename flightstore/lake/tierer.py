@@ -153,7 +153,7 @@ class LakeTierer:
                 self._failed(path, exc)
                 if isinstance(exc, FlightstoreError):
                     raise
-                raise LakeUnavailable(f"tiering {path} failed: {type(exc).__name__}: {exc}") from exc
+                raise FlightstoreError(f"tiering {path} failed: {type(exc).__name__}: {exc}") from exc
         self._succeeded(table, result)
         return result
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightstore import changetype
-from flightstore.config import SERVER_OPTIONS
+from flightstore.config import server_option, validate_server_options
 from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
                                Unsupported)
 from flightstore.expressions import from_json
@@ -145,7 +145,9 @@ class FlightSqlServer(flight.FlightServerBase):
     """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
-                 users: dict[str, str] | None = None, **kwargs: Any) -> None:
+                 users: dict[str, str] | None = None, lake: Any = None, **kwargs: Any) -> None:
+        """``lake`` (a :class:`flightstore.lake.LakeSettings`) starts the background tierer of
+        datalake-enabled tables unless its ``tiering_enabled`` is off."""
         if users:
             kwargs.setdefault("middleware", {})["auth"] = BasicAuthMiddlewareFactory(users)
         super().__init__(location, auth_handler=NoAuthHandler(), **kwargs)
@@ -159,6 +161,10 @@ class FlightSqlServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
+        self.tierer: Any = None  # the lake's LakeTierer when this server tiers (flightstore.lake)
+        if lake is not None and lake.tiering_enabled:
+            from flightstore.lake.tierer import LakeTierer
+            self.tierer = LakeTierer(store, lake).start()
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -183,6 +189,8 @@ class FlightSqlServer(flight.FlightServerBase):
     def shutdown(self) -> None:
         self._stop.set()
         super().shutdown()
+        if self.tierer is not None:
+            self.tierer.stop()
 
     # ---- GetFlightInfo ------------------------------------------------------------------------
     @_rpc
@@ -609,6 +617,13 @@ class FlightSqlServer(flight.FlightServerBase):
             table = self.store.table(payload["table"])
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
+        if kind == "flightstore.lake-status":
+            if self.tierer is None:
+                raise Unsupported("this server does not tier tables into the lake "
+                                  "(datalake.tiering.enabled is off)")
+            statuses = ([self.tierer.status(payload["table"])] if payload.get("table")
+                        else self.tierer.statuses())
+            return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})
         if kind == "flightstore.cluster":
             if self.cluster is None:
                 raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
@@ -664,10 +679,19 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
 
 
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bool = False,
-          users: dict[str, str] | None = None, cluster: Any = None) -> None:
+          users: dict[str, str] | None = None, cluster: Any = None,
+          options: dict[str, Any] | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store.
-    ``cluster`` (a :class:`flightstore.cluster.member.ClusterConfig`) joins a cluster first."""
+    ``cluster`` (a :class:`flightstore.cluster.member.ClusterConfig`) joins a cluster first.
+    ``options`` are further server options (``serve --option``): retention and the lake."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from flightstore.lake.settings import LakeSettings
+    try:
+        options = validate_server_options(options or {})
+        # Cluster mode tiers nothing yet: each server would have to tier only the buckets it leads.
+        lake = None if cluster is not None else LakeSettings.from_options(data_dir, options)
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore: {exc}") from None
     if cluster is not None:
         from flightstore.cluster.store import ClusterStore as store_class
     else:
@@ -677,7 +701,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
     except DataDirectoryInUse as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     try:
-        server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users)
+        server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users, lake=lake)
     except pa.ArrowException as exc:
         store.close()
         raise SystemExit(f"flightstore: cannot listen on {host}:{port} ({exc}); is the port in use?")
@@ -696,7 +720,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    interval_s = SERVER_OPTIONS["log.retention.check-interval"].default / 1000
+    interval_s = server_option(options, "log.retention.check-interval") / 1000
 
     def retention() -> None:
         while not server._stop.wait(interval_s):
@@ -713,5 +737,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
     finally:
         if server.cluster is not None:
             server.cluster.stop()
+        if server.tierer is not None:
+            server.tierer.stop()
         store.close()
         print("flightstore stopped", flush=True)
