@@ -8,6 +8,7 @@ random moments tied to the server's progress.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -58,15 +59,32 @@ def _assert_consistent(data_dir: Path, options: dict | None = None) -> list[int]
     return seqs
 
 
-def _parquet_files(data_dir: Path) -> int:
+def _parquet_files(data_dir: Path, options: dict) -> int:
+    """Data files in the warehouse, referenced by a snapshot or not."""
+    warehouse = LakeSettings.from_options(data_dir, options).warehouse
+    if warehouse.startswith("s3://"):
+        import boto3
+        bucket, _, prefix = warehouse[len("s3://"):].partition("/")
+        client = boto3.client("s3", endpoint_url=options["datalake.iceberg.s3.endpoint"],
+                              aws_access_key_id="testing", aws_secret_access_key="testing",
+                              region_name="us-east-1")
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sum(1 for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".parquet"))
     return sum(1 for _ in (data_dir / "lake" / "warehouse").rglob("*.parquet"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [11, 23, 37])
 def test_kill_at_every_point_of_a_round_loses_and_doubles_nothing(tmp_path, seed):
-    rng = random.Random(seed)
-    data_dir = tmp_path / "data"
+    _kill_at_every_point(tmp_path / "data", random.Random(seed), {})
+
+
+@pytest.mark.slow
+def test_kill_at_every_point_of_a_round_with_the_warehouse_on_s3(tmp_path, s3_options):
+    _kill_at_every_point(tmp_path / "data", random.Random(99), s3_options)
+
+
+def _kill_at_every_point(data_dir: Path, rng: random.Random, options: dict) -> None:
     written = 0
     with Store(data_dir) as store:
         create_events(store, bucket_num=rng.randint(1, 4))
@@ -79,26 +97,28 @@ def test_kill_at_every_point_of_a_round_loses_and_doubles_nothing(tmp_path, seed
                 count = rng.randint(1, 400)
                 table.append(events(written, count))
                 written += count
-        files_before = _parquet_files(data_dir)
-        committed_before = _lake_state(data_dir)[1]
+        files_before = _parquet_files(data_dir, options)
+        committed_before = _lake_state(data_dir, options)[1]
         kill_round = rng.randint(1, 2)
         child = subprocess.run(
             [sys.executable, "-m", "tests.lake.tier_child", str(data_dir), str(rng.randint(50, 600)),
-             str(kill_round), phase], cwd=ROOT, capture_output=True, text=True, timeout=300)
+             str(kill_round), phase, json.dumps(options)], cwd=ROOT, capture_output=True, text=True,
+            timeout=300)
         if child.returncode == 0:  # the backlog took fewer rounds than the kill round
             assert child.stdout.startswith("done")
         else:
             assert child.returncode == -signal.SIGKILL, child.stderr
-            committed_after = _lake_state(data_dir)[1]
+            committed_after = _lake_state(data_dir, options)[1]
             if phase == "after-write":  # data files were written, the commit never happened
-                assert _parquet_files(data_dir) > files_before
+                assert _parquet_files(data_dir, options) > files_before
             if phase == "after-commit":
                 assert committed_after != committed_before
-        _assert_consistent(data_dir)
+        _assert_consistent(data_dir, options)
     finished = subprocess.run([sys.executable, "-m", "tests.lake.tier_child", str(data_dir), "1000000",
-                               "0", "none"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                               "0", "none", json.dumps(options)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
     assert finished.returncode == 0, finished.stderr
-    assert _assert_consistent(data_dir) == list(range(written))
+    assert _assert_consistent(data_dir, options) == list(range(written))
 
 
 class ServerProcess:
@@ -130,11 +150,13 @@ class ServerProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [5, 8])
-def test_kill_minus_nine_of_a_tiering_server_loses_and_doubles_nothing(tmp_path, seed):
+@pytest.mark.parametrize("seed,warehouse", [(5, "local"), (8, "local"), (13, "s3")])
+def test_kill_minus_nine_of_a_tiering_server_loses_and_doubles_nothing(tmp_path, request, seed, warehouse):
     rng = random.Random(seed)
     data_dir = tmp_path / "data"
     options = {"datalake.tiering.max-round-rows": "20000"}
+    if warehouse == "s3":
+        options.update(request.getfixturevalue("s3_options"))
     server = ServerProcess(data_dir, options)
     with flightstore.connect(server.uri, timeout=60) as conn:
         conn.sql("CREATE TABLE events (k BIGINT, seq BIGINT, s STRING, ts TIMESTAMP(3)) WITH "
@@ -142,7 +164,7 @@ def test_kill_minus_nine_of_a_tiering_server_loses_and_doubles_nothing(tmp_path,
                  "'table.datalake.freshness' = '100ms')")
     acked = 0
     for _ in range(4):
-        commits_before = _lake_state(data_dir)[1]
+        commits_before = _lake_state(data_dir, options)[1]
         with flightstore.connect(server.uri, timeout=60) as conn:
             table = conn.table("default.events")
             for _ in range(rng.randint(3, 8)):
@@ -150,12 +172,12 @@ def test_kill_minus_nine_of_a_tiering_server_loses_and_doubles_nothing(tmp_path,
                 table.append(events(acked, count))
                 acked += count
         # Kill once the server tiered something new, then a little later: inside a round or not.
-        wait_until(lambda: _lake_state(data_dir)[1] != commits_before, "the server tiering new rows")
+        wait_until(lambda: _lake_state(data_dir, options)[1] != commits_before, "the server tiering new rows")
         threading.Event().wait(rng.uniform(0, 0.3))
         server.kill()
-        _assert_consistent(data_dir)
+        _assert_consistent(data_dir, options)
         server = ServerProcess(data_dir, options)
-    wait_until(lambda: _lake_state(data_dir)[0] == list(range(acked)), "every written row in the lake",
+    wait_until(lambda: _lake_state(data_dir, options)[0] == list(range(acked)), "every written row in the lake",
                timeout=180)
-    _assert_consistent(data_dir)
+    _assert_consistent(data_dir, options)
     server.stop()

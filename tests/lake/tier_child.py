@@ -1,13 +1,15 @@
 """Child process of the tiering crash test: tiers a table round after round and kills itself with
 SIGKILL at a chosen point of a chosen round.
 
-Usage: python -m tests.lake.tier_child DATA_DIR MAX_ROUND_ROWS KILL_ROUND KILL_PHASE
-KILL_PHASE is one of flightstore.lake.tiering.PHASES or ``none`` (tier everything, exit 0).
+Usage: python -m tests.lake.tier_child DATA_DIR MAX_ROUND_ROWS KILL_ROUND KILL_PHASE [OPTIONS_JSON]
+KILL_PHASE is one of flightstore.lake.tiering.PHASES or ``none`` (tier everything, exit 0);
+OPTIONS_JSON holds further server options (an S3 warehouse).
 The kill point comes in through the tierer's ``hook``; nothing in flightstore knows about tests.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -27,7 +29,8 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     with Store(data_dir) as store:
-        settings = LakeSettings.from_options(data_dir, {"datalake.tiering.max-round-rows": max_rows})
+        options = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
+        settings = LakeSettings.from_options(data_dir, {**options, "datalake.tiering.max-round-rows": max_rows})
         tierer = LakeTierer(store, settings, hook=hook)
         while tierer.tier_now("default.events").committed:
             pass
