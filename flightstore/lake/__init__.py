@@ -23,7 +23,22 @@ from flightstore.lake.status import BucketStatus, TableStatus
 from flightstore.lake.tierer import LakeTierer
 from flightstore.lake.tiering import RoundResult, tier_log_round
 
-__all__ = ["LakeCatalog", "LakeSettings", "LakeTierer", "Lease", "LeaseStore", "RoundResult",
-           "tier_log_round", "read_lake", "plan_lake_files", "lake_snapshots", "LakeSnapshot",
-           "BucketStatus", "TableStatus", "META_COLUMNS", "BUCKET_COLUMN", "OFFSET_COLUMN",
-           "TIMESTAMP_COLUMN"]
+__all__ = [
+    "BUCKET_COLUMN",
+    "META_COLUMNS",
+    "OFFSET_COLUMN",
+    "TIMESTAMP_COLUMN",
+    "BucketStatus",
+    "LakeCatalog",
+    "LakeSettings",
+    "LakeSnapshot",
+    "LakeTierer",
+    "Lease",
+    "LeaseStore",
+    "RoundResult",
+    "TableStatus",
+    "lake_snapshots",
+    "plan_lake_files",
+    "read_lake",
+    "tier_log_round",
+]

@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.exceptions import (CommitFailedException, CommitStateUnknownException, NoSuchNamespaceError,
-                                  NoSuchTableError, TableAlreadyExistsError)
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
 from pyiceberg.table import Table as IcebergTable
 from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -34,7 +39,7 @@ from flightstore.lake.offsets import TABLE_ID_PROPERTY
 from flightstore.lake.settings import CATALOG_NAME, LakeSettings
 from flightstore.schema import TableDescriptor, TablePath
 
-__all__ = ["LakeCatalog", "lake_failures", "LAKE_FAILURES"]
+__all__ = ["LAKE_FAILURES", "LakeCatalog", "lake_failures"]
 
 # What an unreachable catalog database or an unwritable warehouse raises.
 LAKE_FAILURES = (OSError, pa.ArrowException, SQLAlchemyError, CommitFailedException,

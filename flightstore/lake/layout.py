@@ -29,8 +29,19 @@ from flightstore.errors import Unsupported
 from flightstore.log import LogBatch
 from flightstore.schema import TableDescriptor
 
-__all__ = ["BUCKET_COLUMN", "OFFSET_COLUMN", "TIMESTAMP_COLUMN", "META_COLUMNS", "lake_schema", "table_types",
-           "iceberg_schema", "partition_spec", "sort_order", "bucket_transform_column", "lake_batch"]
+__all__ = [
+    "BUCKET_COLUMN",
+    "META_COLUMNS",
+    "OFFSET_COLUMN",
+    "TIMESTAMP_COLUMN",
+    "bucket_transform_column",
+    "iceberg_schema",
+    "lake_batch",
+    "lake_schema",
+    "partition_spec",
+    "sort_order",
+    "table_types",
+]
 
 BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN = "__bucket", "__offset", "__timestamp"
 META_COLUMNS = (BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN)

@@ -84,14 +84,12 @@ class LeaseStore:
 
     def release(self, table_name: str, holder: str) -> None:
         """Give the lease up (no-op unless ``holder`` holds it)."""
-        with lake_failures(f"releasing the tiering lease of {table_name}"):
-            with self.engine.begin() as connection:
-                connection.execute(delete(_LEASES).where(
-                    and_(_LEASES.c.table_name == table_name, _LEASES.c.holder == holder)))
+        with lake_failures(f"releasing the tiering lease of {table_name}"), self.engine.begin() as connection:
+            connection.execute(delete(_LEASES).where(
+                and_(_LEASES.c.table_name == table_name, _LEASES.c.holder == holder)))
 
     def current(self, table_name: str) -> Lease | None:
         """The lease row of ``table_name`` (expired or not), or None."""
-        with lake_failures(f"reading the tiering lease of {table_name}"):
-            with self.engine.connect() as connection:
-                row = connection.execute(select(_LEASES).where(_LEASES.c.table_name == table_name)).first()
+        with lake_failures(f"reading the tiering lease of {table_name}"), self.engine.connect() as connection:
+            row = connection.execute(select(_LEASES).where(_LEASES.c.table_name == table_name)).first()
         return None if row is None else Lease(row.table_name, row.holder, int(row.expires_at_ms))

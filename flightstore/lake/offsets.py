@@ -10,15 +10,21 @@ crash anywhere in a round harmless (the round is redone, nothing doubled, nothin
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from flightstore.errors import CorruptData
 
-__all__ = ["OFFSETS_PROPERTY", "TABLE_ID_PROPERTY", "encode_offsets", "snapshot_offsets",
-           "committed_offsets", "tiering_snapshots"]
+__all__ = [
+    "OFFSETS_PROPERTY",
+    "TABLE_ID_PROPERTY",
+    "committed_offsets",
+    "encode_offsets",
+    "snapshot_offsets",
+    "tiering_snapshots",
+]
 
 OFFSETS_PROPERTY = "flightstore.tiered-offsets"
 TABLE_ID_PROPERTY = "flightstore.table-id"  # which incarnation of a flightstore table the lake holds

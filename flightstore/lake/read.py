@@ -9,8 +9,8 @@ types (Iceberg stores timestamps as microseconds and strings as large strings; t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import pyarrow as pa
 from pyiceberg import expressions as ice
@@ -24,8 +24,14 @@ from flightstore.lake.layout import table_types
 from flightstore.lake.offsets import snapshot_offsets, tiering_snapshots
 from flightstore.schema import TableDescriptor
 
-__all__ = ["to_iceberg", "resolve_snapshot", "read_lake", "plan_lake_files", "LakeSnapshot",
-           "lake_snapshots"]
+__all__ = [
+    "LakeSnapshot",
+    "lake_snapshots",
+    "plan_lake_files",
+    "read_lake",
+    "resolve_snapshot",
+    "to_iceberg",
+]
 
 _COMPARISONS = {"=": ice.EqualTo, "!=": ice.NotEqualTo, "<": ice.LessThan, "<=": ice.LessThanOrEqual,
                 ">": ice.GreaterThan, ">=": ice.GreaterThanOrEqual}

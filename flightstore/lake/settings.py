@@ -9,13 +9,14 @@ to the catalog as pyiceberg property ``<property>``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from flightstore.config import ICEBERG_CATALOG_PREFIX, SERVER_OPTIONS, server_option, validate_server_options
 
-__all__ = ["LakeSettings", "CATALOG_NAME"]
+__all__ = ["CATALOG_NAME", "LakeSettings"]
 
 CATALOG_NAME = "flightstore"  # the pyiceberg catalog name every tierer and reader of the lake uses
 
@@ -35,7 +36,7 @@ class LakeSettings:
     max_round_rows: int = 8_000_000
 
     @classmethod
-    def from_options(cls, data_dir: str | Path, options: Mapping[str, Any] | None = None) -> "LakeSettings":
+    def from_options(cls, data_dir: str | Path, options: Mapping[str, Any] | None = None) -> LakeSettings:
         """Resolve server ``options`` (registry keys, raw or typed) for ``data_dir``.
 
         Raises :class:`~flightstore.errors.InvalidOption` for an unknown or ill-typed option.

@@ -19,8 +19,8 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from flightstore.errors import FlightstoreError, InvalidInput, LakeUnavailable
 from flightstore.lake.catalog import LakeCatalog
@@ -31,7 +31,7 @@ from flightstore.lake.tiering import RoundResult, tier_log_round
 from flightstore.schema import TablePath
 from flightstore.store import Store, Table
 
-__all__ = ["LakeTierer", "INITIAL_BACKOFF_MS"]
+__all__ = ["INITIAL_BACKOFF_MS", "LakeTierer"]
 
 log = logging.getLogger("flightstore.lake")
 INITIAL_BACKOFF_MS = 1000
@@ -70,7 +70,7 @@ class LakeTierer:
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> "LakeTierer":
+    def start(self) -> LakeTierer:
         """Start the background thread (idempotent)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="lake-tierer", daemon=True)

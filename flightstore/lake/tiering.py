@@ -23,8 +23,8 @@ Primary-key tables (changelog applied as upserts and deletes per bucket) plug in
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pyarrow as pa
 from pyiceberg.table import Table as IcebergTable
@@ -36,7 +36,7 @@ from flightstore.lake.offsets import OFFSETS_PROPERTY, committed_offsets, encode
 from flightstore.schema import TablePath
 from flightstore.store import Table
 
-__all__ = ["RoundResult", "PHASES", "tier_log_round", "read_backlog"]
+__all__ = ["PHASES", "RoundResult", "read_backlog", "tier_log_round"]
 
 # Points of a round a hook is called at (tests kill the process there).
 PHASES = ("before-write", "after-write", "after-commit")

@@ -10,7 +10,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flightstore.config import TABLE_OPTIONS, options_markdown, validate_server_options, validate_table_options
+from flightstore.config import (
+    TABLE_OPTIONS,
+    options_markdown,
+    validate_server_options,
+    validate_table_options,
+)
 from flightstore.errors import InvalidOption
 from flightstore.lake import LakeCatalog, LakeSettings
 from flightstore.schema import TableDescriptor
@@ -75,11 +80,11 @@ def test_bad_server_options_are_refused():
 def test_serve_refuses_a_bad_option_before_listening(tmp_path):
     done = subprocess.run([sys.executable, "-m", "flightstore", "serve", "--data-dir", str(tmp_path / "d"),
                            "--port", "0", "--option", "datalake.format=delta"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "datalake.format" in done.stderr and "not one of iceberg" in done.stderr
     done = subprocess.run([sys.executable, "-m", "flightstore", "serve", "--option", "no-equals-sign"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "KEY=VALUE" in done.stderr
 
 

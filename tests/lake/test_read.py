@@ -141,7 +141,7 @@ def _duckdb_rows(python, tmp_path, metadata_location: str, s3: dict | None = Non
     script.write_text(DUCKDB_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     done = subprocess.run([str(python), str(script), metadata_location, json.dumps(s3 or {})],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          check=False, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
