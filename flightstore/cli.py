@@ -99,21 +99,28 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _sql(args: argparse.Namespace) -> int:
+    """Run each statement, print its result as a table; on an error print the server's message
+    (not a traceback) and exit 1, skipping the statements after it."""
+    import pyarrow as pa
+
     import flightstore
+    from flightstore.display import format_table
+    from flightstore.errors import FlightstoreError
     name, _, password = (args.user or "").partition(":")
-    with flightstore.connect(args.uri, username=name or None, password=password) as conn:
-        for statement in args.statements:
-            result = conn.sql(statement)
-            print(result.to_pandas().to_string(index=False) if _has_pandas() else result)
+    try:
+        with flightstore.connect(args.uri, username=name or None, password=password) as conn:
+            for statement in args.statements:
+                print(format_table(conn.sql(statement)), flush=True)
+    except (pa.ArrowException, FlightstoreError, OSError) as exc:
+        print(f"flightstore sql: {_message(exc)}", file=sys.stderr)
+        return 1
     return 0
 
 
-def _has_pandas() -> bool:
-    try:
-        import pandas  # noqa: F401
-        return True
-    except ImportError:
-        return False
+def _message(exc: BaseException) -> str:
+    """The first line of a Flight error without gRPC's and pyarrow's decorations."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text.split(". Detail: Python exception")[0].split(". gRPC client debug context")[0]
 
 
 def _session_timeout_argument(parser: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ __all__ = [
     "ConfigOption",
     "TABLE_OPTIONS",
     "SERVER_OPTIONS",
+    "SESSION_OPTIONS",
     "FIELD_OPTION_PATTERN",
     "ICEBERG_TABLE_PREFIX",
     "ICEBERG_CATALOG_PREFIX",
@@ -196,6 +197,21 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "several rounds.", minimum=1),
 )
 
+# Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.
+# "catalog" and "schema" are the keys the ADBC Flight SQL driver uses for adbc_current_catalog and
+# adbc_current_db_schema; "schema" is the connection's default database, the one USE sets.
+SESSION_OPTIONS: dict[str, ConfigOption] = _registry(
+    ConfigOption("catalog", "str", "flightstore",
+                 "Current catalog; flightstore has one, `flightstore` (ADBC `adbc_current_catalog`)."),
+    ConfigOption("schema", "str", "default",
+                 "Current database of the connection: what unqualified table names resolve in; `USE db` "
+                 "sets it too (ADBC `adbc_current_db_schema`)."),
+    ConfigOption("flightstore.per-bucket-endpoints", "bool", False,
+                 "Answer a scan with one Flight endpoint per bucket (parallel readers such as Spark); by "
+                 "default every query has one endpoint that streams all buckets, so clients that read "
+                 "only the first endpoint still get every row."),
+)
+
 
 def validate_table_options(options: Mapping[str, Any]) -> dict[str, str]:
     """Check every table option; return them normalized as strings (the persisted form).
@@ -256,7 +272,8 @@ def server_option(options: Mapping[str, Any], key: str) -> Any:
 def options_markdown() -> str:
     """The README option table, generated from the registry."""
     lines = ["| option | scope | type | default | description |", "|---|---|---|---|---|"]
-    for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS)):
+    for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS),
+                            ("session", SESSION_OPTIONS)):
         for option in registry.values():
             default = ",".join(option.default) if isinstance(option.default, tuple) else option.default
             kind = "|".join(option.choices) if option.choices else option.type

@@ -1,7 +1,8 @@
 """The Flight SQL server: Flight RPCs -> planner/executor/store, errors -> Flight status codes.
 
-GetFlightInfo plans a query and answers its exact schema with one endpoint per partition (bucket)
-for scans; statements (DDL, writes) arriving on the query path run once and answer a
+GetFlightInfo plans a query and answers its exact schema with one endpoint that streams every
+bucket (one endpoint per bucket when the session sets ``flightstore.per-bucket-endpoints``, as the
+Spark connector does); statements (DDL, writes) arriving on the query path run once and answer a
 ``rows_affected`` row. DoGet re-plans from the stateless ticket and streams Arrow batches kept well
 below gRPC's message limit. DoPut handles Flight SQL updates, prepared-statement parameter binding,
 bulk ingest and flightstore's own write commands. Errors are translated in exactly one place,
@@ -31,7 +32,9 @@ from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.auth import BasicAuthMiddlewareFactory, NoAuthHandler
+from flightstore.server.session import Session, apply_options, option_values
 from flightstore.sql import nodes
+from flightstore.sql.resolve import resolve_database
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
 from flightstore.sql.plan import parameter_schema
 from flightstore.store import Store
@@ -122,14 +125,6 @@ def _messages(table: pa.Table) -> pa.Table:
 def _peer(context: flight.ServerCallContext | None) -> str:
     """The key of a call's session: its connection's gRPC peer address ("" in process)."""
     return context.peer() if context is not None else ""
-
-
-@dataclass
-class Session:
-    """What one client connection set: its default database (``USE``) and Flight session options."""
-
-    database: str = "default"
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -233,9 +228,12 @@ class FlightSqlServer(flight.FlightServerBase):
             ticket = tickets.result_ticket(result) or self._keep_result(result)
             return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])],
                                      result.num_rows, -1)
+        # One endpoint streaming every bucket unless the session asked for one per bucket: clients
+        # that read only endpoints[0] (flightsql-dbapi, Superset over it) must get whole answers.
+        partitions = self.executor.partitions(plan) if session.per_bucket_endpoints else [None]
         endpoints = []
         query_id = uuid.uuid4().hex  # tickets of one FlightInfo only: CancelFlightInfo cancels just these
-        for partition in self.executor.partitions(plan):
+        for partition in partitions:
             payload = {"sql": sql, "params": tickets.encode_params(params), "db": database,
                        "partition": partition, "query": query_id}
             endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
@@ -362,15 +360,18 @@ class FlightSqlServer(flight.FlightServerBase):
             result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
         elif kind == protocol.SET_SESSION_OPTIONS:
             session = self.session(context)
+            catalog = StoreCatalog(self.store)
             with self._lock:
-                for key, value in request.session_options.items():
-                    session.options[key] = value
+                errors = apply_options(session, request.session_options,
+                                       lambda name: resolve_database(catalog, name))
             result = protocol.SetSessionOptionsResult()
+            for key, value in errors.items():
+                result.errors[key].value = value
         elif kind == protocol.GET_SESSION_OPTIONS:
             session = self.session(context)
             result = protocol.GetSessionOptionsResult()
             with self._lock:
-                for key, value in session.options.items():
+                for key, value in option_values(session).items():
                     result.session_options[key].CopyFrom(value)
         elif kind == protocol.CLOSE_SESSION:
             with self._lock:
@@ -508,21 +509,28 @@ class FlightSqlServer(flight.FlightServerBase):
         path = TablePath(database, command.table)
         create = options.if_not_exist  # 0 unspecified, 1 CREATE, 2 FAIL
         exists = options.if_exists      # 0 unspecified, 1 FAIL, 2 APPEND, 3 REPLACE
+        created = False
         try:
             table = self.store.table(path)
             if exists in (0, 1):
                 raise InvalidInput(f"table {path} already exists (ingest mode 'create' fails on it)")
             if exists == 3:
+                TableDescriptor.create(path, data.schema)  # a schema that cannot be stored fails first
                 self.store.drop_table(path)
-                table = self.store.create_table(path, data.schema)
+                table, created = self.store.create_table(path, data.schema), True
         except TableNotFound:
             if create == 2:
                 raise TableNotFound(f"table {path} does not exist (ingest mode 'append' fails)") from None
-            table = self.store.create_table(path, data.schema)
-        if table.has_primary_key:
-            table.upsert(data)
-        else:
-            table.append(data)
+            table, created = self.store.create_table(path, data.schema), True
+        try:
+            if table.has_primary_key:
+                table.upsert(data)
+            else:
+                table.append(data)
+        except BaseException:
+            if created:  # create-then-ingest is one step: a failed ingest leaves no empty table
+                self.store.drop_table(path, if_exists=True)
+            raise
         return data.num_rows
 
     # ---- flightstore's own commands (Python client) -------------------------------------------
