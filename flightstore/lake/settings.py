@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flightstore.config import ICEBERG_CATALOG_PREFIX, SERVER_OPTIONS, server_option, validate_server_options
+from flightstore.config import ICEBERG_CATALOG_PREFIX, server_option, validate_server_options
 
 __all__ = ["CATALOG_NAME", "LakeSettings"]
 
@@ -69,6 +69,3 @@ class LakeSettings:
     def pyiceberg_properties(self) -> dict[str, str]:
         """Properties of the pyiceberg SqlCatalog: URI, warehouse, then the pass-through ones."""
         return {"uri": self.catalog_uri, "warehouse": self.warehouse, **self.catalog_properties}
-
-
-assert "datalake.iceberg.uri" in SERVER_OPTIONS  # the registry owns the names used above

@@ -98,7 +98,10 @@ class LakeTierer:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.run_due()
+            try:
+                self.run_due()
+            except Exception:  # the thread must outlive a bad pass; the next one retries
+                log.exception("tiering pass failed")
             with self._lock:
                 next_due = min((s.due for s in self._states.values()), default=float("inf"))
             delay = min(_IDLE_RECHECK_S, max(0.0, next_due - time.monotonic()))
