@@ -195,6 +195,28 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("datalake.tiering.max-round-rows", "int", 8_000_000,
                  "Most rows one tiering round reads into memory and commits; a longer backlog takes "
                  "several rounds.", minimum=1),
+    ConfigOption("tls.cert", "str", None,
+                 "PEM certificate chain of the server; with `tls.key` the server speaks "
+                 "`grpc+tls://` only."),
+    ConfigOption("tls.key", "str", None, "PEM private key of `tls.cert`."),
+    ConfigOption("tls.client-ca", "str", None,
+                 "PEM CA certificates for mutual TLS: a client must present a certificate signed by "
+                 "one of them, or its connection is refused."),
+    ConfigOption("auth.users-file", "str", None,
+                 "Users file of salted password hashes (`flightstore user add`); set, every call must "
+                 "authenticate (HTTP Basic, then a bearer token) and is authorized by grants. Unset, "
+                 "the server is open and every caller is a super user."),
+    ConfigOption("auth.token-ttl", "duration", 3_600_000,
+                 "A bearer token expires this long after it was minted; the client authenticates "
+                 "again (flightstore's Python client does so by itself).", minimum=1000),
+    ConfigOption("auth.max-tokens", "int", 10_000,
+                 "Most bearer tokens held at once; minting one more forgets the oldest.", minimum=1),
+    ConfigOption("authorizer.super-users", "list", (),
+                 "Users allowed every operation on every resource, grants or not (they run the "
+                 "first GRANTs)."),
+    ConfigOption("metrics.port", "int", None,
+                 "Port of the Prometheus metrics endpoint (`http://HOST:PORT/metrics`); unset, no "
+                 "endpoint.", minimum=0),
 )
 
 # Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.

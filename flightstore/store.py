@@ -755,6 +755,11 @@ class Store:
     def list_databases(self) -> list[str]:
         return self.catalog.list_databases()
 
+    def open_tables(self) -> list[Table]:
+        """The tables opened so far (for monitoring: no table is opened by asking)."""
+        with self._lock:
+            return list(self._tables.values())
+
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Apply ``table.log.ttl`` to every table; returns the rows dropped. Unreadable tables are
         left for their owner to notice."""
