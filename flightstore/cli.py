@@ -1,4 +1,5 @@
-"""The ``flightstore`` command line: ``serve``, ``cluster``, ``sql``, ``user``, ``options``.
+"""The ``flightstore`` command line: ``serve``, ``cluster``, ``sql``, ``user``, ``lake status``,
+``options``.
 
 Passwords never appear on a command line (where ``ps`` and shell history would show them): ``user
 add`` and ``sql --user`` read them from the ``FLIGHTSTORE_PASSWORD`` environment variable, from
@@ -25,6 +26,12 @@ def _serve(args: argparse.Namespace) -> int:
     from flightstore.server.service import serve
     from flightstore.server.tls import TlsConfig
     from flightstore.server.users import UserStore
+    options = {}
+    for spec in args.option or []:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--option expects KEY=VALUE, got {spec!r}")
+        options[key.strip()] = value.strip()
     try:
         users = UserStore.open(args.users_file) if args.users_file else None
         if (args.tls_cert is None) != (args.tls_key is None):
@@ -41,20 +48,36 @@ def _serve(args: argparse.Namespace) -> int:
             if args.metrics_port is not None else None
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
-    options = {}
-    for spec in args.option or []:
-        key, sep, value = spec.partition("=")
-        if not sep or key.strip() not in SERVER_OPTIONS:
-            raise SystemExit(f"--option expects KEY=VALUE with a server option KEY (flightstore "
-                             f"options), got {spec!r}")
-        try:
-            SERVER_OPTIONS[key.strip()].parse(value.strip())
-        except FlightstoreError as exc:
-            raise SystemExit(f"flightstore: {exc}") from None
-        options[key.strip()] = value.strip()
     serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users,
           cluster=_cluster_config(args), super_users=super_users, tls=tls, token_ttl_ms=token_ttl_ms,
           max_tokens=max_tokens, metrics_port=metrics_port, options=options)
+    return 0
+
+
+def _lake_status(args: argparse.Namespace) -> int:
+    """Print the tiering status of every bucket (tab-separated), one line per bucket."""
+    import time
+
+    import pyarrow as pa
+
+    import flightstore
+    from flightstore.errors import FlightstoreError
+    password = _password(args, confirm=False) if args.user else None
+    try:
+        with flightstore.connect(args.uri, username=args.user, password=password, timeout=60) as conn:
+            tables = conn.lake_status(args.table)
+    except (pa.ArrowException, FlightstoreError, OSError) as exc:
+        print(f"flightstore lake status: {_message(exc)}", file=sys.stderr)
+        return 1
+    print("table\tbucket\ttiered_offset\tlog_end_offset\tlag_records\tlag_seconds\tlast_commit\tlast_error")
+    for table in tables:
+        commit = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(table["last_commit_ms"] / 1000))
+                  if table["last_commit_ms"] else "-")
+        for bucket in table["buckets"]:
+            tiered = "-" if bucket["tiered_offset"] is None else bucket["tiered_offset"]
+            print(f"{table['table']}\t{bucket['bucket']}\t{tiered}\t{bucket['log_end_offset']}\t"
+                  f"{bucket['lag_records']}\t{bucket['lag_seconds']:.1f}\t{commit}\t"
+                  f"{table['last_error'] or '-'}")
     return 0
 
 
@@ -194,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--metrics-port", help=SERVER_OPTIONS["metrics.port"].doc)
     serve.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
                        help="any server option of `flightstore options` (repeatable), e.g. "
-                            "-o max.partition.num=100")
+                            "-o max.partition.num=100 or -o datalake.iceberg.warehouse=s3://bucket/lake")
     serve.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", help=SERVER_OPTIONS["zookeeper.address"].doc)
     serve.add_argument("--server-id", help=SERVER_OPTIONS["server.id"].doc)
     serve.add_argument("--advertised-uri", metavar="grpc://HOST:PORT", help=SERVER_OPTIONS["advertised-uri"].doc)
@@ -219,6 +242,15 @@ def main(argv: list[str] | None = None) -> None:
     sql.add_argument("--tls-root-certs", metavar="PEM", help="CA certificates to verify a grpc+tls:// server")
     sql.add_argument("statements", nargs="+")
     sql.set_defaults(func=_sql)
+    lake = commands.add_parser("lake", help="the lake tier: `lake status [TABLE]`")
+    lake_commands = lake.add_subparsers(dest="lake_command", required=True)
+    status = lake_commands.add_parser("status", help="tiering lag per table and bucket, last commit, "
+                                                     "last error")
+    status.add_argument("--uri", default="grpc://127.0.0.1:8815")
+    status.add_argument("--user", metavar="NAME",
+                        help=f"authenticate as NAME (password from ${PASSWORD_ENV}, stdin or a prompt)")
+    status.add_argument("table", nargs="?", help="database.table (default: every datalake-enabled table)")
+    status.set_defaults(func=_lake_status)
     user = commands.add_parser("user", help="manage the users file (salted Argon2id password hashes)")
     user.add_argument("action", choices=("add", "remove", "list"))
     user.add_argument("name", nargs="?", help="the user (add, remove)")

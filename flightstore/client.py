@@ -152,6 +152,11 @@ class Connection:
     def table(self, name: str, *, writer_id: str | None = None) -> "TableClient":
         return TableClient(self, name, writer_id=writer_id)
 
+    def lake_status(self, table: str | None = None) -> list[dict]:
+        """Tiering status of ``table`` (default: every datalake-enabled table): per bucket the
+        tiered offset, log end offset and lag, plus last commit time and last error."""
+        return self._action("flightstore.lake-status", {"table": table})["tables"]
+
     # ---- plumbing for TableClient -------------------------------------------------------------
     def _get(self, payload: dict) -> flight.FlightStreamReader:
         ticket = flight.Ticket(tickets.encode_custom(payload))

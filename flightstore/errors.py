@@ -30,6 +30,8 @@ __all__ = [
     "Unavailable",
     "BucketUnavailable",
     "CoordinatorUnavailable",
+    "LakeUnavailable",
+    "TieringLeaseHeld",
     "ServerIdInUse",
 ]
 
@@ -149,6 +151,18 @@ class BucketUnavailable(Unavailable):
 
 class CoordinatorUnavailable(Unavailable):
     """No coordinator answered a DDL request in time (or ZooKeeper is unreachable)."""
+
+
+class LakeUnavailable(Unavailable):
+    """The lake (its Iceberg catalog or warehouse) cannot be reached or written now. Tiering
+    retries with backoff; the log keeps every untiered record meanwhile."""
+
+
+class TieringLeaseHeld(FlightstoreError):
+    """Another tierer (the server or a tiering job) holds the table's tiering lease; the message
+    names the holder and when its lease expires (maps to ALREADY_EXISTS)."""
+
+    flight_status = "already_exists"
 
 
 class ServerIdInUse(FlightstoreError):

@@ -123,6 +123,9 @@ class Table:
             self.logs.append(log)
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log))
+        # Per-bucket offsets below which the lake holds the log's records (set by the lake's
+        # tierer from its last committed snapshot); see enforce_retention.
+        self.retention_floor: dict[int, int] | None = None
         self.ownership = ColumnOwnership()
         self._writers: dict[str, int] = {}
         for state in (self.kvs or self.logs):
@@ -554,11 +557,16 @@ class Table:
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Delete log segments older than ``table.log.ttl`` (log tables); returns rows dropped.
 
-        Primary-key tables keep their whole log: it is what their KV is recovered from.
+        Primary-key tables keep their whole log: it is what their KV is recovered from. On a
+        datalake-enabled table only records below :attr:`retention_floor` (tiered) may go; while
+        no tierer has told the floor, nothing is deleted.
         """
         before = self.start_offsets()
-        for log in self.logs:
-            log.enforce_retention(now_ms)
+        floor = None
+        if self.descriptor.option("table.datalake.enabled"):
+            floor = dict(self.retention_floor or before)
+        for bucket, log in enumerate(self.logs):
+            log.enforce_retention(now_ms, None if floor is None else floor.get(bucket, before[bucket]))
         return sum(self.start_offsets()[b] - offset for b, offset in before.items())
 
     # ---- changelog ----------------------------------------------------------------------------
@@ -704,6 +712,9 @@ def new_table_descriptor(path: TablePath | str, schema: pa.Schema | None = None,
     if descriptor.merge_engine == "aggregation":
         from flightstore.kv.merge.aggregation import validate_aggregation
         validate_aggregation(descriptor)
+    if descriptor.is_partitioned and descriptor.option("table.datalake.enabled"):
+        raise Unsupported(f"table {descriptor.path}: 'table.datalake.enabled' on a partitioned table is "
+                          "not supported yet (the lake layout is per bucket of an unpartitioned table)")
     return descriptor
 
 

@@ -369,11 +369,12 @@ class LogTablet:
                     return record.base_offset
         return end
 
-    def enforce_retention(self, now_ms: int | None = None) -> int:
+    def enforce_retention(self, now_ms: int | None = None, floor: int | None = None) -> int:
         """Delete the oldest closed segments whose newest record is older than ``ttl_ms``.
 
-        Only a contiguous run from the start is deleted (no holes), never the active segment.
-        Returns the new :attr:`start_offset`.
+        Only a contiguous run from the start is deleted (no holes), never the active segment, and
+        never a segment holding an offset at or above ``floor`` (the lake's tiered offset of a
+        datalake-enabled table: untiered records stay). Returns the new :attr:`start_offset`.
         """
         if self.ttl_ms is None:
             return self.start_offset
@@ -383,6 +384,8 @@ class LogTablet:
             while keep < len(self._segments) - 1:
                 newest = self._segments[keep].max_timestamp_ms
                 if newest is not None and newest >= now - self.ttl_ms:
+                    break
+                if floor is not None and self._segments[keep].next_offset > floor:
                     break
                 keep += 1
             expired, self._segments = self._segments[:keep], self._segments[keep:]

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightstore import changetype
-from flightstore.config import SERVER_OPTIONS
+from flightstore.config import server_option, validate_server_options
 from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
                                Unsupported)
 from flightstore.expressions import from_json
@@ -156,10 +156,11 @@ class FlightSqlServer(flight.FlightServerBase):
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
                  users: UserStore | dict[str, str] | None = None, super_users: tuple[str, ...] = (),
                  tls: TlsConfig | None = None, token_ttl_ms: int | None = None,
-                 max_tokens: int | None = None, **kwargs: Any) -> None:
+                 max_tokens: int | None = None, lake: Any = None, **kwargs: Any) -> None:
         """``users`` (a UserStore, or a dict of plain passwords for tests and embedded use) turns
         on authentication and authorization; ``tls`` serves ``grpc+tls://`` (``location`` may say
-        ``grpc://``: the scheme follows ``tls``)."""
+        ``grpc://``: the scheme follows ``tls``). ``lake`` (a :class:`flightstore.lake.LakeSettings`)
+        starts the background tierer of datalake-enabled tables unless its ``tiering_enabled`` is off."""
         self.metrics = ServerMetrics(store)
         middleware = kwargs.setdefault("middleware", {})
         middleware[METRICS_MIDDLEWARE] = self.metrics.middleware()  # first: it times every call
@@ -188,6 +189,10 @@ class FlightSqlServer(flight.FlightServerBase):
         self._stop = threading.Event()
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
         self.partition_manager = AutoPartitionManager(store).start()
+        self.tierer: Any = None  # the lake's LakeTierer when this server tiers (flightstore.lake)
+        if lake is not None and lake.tiering_enabled:
+            from flightstore.lake.tierer import LakeTierer
+            self.tierer = LakeTierer(store, lake).start()
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -213,6 +218,8 @@ class FlightSqlServer(flight.FlightServerBase):
         self._stop.set()
         self.partition_manager.stop()
         super().shutdown()
+        if self.tierer is not None:
+            self.tierer.stop()
         self.metrics.close()
 
     # ---- authorization: the one check, fed by the plan's resources ----------------------------
@@ -721,6 +728,17 @@ class FlightSqlServer(flight.FlightServerBase):
             self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
+        if kind == "flightstore.lake-status":
+            if payload.get("table"):
+                self._authorize_table(Operation.DESCRIBE, self.store.table(payload["table"]))
+            else:
+                self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
+            if self.tierer is None:
+                raise Unsupported("this server does not tier tables into the lake "
+                                  "(datalake.tiering.enabled is off)")
+            statuses = ([self.tierer.status(payload["table"])] if payload.get("table")
+                        else self.tierer.statuses())
+            return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})
         if kind == "flightstore.cluster":
             self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.cluster is None:
@@ -808,9 +826,16 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
           metrics_port: int | None = None, options: Mapping[str, Any] | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store.
     ``cluster`` (a :class:`flightstore.cluster.member.ClusterConfig`) joins a cluster first;
-    ``metrics_port`` serves Prometheus metrics on ``host``; ``options`` are server options of
-    :data:`flightstore.config.SERVER_OPTIONS` (``serve -o KEY=VALUE``)."""
+    ``metrics_port`` serves Prometheus metrics on ``host``; ``options`` are further server options
+    (``serve --option``): retention, partitions and the lake."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from flightstore.lake.settings import LakeSettings
+    try:
+        options = validate_server_options(options or {})
+        # Cluster mode tiers nothing yet: each server would have to tier only the buckets it leads.
+        lake = None if cluster is not None else LakeSettings.from_options(data_dir, options)
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore: {exc}") from None
     if cluster is not None:
         from flightstore.cluster.store import ClusterStore as store_class
     else:
@@ -821,7 +846,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
         raise SystemExit(f"flightstore: {exc}") from None
     try:
         server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users, super_users=super_users,
-                                 tls=tls, token_ttl_ms=token_ttl_ms, max_tokens=max_tokens)
+                                 tls=tls, token_ttl_ms=token_ttl_ms, max_tokens=max_tokens, lake=lake)
     except pa.ArrowException as exc:
         store.close()
         raise SystemExit(f"flightstore: cannot listen on {host}:{port} ({exc}); is the port in use?")
@@ -849,7 +874,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    interval_s = SERVER_OPTIONS["log.retention.check-interval"].default / 1000
+    interval_s = server_option(options, "log.retention.check-interval") / 1000
 
     def retention() -> None:
         while not server._stop.wait(interval_s):
@@ -866,5 +891,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
     finally:
         if server.cluster is not None:
             server.cluster.stop()
+        if server.tierer is not None:
+            server.tierer.stop()
         store.close()
         print("flightstore stopped", flush=True)
