@@ -302,6 +302,8 @@ class Table:
             return conformed, None
         if columns is None and set(table.column_names) != set(self.schema.names):
             missing = [c for c in self.schema.names if c not in table.column_names]
+            if any(set(table.column_names) == set(old.names) for old in self.descriptor.past_schemas):
+                missing = []  # a whole row of an older schema version (a writer that did not refresh)
             if missing and not any(c in self.descriptor.primary_key for c in missing):
                 raise SchemaMismatch(
                     f"data written to {self.path} lacks column(s) {missing}; pass columns=[...] for a "
