@@ -315,8 +315,10 @@ class LogTablet:
                     return record.base_offset
         return end
 
-    def enforce_retention(self, now_ms: int | None = None) -> int:
-        """Delete the oldest closed segments whose newest record is older than ``ttl_ms``.
+    def enforce_retention(self, now_ms: int | None = None, floor: int | None = None) -> int:
+        """Delete the oldest closed segments whose newest record is older than ``ttl_ms`` and, with
+        ``floor``, whose every offset is below ``floor`` (a primary-key table's oldest retained KV
+        snapshot: the log above it is what the KV is rebuilt from).
 
         Only a contiguous run from the start is deleted (no holes), never the active segment.
         Returns the new :attr:`start_offset`.
@@ -327,8 +329,11 @@ class LogTablet:
         with self._lock:
             keep = 0
             while keep < len(self._segments) - 1:
-                newest = self._segments[keep].max_timestamp_ms
+                segment = self._segments[keep]
+                newest = segment.max_timestamp_ms
                 if newest is not None and newest >= now - self.ttl_ms:
+                    break
+                if floor is not None and segment.next_offset > floor:
                     break
                 keep += 1
             expired, self._segments = self._segments[:keep], self._segments[keep:]
