@@ -1,4 +1,4 @@
-"""The ``flightstore`` command line: ``serve``, ``sql``, ``options``."""
+"""The ``flightstore`` command line: ``serve``, ``sql``, ``snapshot``, ``options``."""
 
 from __future__ import annotations
 
@@ -32,6 +32,37 @@ def _sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot(args: argparse.Namespace) -> int:
+    """Take KV snapshots now: through a running server (``--uri``) or, with the server stopped,
+    directly in ``--data-dir``. Prints one line per bucket."""
+    if args.data_dir:
+        from flightstore.store import Store
+        with Store(args.data_dir) as store:
+            for name in args.tables:
+                table = store.table(name)
+                taken = table.snapshot(force=args.force)
+                table.enforce_retention()
+                for bucket, info in taken.items():
+                    _print_snapshot(name, bucket, None if info is None else
+                                    {"id": info.id, "offset": info.offset, "rows": info.rows})
+        return 0
+    import flightstore
+    name, _, password = (args.user or "").partition(":")
+    with flightstore.connect(args.uri, username=name or None, password=password) as conn:
+        for table in args.tables:
+            for bucket, info in conn.table(table).snapshot(force=args.force).items():
+                _print_snapshot(table, bucket, info)
+    return 0
+
+
+def _print_snapshot(table: str, bucket: int, info: dict | None) -> None:
+    if info is None:
+        print(f"{table} bucket {bucket}: empty, no snapshot")
+    else:
+        print(f"{table} bucket {bucket}: snapshot {info['id']} at log offset {info['offset']} "
+              f"({info['rows']} rows)")
+
+
 def _has_pandas() -> bool:
     try:
         import pandas  # noqa: F401
@@ -58,6 +89,13 @@ def main(argv: list[str] | None = None) -> None:
     sql.add_argument("--user", help="NAME:PASSWORD for a server that requires authentication")
     sql.add_argument("statements", nargs="+")
     sql.set_defaults(func=_sql)
+    snapshot = commands.add_parser("snapshot", help="take KV snapshots of primary-key tables now")
+    snapshot.add_argument("--uri", default="grpc://127.0.0.1:8815", help="the server to ask")
+    snapshot.add_argument("--data-dir", help="work on this data directory directly (server stopped)")
+    snapshot.add_argument("--user", help="NAME:PASSWORD for a server that requires authentication")
+    snapshot.add_argument("--force", action="store_true", help="even if a bucket did not change")
+    snapshot.add_argument("tables", nargs="+", metavar="TABLE", help="db.table")
+    snapshot.set_defaults(func=_snapshot)
     options = commands.add_parser("options", help="print every option as a Markdown table")
     options.set_defaults(func=lambda _: print(options_markdown()) or 0)
     args = parser.parse_args(argv)

@@ -31,6 +31,7 @@ from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.auth import BasicAuthMiddlewareFactory, NoAuthHandler
+from flightstore.server.housekeeping import Housekeeping
 from flightstore.sql import nodes
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
 from flightstore.sql.plan import parameter_schema
@@ -143,7 +144,12 @@ class FlightSqlServer(flight.FlightServerBase):
     """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
-                 users: dict[str, str] | None = None, **kwargs: Any) -> None:
+                 users: dict[str, str] | None = None, retention_interval_s: float | None = None,
+                 **kwargs: Any) -> None:
+        """Serve ``store`` at ``location``. A background thread (:mod:`.housekeeping`) takes the
+        KV snapshots ``kv.snapshot.interval`` makes due and applies ``table.log.ttl`` every
+        ``retention_interval_s`` (default: the ``log.retention.check-interval`` option); it stops
+        with :meth:`shutdown`."""
         if users:
             kwargs.setdefault("middleware", {})["auth"] = BasicAuthMiddlewareFactory(users)
         super().__init__(location, auth_handler=NoAuthHandler(), **kwargs)
@@ -156,6 +162,9 @@ class FlightSqlServer(flight.FlightServerBase):
         self._cancelled: set[bytes] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        if retention_interval_s is None:
+            retention_interval_s = SERVER_OPTIONS["log.retention.check-interval"].default / 1000
+        self.housekeeping = Housekeeping(store, retention_interval_s).start()
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -179,6 +188,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def shutdown(self) -> None:
         self._stop.set()
+        self.housekeeping.stop()
         super().shutdown()
 
     # ---- GetFlightInfo ------------------------------------------------------------------------
@@ -380,7 +390,9 @@ class FlightSqlServer(flight.FlightServerBase):
                 ("flightstore.offsets", "log offsets of a table's buckets"),
                 ("flightstore.writer", "the last batch sequence a writer applied"),
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
-                ("flightstore.release", "release the columns a writer owns")]
+                ("flightstore.release", "release the columns a writer owns"),
+                ("flightstore.snapshot", "take a KV snapshot of a primary-key table's buckets now"),
+                ("flightstore.usage", "bytes a table holds on disk (KV, snapshots, log) and its offsets")]
 
     def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)
@@ -552,6 +564,12 @@ class FlightSqlServer(flight.FlightServerBase):
             return schema, table.subscribe(payload.get("start", "earliest"), columns=columns,
                                            stop=stop, heartbeat_s=payload.get("heartbeat_s", 1.0),
                                            until=payload.get("until"))
+        if op == "snapshot":
+            full = changetype.snapshot_schema(table.schema)
+            schema = pa.schema([full.field(c) for c in (columns or full.names)])
+            if plan_only:
+                return schema, iter(())
+            return schema, table.read_snapshot(int(payload["bucket"]), int(payload["at"]), columns)
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
             return schema, pa.table({"count": [table.row_count()]}, schema=schema)
@@ -601,6 +619,19 @@ class FlightSqlServer(flight.FlightServerBase):
         if kind == "flightstore.release":
             self.store.table(payload["table"]).ownership.release(payload["writer_id"])
             return tickets.encode_custom({"op": "released"})
+        if kind == "flightstore.snapshot":
+            table = self.store.table(payload["table"])
+            taken = table.snapshot(force=bool(payload.get("force", False)))
+            table.enforce_retention()  # the new snapshot may let the changelog shrink
+            return tickets.encode_custom({"op": "snapshot", "snapshots": {
+                str(bucket): None if info is None else {"id": info.id, "offset": info.offset,
+                                                        "rows": info.rows, "created_ms": info.created_ms}
+                for bucket, info in taken.items()}})
+        if kind == "flightstore.usage":
+            table = self.store.table(payload["table"])
+            return tickets.encode_custom({"op": "usage", "bytes": table.disk_usage(),
+                                          "start_offsets": {str(k): v for k, v in table.start_offsets().items()},
+                                          "end_offsets": {str(k): v for k, v in table.end_offsets().items()}})
         if kind == "flightstore.writer":
             table = self.store.table(payload["table"])
             return tickets.encode_custom({"op": "writer",
@@ -675,18 +706,6 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    interval_s = SERVER_OPTIONS["log.retention.check-interval"].default / 1000
-
-    def retention() -> None:
-        while not server._stop.wait(interval_s):
-            try:
-                dropped = store.enforce_retention()
-                if dropped:
-                    log.info("retention dropped %d expired log rows", dropped)
-            except Exception:  # noqa: BLE001 - keep serving; the next round retries
-                log.exception("retention failed")
-
-    threading.Thread(target=retention, name="retention", daemon=True).start()
     try:
         server.serve()
     finally:
