@@ -5,14 +5,15 @@ deleted it), which suits readers that want "whatever is left". Readers that aske
 offset (a subscription resuming at its committed position, a KV snapshot plus the changelog after
 it, ``$changelog`` from an offset) use :func:`read_held` instead: it raises
 :class:`~flightstore.errors.OffsetOutOfRange` naming the earliest offset still held, also when
-retention deletes the range between the check and the read.
+retention deletes the range between the check and the read, or deletes a segment under a reader
+in the middle of it.
 """
 
 from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from flightstore.errors import OffsetOutOfRange
+from flightstore.errors import CorruptData, OffsetOutOfRange
 from flightstore.log.tablet import LogBatch, LogTablet
 
 __all__ = ["require_held", "read_held"]
@@ -42,10 +43,19 @@ def read_held(log: LogTablet, from_offset: int, where: str, *, columns: Sequence
 
 def _checked(records: Iterator[LogBatch], log: LogTablet, from_offset: int,
              where: str) -> Iterator[LogBatch]:
-    first = True
-    for record in records:
-        if first and record.base_offset > from_offset:
-            require_held(log, from_offset, where)  # deleted after the first check
-            raise OffsetOutOfRange(f"{where}: log offset {from_offset} expired while being read")
-        first = False
+    position = from_offset
+    while True:
+        try:
+            record = next(records)
+        except StopIteration:
+            return
+        except CorruptData:
+            if log.start_offset > position:  # its segment file was deleted under the reader
+                raise OffsetOutOfRange(f"{where}: log offset {position} expired while being read; "
+                                       f"the earliest offset still held is {log.start_offset}") from None
+            raise
+        if record.base_offset > position:
+            raise OffsetOutOfRange(f"{where}: log offset {position} expired while being read; the "
+                                   f"earliest offset still held is {log.start_offset}")
+        position = record.next_offset
         yield record
