@@ -122,8 +122,9 @@ class KvSnapshots:
 
     # ---- listing ------------------------------------------------------------------------------
     def load(self) -> list[SnapshotInfo]:
-        """(Re)read the snapshot directory: delete leftovers of interrupted creations/deletions and
-        invalid snapshots (logging why), keep the valid ones sorted by id."""
+        """(Re)read the snapshot directory: delete leftovers of interrupted creations/deletions,
+        invalid snapshots (logging why) and valid ones beyond ``retained`` (oldest first); keep the
+        rest sorted by id."""
         found: list[SnapshotInfo] = []
         if self.directory.is_dir():
             for entry in sorted(self.directory.iterdir()):
@@ -137,8 +138,11 @@ class KvSnapshots:
                 except CorruptData as exc:
                     log.warning("%s: ignoring and deleting an invalid KV snapshot: %s", self.directory, exc)
                     self._remove(entry)
+        found.sort(key=lambda s: s.id)
+        for old in found[:-self.retained]:  # a crash between publishing a snapshot and pruning
+            self._remove(old.directory)
         with self._lock:
-            self._snapshots = sorted(found, key=lambda s: s.id)
+            self._snapshots = found[-self.retained:]
             return list(self._snapshots)
 
     def _read_manifest(self, directory: Path) -> SnapshotInfo:
