@@ -110,6 +110,11 @@ class KvTablet:
         options.set_memtable_prefix_bloom_ratio(0.1)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
+        # Every KV snapshot flushes the memtable, and RocksDB logs each flush: bound its info log
+        # and MANIFEST, or a steady load with frequent snapshots grows them without end.
+        options.set_max_log_file_size(256 << 10)
+        options.set_keep_log_file_num(2)
+        options.set_max_manifest_file_size(1 << 20)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._db = Rdict(str(self.directory), options=options,
                          column_families={"meta": Options(raw_mode=True)})
