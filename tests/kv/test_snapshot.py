@@ -52,14 +52,19 @@ class Model:
             self.state[k] = {**base, "name": name}
 
 
+def by_key(rows: list[dict]) -> dict[int, dict]:
+    result = {r["k"]: r for r in rows}
+    assert len(result) == len(rows), "a key came twice"
+    return result
+
+
 def contents(table) -> dict[int, dict]:
-    return {r["k"]: r for r in table.scan_table().to_pylist()}
+    return by_key(table.scan_table().to_pylist())
 
 
 def rocksdb_contents(table) -> dict[int, dict]:
     """The rows RocksDB itself holds (not the image path)."""
-    batches = [b for kv in table.kvs for b in kv.scan()]
-    return {r["k"]: r for b in batches for r in b.to_pylist()}
+    return by_key([r for kv in table.kvs for b in kv.scan() for r in b.to_pylist()])
 
 
 def churn(table, model: Model, rounds: int, start: int = 0) -> None:
@@ -288,7 +293,7 @@ def test_full_scans_read_the_image_plus_the_tail_and_equal_the_kv(table, monkeyp
     assert {r["k"]: r["name"] for r in only.to_pylist()} == {k: r["name"] for k, r in expected.items()}
     wanted = {k: r for k, r in expected.items() if r["v"] is not None and r["v"] < 40}
     filtered = table.scan_table(None, Comparison("v", "<", 40.0))
-    assert {r["k"]: r for r in filtered.to_pylist()} == wanted
+    assert by_key(filtered.to_pylist()) == wanted
     assert table.scan_table(limit=7).num_rows == 7
     assert table.scan_table(["k"], Comparison("name", "=", "new505")).to_pylist() == [{"k": 505}]
 
@@ -353,9 +358,9 @@ def test_rows_at_an_older_offset_use_an_older_snapshot_and_the_changelog_up_to_i
     table.snapshot()  # newer than ``middle_offset``: the older snapshot serves it
     churn(table, model, 2, start=19)
     at_middle = pa.Table.from_batches(list(table.rows_at(0, middle_offset)))
-    assert {r["k"]: r for r in at_middle.to_pylist()} == middle
+    assert by_key(at_middle.to_pylist()) == middle
     now = pa.Table.from_batches(list(table.rows_at(0, table.end_offsets()[0])))
-    assert {r["k"]: r for r in now.to_pylist()} == \
+    assert by_key(now.to_pylist()) == \
         {k: r for k, r in model.state.items() if table.buckets_of(rows([k], ""))[0] == 0}
     table.snapshot()  # only the two newest remain: middle_offset has no snapshot at or below it
     table.enforce_retention()

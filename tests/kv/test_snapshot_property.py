@@ -5,14 +5,16 @@ with KV snapshots taken at random moments."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flightstore.store import Store
 
 SCHEMA = pa.schema([("a", pa.int32()), ("s", pa.string()), ("x", pa.int64()), ("y", pa.string())])
-KEY = ("a", "s")
-VALUES = ("x", "y")
+# A composite key (merged through encoded keys), a single integer key and a single string key (the
+# integer one through a binary search of the image's sorted key column).
+KEYS = {"composite": ("a", "s"), "integer": ("a",), "string": ("s",)}
 
 row = st.fixed_dictionaries({
     "a": st.integers(-3, 3),
@@ -27,52 +29,59 @@ op = st.tuples(
 )
 
 
-def apply(state: dict, kind: str, columns, rows: list[dict]) -> None:
+def apply(state: dict, key_columns, kind: str, columns, rows: list[dict]) -> None:
     for r in rows:
-        key = (r["a"], r["s"])
+        key = tuple(r[c] for c in key_columns)
         if kind == "upsert":
             if columns is None:
                 state[key] = dict(r)
             else:
-                base = state.get(key, {**{c: r[c] for c in KEY}, "x": None, "y": None})
+                other = {c: None for c in SCHEMA.names if c not in key_columns}
+                base = state.get(key, {**{c: r[c] for c in key_columns}, **other})
                 state[key] = {**base, **{c: r[c] for c in columns}}
         elif key in state:
             if columns is None:
                 del state[key]
             else:
                 left = {**state[key], **{c: None for c in columns}}
-                if all(left[c] is None for c in VALUES):
+                if all(left[c] is None for c in SCHEMA.names if c not in key_columns):
                     del state[key]
                 else:
                     state[key] = left
 
 
-def as_dict(batches) -> dict:
-    return {(r["a"], r["s"]): r for b in batches for r in b.to_pylist()}
-
-
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize("key_kind", sorted(KEYS))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op, min_size=1, max_size=14), buckets=st.sampled_from([1, 2]),
        retained=st.sampled_from([1, 2]))
-def test_rows_at_every_offset_and_full_scans_equal_the_model(tmp_path_factory, ops, buckets, retained):
+def test_rows_at_every_offset_and_full_scans_equal_the_model(tmp_path_factory, key_kind, ops, buckets,
+                                                             retained):
+    key = KEYS[key_kind]
+
+    def as_dict(batches) -> dict:
+        rows = [r for b in batches for r in b.to_pylist()]
+        by_key = {tuple(r[c] for c in key): r for r in rows}
+        assert len(by_key) == len(rows), "a key came twice"
+        return by_key
+
     path = tmp_path_factory.mktemp("snap")
     model: dict = {}
     history = []  # (end offsets, model) after every write
     with Store(path) as store:
-        table = store.create_table("t", SCHEMA, primary_key=list(KEY),
+        table = store.create_table("t", SCHEMA, primary_key=list(key),
                                    options={"bucket.num": buckets, "kv.snapshot.num-retained": retained})
         for kind, columns, rows in ops:
             if kind == "snapshot":
                 table.snapshot()
                 continue
             data = pa.Table.from_pylist(rows, schema=SCHEMA)
-            target = None if columns is None else [*KEY, *columns]
+            target = None if columns is None else [*key, *(c for c in columns if c not in key)]
             part = data.select(target) if target else data
             if kind == "upsert":
                 table.upsert(part, columns=target)
             else:
                 table.delete(part, columns=target)
-            apply(model, kind, columns, rows)
+            apply(model, key, kind, columns, rows)
             history.append((table.end_offsets(), dict(model)))
             assert as_dict(table.scan(None)) == model  # image + tail (or RocksDB) now
         bucket_of = {key: int(table.buckets_of(pa.Table.from_pylist([row], schema=SCHEMA))[0])
