@@ -12,8 +12,8 @@ statistics (the log's format, :func:`flightstore.log.segment.compute_statistics`
 whole file are kept in the snapshot's manifest, not in the file, so a reader plans its batch skips
 without touching the data. The CRC is checked once per process, the first time an image is opened.
 
-Writing takes ``(key, value)`` pairs in key order (a RocksDB checkpoint's iterator) and holds one
-batch in memory at a time.
+Writing takes row values in key order (a RocksDB checkpoint's iterator) and holds one batch in
+memory at a time.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from flightstore.errors import Cancelled, CorruptData
 from flightstore.expressions import ColumnStats, Predicate
-from flightstore.kv.encoding import RowCodec
+from flightstore.kv.encoding import RowCodec, encode_key_array
 from flightstore.log.segment import compute_statistics, statistics_from_json
 
 __all__ = ["IMAGE_BATCH_ROWS", "KEY_COLUMN", "ImageInfo", "Image", "image_schema", "write_image"]
@@ -68,20 +68,22 @@ class ImageInfo:
                    tuple(dict(b["stats"]) for b in batches))
 
 
-def write_image(path: Path, items: Iterable[tuple[bytes, bytes]], codec: RowCodec,
+def write_image(path: Path, values: Iterable[bytes], codec: RowCodec, primary_key: Sequence[str],
                 statistics_columns: Sequence[str], *, stop: Callable[[], bool] | None = None,
                 fsync: bool = True) -> ImageInfo:
-    """Write the rows of ``items`` (RocksDB ``(key, value)`` pairs in key order) as an image.
+    """Write the rows of ``values`` (RocksDB row values in key order) as an image.
 
-    One batch of :data:`IMAGE_BATCH_ROWS` rows is decoded and written at a time. ``stop`` is polled
-    between batches; when it answers True the write ends with :class:`Cancelled` (the caller
-    deletes the partial file). The file is fsynced before this returns (``fsync``).
+    One batch of :data:`IMAGE_BATCH_ROWS` rows is decoded and written at a time; its key column is
+    re-encoded from the decoded ``primary_key`` columns (a RocksDB key is exactly that encoding),
+    so RocksDB is iterated for values only. ``stop`` is polled between batches; when it answers
+    True the write ends with :class:`Cancelled` (the caller deletes the partial file). The file is
+    fsynced before this returns (``fsync``).
     """
     schema = image_schema(codec.schema)
     columns = [c for c in statistics_columns if c in codec.schema.names]
     rows: list[int] = []
     stats: list[dict] = []
-    iterator = iter(items)
+    iterator = iter(values)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         while True:
             if stop is not None and stop():
@@ -89,10 +91,9 @@ def write_image(path: Path, items: Iterable[tuple[bytes, bytes]], codec: RowCode
             chunk = list(itertools.islice(iterator, IMAGE_BATCH_ROWS))
             if not chunk:
                 break
-            keys, values = zip(*chunk)
-            table = codec.decode(list(values))
+            table = codec.decode(chunk)
             arrays = [column.combine_chunks() for column in table.columns]
-            arrays.append(pa.array(keys, pa.large_binary()))
+            arrays.append(encode_key_array(table, primary_key))
             batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
             writer.write_batch(batch)
             rows.append(batch.num_rows)

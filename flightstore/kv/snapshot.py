@@ -215,8 +215,8 @@ class KvSnapshots:
 
     # ---- creation -----------------------------------------------------------------------------
     def create(self, checkpoint: Callable[[Path], tuple[int, int] | None], codec: RowCodec,
-               statistics_columns: Sequence[str], *, stop: Callable[[], bool] | None = None
-               ) -> SnapshotInfo | None:
+               primary_key: Sequence[str], statistics_columns: Sequence[str], *,
+               stop: Callable[[], bool] | None = None) -> SnapshotInfo | None:
         """Take a snapshot; return it, or None when ``checkpoint`` declined (nothing changed).
 
         ``checkpoint(path)`` must write a RocksDB checkpoint of the live KV at ``path`` under the
@@ -240,8 +240,8 @@ class KvSnapshots:
                     shutil.rmtree(tmp, ignore_errors=True)
                     return None
                 offset, rows = held
-                info = self._build(tmp, final, snapshot_id, offset, rows, codec, statistics_columns,
-                                   stop)
+                info = self._build(tmp, final, snapshot_id, offset, rows, codec, primary_key,
+                                   statistics_columns, stop)
                 os.rename(tmp, final)
                 if self.fsync:
                     _fsync_path(self.directory)
@@ -259,12 +259,12 @@ class KvSnapshots:
             return info
 
     def _build(self, tmp: Path, final: Path, snapshot_id: int, offset: int, stored_rows: int,
-               codec: RowCodec, statistics_columns: Sequence[str],
+               codec: RowCodec, primary_key: Sequence[str], statistics_columns: Sequence[str],
                stop: Callable[[], bool] | None) -> SnapshotInfo:
         db = open_checkpoint(tmp / CHECKPOINT)
         try:
-            image = write_image(tmp / IMAGE, db.items(), codec, statistics_columns, stop=stop,
-                                fsync=self.fsync)
+            image = write_image(tmp / IMAGE, db.values(), codec, primary_key, statistics_columns,
+                                stop=stop, fsync=self.fsync)
         finally:
             db.close()
         for leftover in _SKIP_ON_RESTORE:  # written by the read-only open, not part of the snapshot

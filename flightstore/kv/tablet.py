@@ -221,8 +221,8 @@ class KvTablet:
                 Checkpoint(self._db).create_checkpoint(str(path))
                 return applied, self.row_count
 
-        return self.snapshots.create(checkpoint, self.codec, self.descriptor.statistics_columns,
-                                     stop=stop)
+        return self.snapshots.create(checkpoint, self.codec, self.primary_key,
+                                     self.descriptor.statistics_columns, stop=stop)
 
     # ---- writes -------------------------------------------------------------------------------
     def apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None = None,

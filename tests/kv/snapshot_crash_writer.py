@@ -85,9 +85,9 @@ def install(point: str, rng: random.Random) -> None:
         real_write = snapshot_module.write_image
         after = rng.randrange(0, 2 * KEYS // OPTIONS["bucket.num"])
 
-        def write(path, items, *args, **kwargs):
+        def write(path, values, *args, **kwargs):
             def dying():
-                for i, item in enumerate(items):
+                for i, item in enumerate(values):
                     if i == after:
                         _die()
                     yield item
