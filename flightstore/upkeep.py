@@ -13,8 +13,9 @@ Never above the newest snapshot's offset, so the changelog a reader or a recover
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from flightstore.kv.snapshot import SnapshotInfo, SnapshotSchedule, directory_bytes
 from flightstore.kv.tablet import KvTablet

@@ -21,9 +21,9 @@ from __future__ import annotations
 import itertools
 import os
 import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -32,7 +32,7 @@ from flightstore.expressions import ColumnStats, Predicate
 from flightstore.kv.encoding import RowCodec, encode_key_array
 from flightstore.log.segment import compute_statistics, statistics_from_json
 
-__all__ = ["IMAGE_BATCH_ROWS", "KEY_COLUMN", "ImageInfo", "Image", "image_schema", "write_image"]
+__all__ = ["IMAGE_BATCH_ROWS", "KEY_COLUMN", "Image", "ImageInfo", "image_schema", "write_image"]
 
 IMAGE_BATCH_ROWS = 65_536
 KEY_COLUMN = "__key"
@@ -62,7 +62,7 @@ class ImageInfo:
                 "batches": [{"rows": r, "stats": s} for r, s in zip(self.batch_rows, self.batch_stats)]}
 
     @classmethod
-    def from_json(cls, data: dict) -> "ImageInfo":
+    def from_json(cls, data: dict) -> ImageInfo:
         batches = data["batches"]
         return cls(int(data["bytes"]), int(data["crc32"]), tuple(int(b["rows"]) for b in batches),
                    tuple(dict(b["stats"]) for b in batches))

@@ -32,9 +32,9 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from rocksdict import AccessType, Options, Rdict
 
@@ -42,7 +42,7 @@ from flightstore.errors import CorruptData
 from flightstore.kv.encoding import RowCodec
 from flightstore.kv.image import Image, ImageInfo, write_image
 
-__all__ = ["SnapshotInfo", "KvSnapshots", "SnapshotSchedule", "open_checkpoint", "directory_bytes"]
+__all__ = ["KvSnapshots", "SnapshotInfo", "SnapshotSchedule", "directory_bytes", "open_checkpoint"]
 
 log = logging.getLogger("flightstore.kv")
 
@@ -212,6 +212,12 @@ class KvSnapshots:
             if any(s.id == snapshot.id for s in self._snapshots):
                 self._images[snapshot.id] = image
         return image
+
+    def release_images(self) -> None:
+        """Forget the opened images (their maps close once no reader holds a batch of them)."""
+        with self._lock:
+            self._images.clear()
+            self._bad_images.clear()
 
     # ---- creation -----------------------------------------------------------------------------
     def create(self, checkpoint: Callable[[Path], tuple[int, int] | None], codec: RowCodec,

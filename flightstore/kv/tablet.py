@@ -42,6 +42,7 @@ from flightstore.kv.merge.base import take_or_null
 from flightstore.kv.snapshot import KvSnapshots, SnapshotInfo
 from flightstore.kv.snapshot_read import read_at
 from flightstore.log import LogTablet
+from flightstore.log.held import require_held
 from flightstore.schema import TableDescriptor
 
 __all__ = ["KvTablet", "ApplyResult", "changelog_schema"]
@@ -199,6 +200,7 @@ class KvTablet:
 
     def close(self) -> None:
         with self._lock:
+            self.snapshots.release_images()
             if self._db is not None:
                 del self._meta, self._meta_cf
                 self._db.close()
@@ -401,7 +403,6 @@ class KvTablet:
         """The rows exactly at log offset ``at`` (``start_offset <= at <= end_offset``): the newest
         snapshot at or below ``at`` plus the changelog up to ``at``; without one, the changelog
         from 0 while the log still starts there. Raises OffsetOutOfRange otherwise."""
-        from flightstore.log.held import require_held
         require_held(self.log, at, self.name)
         snapshot = self.snapshots.at_or_before(at)
         image = self.snapshots.image(snapshot, self.schema) if snapshot is not None else None

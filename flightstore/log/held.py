@@ -11,12 +11,12 @@ in the middle of it.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from flightstore.errors import CorruptData, OffsetOutOfRange
 from flightstore.log.tablet import LogBatch, LogTablet
 
-__all__ = ["require_held", "read_held"]
+__all__ = ["read_held", "require_held"]
 
 
 def require_held(log: LogTablet, offset: int, where: str) -> None:

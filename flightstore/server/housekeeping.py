@@ -16,7 +16,7 @@ import time
 
 from flightstore.store import Store
 
-__all__ = ["Housekeeping", "MAX_SLEEP_S"]
+__all__ = ["MAX_SLEEP_S", "Housekeeping"]
 
 log = logging.getLogger("flightstore.server")
 
@@ -37,7 +37,7 @@ class Housekeeping:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def start(self) -> "Housekeeping":
+    def start(self) -> Housekeeping:
         self._thread.start()
         return self
 
@@ -59,7 +59,7 @@ class Housekeeping:
                     dropped = self.store.enforce_retention()
                     if dropped:
                         log.info("retention dropped %d expired log rows", dropped)
-            except Exception:  # noqa: BLE001 - keep serving; the next round retries
+            except Exception:
                 if not self._stop.is_set():
                     log.exception("housekeeping failed")
             self._stop.wait(self._sleep_s(next_retention))

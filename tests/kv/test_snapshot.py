@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flightstore.errors import Cancelled, DataLoss, OffsetOutOfRange
+from flightstore.errors import Cancelled, DataLoss, InvalidInput, OffsetOutOfRange
 from flightstore.expressions import Comparison
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.image import KEY_COLUMN, Image
@@ -409,3 +409,19 @@ def test_log_tablet_retention_never_passes_the_floor(tmp_path: Path):
         assert log.enforce_retention(now_ms=10**12, floor=5) == 4  # segment [4, 6) holds offset 5
         assert log.enforce_retention(now_ms=10**12, floor=0) == 4
         assert log.enforce_retention(now_ms=10**12) == 8  # no floor: all but the active segment
+
+
+def test_an_undo_whose_changelog_expired_is_refused_and_changes_nothing(table):
+    model = Model()
+    table.upsert(rows(range(40), "w0"), writer_id="job", sequence=0)
+    churn(table, model, 20)
+    table.snapshot()
+    churn(table, model, 20, start=20)
+    table.snapshot()
+    assert table.enforce_retention() > 0  # the job's batch 0 left the changelog
+    before = contents(table)
+    with pytest.raises(InvalidInput, match="may have expired"):
+        table.undo("job", -1)
+    assert contents(table) == before
+    table.upsert(rows(range(3), "w1"), writer_id="job", sequence=1)
+    assert table.undo("job", 0) == 3  # batch 1 is still held: undone as usual

@@ -13,8 +13,8 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
+from pyarrow import flight
 
 import flightstore
 
