@@ -34,13 +34,27 @@ from flightstore.kv.snapshot import SnapshotInfo
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
 from flightstore.log.held import read_held, require_held
-from flightstore.schema import Projections, TableDescriptor, TablePath, as_table
+from flightstore.schema import Projections, TableDescriptor, TablePath, as_table, storage_type
 from flightstore.upkeep import TableUpkeep
 
-__all__ = ["Store", "Table", "WriteResult"]
+__all__ = ["Store", "Table", "WriteResult", "new_table_descriptor"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
 _logger = logging.getLogger("flightstore.store")
+
+
+def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` without run-end or dictionary encoding, values in their storage type: pyarrow's
+    cast decodes neither runs nor dictionaries of view types (``array_take`` has no view kernel)."""
+    kind = column.type
+    if pa.types.is_run_end_encoded(kind):
+        return _decoded(pa.chunked_array([pc.run_end_decode(c) for c in column.chunks], kind.value_type))
+    if pa.types.is_dictionary(kind):
+        values = storage_type(kind.value_type)
+        chunks = [pa.DictionaryArray.from_arrays(c.indices, pc.cast(c.dictionary, values)).dictionary_decode()
+                  for c in column.chunks]
+        return pa.chunked_array(chunks, values)
+    return column
 
 
 def _widens(source: pa.DataType, target: pa.DataType) -> bool:
@@ -53,13 +67,18 @@ def _widens(source: pa.DataType, target: pa.DataType) -> bool:
     t = pa.types
     if t.is_null(source) or source == target:
         return True
+    if t.is_dictionary(source) or t.is_run_end_encoded(source):
+        return _widens(source.value_type, target)
+    if t.is_nested(source):  # lists, structs, maps: the same shape in another layout
+        return storage_type(source) == storage_type(target)
     kinds = (
         (t.is_integer, lambda x: t.is_integer(x) or t.is_floating(x) or t.is_decimal(x)),
         (t.is_floating, t.is_floating),
         (t.is_decimal, lambda x: t.is_decimal(x) or t.is_floating(x)),
         (lambda x: t.is_string(x) or t.is_large_string(x) or t.is_string_view(x),
          lambda x: t.is_string(x) or t.is_large_string(x)),
-        (lambda x: t.is_binary(x) or t.is_large_binary(x) or t.is_fixed_size_binary(x),
+        (lambda x: t.is_binary(x) or t.is_large_binary(x) or t.is_fixed_size_binary(x)
+         or t.is_binary_view(x),
          lambda x: t.is_binary(x) or t.is_large_binary(x)),
         (t.is_boolean, t.is_boolean),
         (t.is_date, t.is_date),
@@ -104,6 +123,9 @@ class Table:
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log))
         self.upkeep = TableUpkeep(directory, self.logs, self.kvs, descriptor.option("kv.snapshot.interval"))
+        # Per-bucket offsets below which the lake holds the log's records (set by the lake's
+        # tierer from its last committed snapshot); see enforce_retention.
+        self.retention_floor: dict[int, int] | None = None
         self.ownership = ColumnOwnership()
         self._writers: dict[str, int] = {}
         for state in (self.kvs or self.logs):
@@ -160,7 +182,7 @@ class Table:
                         raise SchemaMismatch(f"column {field.name!r} of {self.path} is {field.type}; "
                                              f"data of type {column.type} does not fit it")
                     try:
-                        column = pc.cast(column, field.type)
+                        column = pc.cast(_decoded(column), field.type)
                     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                         raise SchemaMismatch(f"column {field.name!r} of {self.path}: cannot convert "
                                              f"{column.type} to {field.type}: {exc}") from None
@@ -456,8 +478,12 @@ class Table:
         return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-             limit: int | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
-        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs)."""
+             limit: int | None = None, buckets: Sequence[int] | None = None, *,
+             exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs).
+
+        ``exact=False`` lets a log table's rows through unfiltered in batches the statistics could
+        not rule out: for callers that apply ``filter`` again themselves (residual SQL)."""
         columns = self._check_columns(columns)
         if filter is not None:
             filter = filter.bind(self.schema)
@@ -468,7 +494,8 @@ class Table:
             if self.has_primary_key:
                 source = self.kvs[bucket].full_scan(columns, filter, remaining)
             else:
-                source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter))
+                source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter,
+                                                                     exact=exact))
             for batch in source:
                 if remaining is not None:
                     batch = batch.slice(0, remaining)
@@ -479,10 +506,10 @@ class Table:
                     return
 
     def scan_table(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-                   limit: int | None = None) -> pa.Table:
+                   limit: int | None = None, *, exact: bool = True) -> pa.Table:
         columns = self._check_columns(columns)
         schema = pa.schema([self.schema.field(c) for c in columns])
-        return pa.Table.from_batches(list(self.scan(columns, filter, limit)), schema=schema)
+        return pa.Table.from_batches(list(self.scan(columns, filter, limit, exact=exact)), schema=schema)
 
     def row_count(self) -> int:
         """Rows in the table without a scan: maintained KV counts, or log offsets."""
@@ -522,9 +549,17 @@ class Table:
             raise InvalidInput(f"table {self.path} has no bucket {bucket}")
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
-        """Delete log segments older than ``table.log.ttl``; returns rows dropped. A primary-key
-        table keeps its log above its oldest retained KV snapshot (see :mod:`flightstore.upkeep`)."""
-        return self.upkeep.enforce_retention(now_ms)
+        """Delete log segments older than ``table.log.ttl``; returns rows dropped.
+
+        A primary-key table keeps its log above its oldest retained KV snapshot (see
+        :mod:`flightstore.upkeep`). On a datalake-enabled table only records below
+        :attr:`retention_floor` (tiered) may go; while no tierer has told the floor, nothing is
+        deleted.
+        """
+        lake_floor = None
+        if self.descriptor.option("table.datalake.enabled"):
+            lake_floor = dict(self.retention_floor or self.start_offsets())
+        return self.upkeep.enforce_retention(now_ms, lake_floor)
 
     def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, SnapshotInfo | None]:
         """Take a KV snapshot of every bucket now; see :meth:`TableUpkeep.snapshot`."""
@@ -666,6 +701,26 @@ class Table:
             raise Unsupported(f"{what} needs a primary-key table; {self.path} is a log table")
 
 
+def new_table_descriptor(path: TablePath | str, schema: pa.Schema | None = None, *,
+                         primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
+                         options: Mapping[str, Any] | None = None,
+                         descriptor: TableDescriptor | None = None) -> TableDescriptor:
+    """The validated descriptor of a table to create (every check :meth:`Store.create_table`
+    makes before touching the catalog), so a cluster can refuse bad DDL before it is committed."""
+    if descriptor is None:
+        if schema is None:
+            raise InvalidInput("create_table needs a schema")
+        descriptor = TableDescriptor.create(path, schema, primary_key, partition_keys, options)
+    if descriptor.merge_engine in ("first_row", "versioned") and \
+            descriptor.options.get("table.delete.behavior") == "allow":
+        raise InvalidInput(f"table {descriptor.path}: the {descriptor.merge_engine} merge engine "
+                           "cannot allow deletes; use 'ignore' or 'disable'")
+    if descriptor.merge_engine == "aggregation":
+        from flightstore.kv.merge.aggregation import validate_aggregation
+        validate_aggregation(descriptor)
+    return descriptor
+
+
 def _lock_data_dir(data_dir: Path) -> int:
     """An exclusive lock on ``data_dir/LOCK`` for one Store's life, as a file descriptor.
 
@@ -724,17 +779,9 @@ class Store:
                      options: Mapping[str, Any] | None = None, if_not_exists: bool = False,
                      descriptor: TableDescriptor | None = None) -> Table:
         """Create a table (or pass a prepared ``descriptor``) and return its handle."""
-        if descriptor is None:
-            if schema is None:
-                raise InvalidInput("create_table needs a schema")
-            descriptor = TableDescriptor.create(path, schema, primary_key, partition_keys, options)
-        if descriptor.merge_engine in ("first_row", "versioned") and \
-                descriptor.options.get("table.delete.behavior") == "allow":
-            raise InvalidInput(f"table {descriptor.path}: the {descriptor.merge_engine} merge engine "
-                               "cannot allow deletes; use 'ignore' or 'disable'")
-        if descriptor.merge_engine == "aggregation":
-            from flightstore.kv.merge.aggregation import validate_aggregation
-            validate_aggregation(descriptor)
+        descriptor = new_table_descriptor(path, schema, primary_key=primary_key,
+                                          partition_keys=partition_keys, options=options,
+                                          descriptor=descriptor)
         with self._lock:
             self.catalog.create_table(descriptor, if_not_exists)
             return self.table(descriptor.path)
@@ -765,6 +812,12 @@ class Store:
     def list_databases(self) -> list[str]:
         return self.catalog.list_databases()
 
+    def open_tables(self) -> list[Table]:
+        """The tables opened so far (for monitoring: no table is opened by asking; and only they
+        can have changed since this Store started, which the KV snapshot schedule relies on)."""
+        with self._lock:
+            return list(self._tables.values())
+
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Apply ``table.log.ttl`` to every table; returns the rows dropped. Unreadable tables are
         left for their owner to notice."""
@@ -776,11 +829,6 @@ class Store:
                 continue
         return dropped
 
-    def open_tables(self) -> list[Table]:
-        """The tables opened so far (only they can have changed since this Store started)."""
-        with self._lock:
-            return list(self._tables.values())
-
     def take_due_snapshots(self, stop: Any = None) -> int:
         """Take the KV snapshots due by ``kv.snapshot.interval`` in every open primary-key table,
         then apply ``table.log.ttl`` to the tables that got one (a snapshot lets their log shrink).
@@ -790,7 +838,10 @@ class Store:
             if stop is not None and stop():
                 break
             try:
-                taken += table.upkeep.take_due_snapshots(stop=stop)
+                count = table.upkeep.take_due_snapshots(stop=stop)
+                if count:
+                    table.enforce_retention()
+                taken += count
             except Cancelled:
                 break
             except FlightstoreError as exc:  # a closed or broken table: its owner will notice

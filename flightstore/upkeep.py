@@ -40,15 +40,21 @@ class TableUpkeep:
         self.schedule = SnapshotSchedule(snapshot_interval_ms,
                                          [s.created_ms if s else None for s in newest], _now_ms())
 
-    def enforce_retention(self, now_ms: int | None = None) -> int:
+    def enforce_retention(self, now_ms: int | None = None,
+                          lake_floor: dict[int, int] | None = None) -> int:
         """Delete log segments older than ``table.log.ttl``; returns the rows dropped. On a
         primary-key table, only segments wholly below the bucket's oldest retained KV snapshot
-        (none before its first snapshot)."""
+        (none before its first snapshot); with ``lake_floor`` (per bucket: the lake's tiered
+        offset of a datalake-enabled table), also only below that."""
         dropped = 0
         for bucket, log in enumerate(self.logs):
             before = log.start_offset
-            floor = self.kvs[bucket].snapshots.retention_floor() if self.kvs else None
-            dropped += log.enforce_retention(now_ms, floor=floor) - before
+            floors = []
+            if self.kvs:
+                floors.append(self.kvs[bucket].snapshots.retention_floor())
+            if lake_floor is not None:
+                floors.append(lake_floor.get(bucket, before))
+            dropped += log.enforce_retention(now_ms, floor=min(floors) if floors else None) - before
         return dropped
 
     def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, SnapshotInfo | None]:
@@ -63,7 +69,8 @@ class TableUpkeep:
 
     def take_due_snapshots(self, now_ms: int | None = None, stop: Any = None) -> int:
         """Snapshot the buckets whose ``kv.snapshot.interval`` has passed and that changed since
-        their last snapshot, then apply retention if any was taken; returns the number taken."""
+        their last snapshot; returns the number taken (the caller then applies retention, which
+        the new snapshots may let delete more)."""
         if not self.kvs:
             return 0
         taken = 0
@@ -74,8 +81,6 @@ class TableUpkeep:
                 taken += self.kvs[bucket].snapshot(stop=stop) is not None
             finally:  # a failing bucket is retried at its next interval, not in a tight loop
                 self.schedule.done(bucket, _now_ms())
-        if taken:
-            self.enforce_retention()
         return taken
 
     def next_due_ms(self) -> int | None:

@@ -17,13 +17,13 @@ Options:
 * ``columns``: ``a,b`` to read only those table columns (the changelog columns always come along).
 
 Rows carry ``_change_type`` (+I, -U, +U, -D; +A for log tables), ``_log_offset`` and
-``_commit_timestamp``. In ``full`` mode the driver asks the server for a KV snapshot of every bucket
-(``flightstore.snapshot``: a new one if the table changed since the newest); the first micro-batch
-reads each bucket's rows exactly at its snapshot's offset (the server's ``snapshot`` read: the
-snapshot's columnar image, no changelog fold) and the stream continues from that offset, so no
-change is missed or seen twice even when the changelog before the snapshot has expired. Snapshot
-rows carry a null ``_log_offset`` and ``_commit_timestamp``. A replayed first micro-batch reads the
-same rows while the snapshot is retained (``kv.snapshot.num-retained``), else it fails clearly.
+``_commit_timestamp``. In ``full`` mode the first micro-batch reads each bucket's rows exactly at
+the bucket's end offset when the query started (the server's ``snapshot`` read: the newest KV
+snapshot's columnar image at or below that offset merged with the changelog up to it, no fold of the
+whole changelog) and the stream continues from that offset, so no change is missed or seen twice
+even when the changelog before the snapshot has expired. Snapshot rows carry a null
+``_log_offset`` and ``_commit_timestamp``. A replayed first micro-batch reads the same rows while a
+snapshot at or below its offset is retained (``kv.snapshot.num-retained``), else it fails clearly.
 """
 
 from __future__ import annotations
@@ -138,10 +138,7 @@ class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if mode == "full":
             if not self.primary_key:  # a log table's "snapshot" is its whole log
                 return _offset(self._offsets("start"))
-            with self.options.connect() as conn:
-                snapshots = conn.table(self.options.table).snapshot()
-            return _offset({b: (info["offset"] if info else 0) for b, info in snapshots.items()},
-                           snapshot=True)
+            return _offset(self._offsets("end"), snapshot=True)
         raise ValueError(f"unknown startup.mode {mode!r}: earliest, latest, timestamp, offsets or full")
 
     def getDefaultReadLimit(self) -> ReadLimit:
