@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pyarrow as pa
 import pytest
+from pyarrow import flight
 
 import flightstore
 from flightstore.client import connect
+from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
 from tests.server.conftest import RunningServer
 from tests.waiting import wait_until
@@ -143,3 +146,43 @@ def test_cli_snapshot_through_the_server_and_on_a_stopped_data_dir(tmp_path):
     assert out.count("snapshot 2") == 1 and out.count("snapshot 1") == 1  # only the changed bucket
     with Store(data_dir) as store:
         assert sorted(kv.snapshots.newest.id for kv in store.table("kv").kvs) == [1, 2]
+
+
+def test_snapshot_requests_are_authorized(tmp_path):
+    """Taking a snapshot is table upkeep (ALTER); its usage figures are metadata (DESCRIBE); the
+    rows of a snapshot are table data (READ). A refused request takes no snapshot."""
+    users = {"admin": "adm1n", "reader": "r3ad", "nobody": "n0b0dy"}
+    store = Store(tmp_path / "data")
+    server = FlightSqlServer(store, users=users, super_users=("admin",))
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        def connect(user: str):
+            return flightstore.connect(server.uri, username=user, password=users[user], timeout=60)
+
+        with connect("admin") as admin:
+            admin.sql(CREATE.format(extra=""))
+            _load(admin.table("kv"), 5)
+            admin.sql("GRANT READ ON TABLE default.kv TO reader")
+        with connect("nobody") as nobody:
+            for call in (lambda t: t.snapshot(), lambda t: t.usage(), lambda t: t.read_snapshot(0, 1)):
+                with pytest.raises(flight.FlightUnauthorizedError, match="user 'nobody' may not"):
+                    call(nobody.table("kv"))
+        with connect("reader") as reader:
+            table = reader.table("kv")
+            with pytest.raises(flight.FlightUnauthorizedError, match="may not ALTER table default.kv"):
+                table.snapshot()
+            assert all(kv.snapshots.newest is None for kv in store.table("kv").kvs)
+            assert table.usage()["end_offsets"] == table.offsets("end")  # READ implies DESCRIBE
+            at = table.offsets("end")[0]
+            assert table.read_snapshot(0, at).num_rows == \
+                sum(1 for r in table.scan(["k"]).to_pylist()
+                    if store.table("kv").buckets_of(pa.table({"k": [r["k"]], "v": [""]}))[0] == 0)
+        with connect("admin") as admin:
+            admin.sql("GRANT ALTER ON TABLE default.kv TO reader")
+        with connect("reader") as reader:
+            assert all(info["id"] == 1 for info in reader.table("kv").snapshot().values())
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        store.close()
