@@ -480,7 +480,9 @@ class Table:
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None, *,
              exact: bool = True) -> Iterator[pa.RecordBatch]:
-        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs).
+        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics). A
+        primary-key bucket is read from its newest KV snapshot image plus the changelog after it,
+        consistent at the log end offset when the bucket is reached (RocksDB without an image).
 
         ``exact=False`` lets a log table's rows through unfiltered in batches the statistics could
         not rule out: for callers that apply ``filter`` again themselves (residual SQL)."""
