@@ -45,7 +45,8 @@ def _rows(start: int, n: int, seed: int) -> pa.Table:
         "user_id": pa.array(rng.integers(0, 100_000, n), pa.int64()),
         "amount": pa.array(rng.random(n) * 100),
         "status": pa.array(np.array(["new", "paid", "shipped", "done"])[rng.integers(0, 4, n)]),
-        "ts": pa.array(rng.integers(1_600_000_000_000, 1_700_000_000_000, n), pa.int64()).cast(pa.timestamp("ms")),
+        "ts": pa.array(rng.integers(1_600_000_000_000, 1_700_000_000_000, n),
+                       pa.int64()).cast(pa.timestamp("ms")),
     })
 
 
@@ -103,7 +104,8 @@ def run() -> list[Row]:
     try:
         started = time.perf_counter()
         _build(root / "data")
-        print(f"bench_pk_scan: tables built in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
+        print(f"bench_pk_scan: tables built in {time.perf_counter() - started:.1f}s", file=sys.stderr,
+              flush=True)
         process, uri = _start_server(["-m", "flightstore", "serve", "--data-dir", str(root / "data"),
                                       "--port", "0"], "flightstore serving")
         try:

@@ -150,7 +150,8 @@ def _aggregation_vs_groupby(spark, conn, uri: str, tmp: Path) -> list[Row]:
     total = conn.sql("SELECT SUM(clicks) AS c FROM per_user").column("c")[0].as_py()
     expected = spark.sql("SELECT SUM(clicks) AS c FROM bench_groupby").collect()[0]["c"]
     assert total == expected == AGG_EVENTS, (total, expected)
-    spark_state = sum(op.get("memoryUsedBytes", 0) for p in query.recentProgress for op in p["stateOperators"])
+    spark_state = sum(op.get("memoryUsedBytes", 0) for p in query.recentProgress
+                      for op in p["stateOperators"])
     assert spark_state == 0, "the aggregation-in-storage job kept Spark state"
     # Our job keeps its state in flightstore: the per_user table's bytes on disk (RocksDB, its KV
     # snapshots and the changelog it retains; with the default table.log.ttl of 7 days that is the

@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     snapshot.add_argument("--data-dir", help="work on this data directory directly (server stopped)")
     snapshot.add_argument("--user", metavar="NAME",
                           help=f"authenticate as NAME (password from ${PASSWORD_ENV}, stdin or a prompt)")
-    snapshot.add_argument("--tls-root-certs", metavar="PEM", help="CA certificates to verify a grpc+tls:// server")
+    snapshot.add_argument("--tls-root-certs", metavar="PEM",
+                          help="CA certificates to verify a grpc+tls:// server")
     snapshot.add_argument("--force", action="store_true", help="even if a bucket did not change")
     snapshot.add_argument("tables", nargs="+", metavar="TABLE", help="db.table")
     snapshot.set_defaults(func=_snapshot)

@@ -45,7 +45,8 @@ def batch(sequence: int) -> tuple[str, pa.Table]:
         keys = [(sequence * 53 + 17 * i) % KEYS for i in range(ROWS // 4)]
         return "delete", pa.table({"k": pa.array(keys, pa.int64())})
     keys = [(sequence * 37 + i) % KEYS for i in range(ROWS)]
-    return "upsert", pa.table({"k": pa.array(keys, pa.int64()), "seq": pa.array([sequence] * ROWS, pa.int64()),
+    return "upsert", pa.table({"k": pa.array(keys, pa.int64()),
+                               "seq": pa.array([sequence] * ROWS, pa.int64()),
                                "pad": [f"{sequence}-" + "x" * 40] * ROWS}, schema=SCHEMA)
 
 
@@ -103,7 +104,8 @@ def install(point: str, rng: random.Random) -> None:
             if publishing and point == "publish-before":
                 _die()
             real_rename(src, dst, *args, **kwargs)
-            if (publishing and point == "publish-after") or (str(dst).endswith(".deleting") and point == "prune"):
+            pruning = str(dst).endswith(".deleting")
+            if (publishing and point == "publish-after") or (pruning and point == "prune"):
                 _die()
 
         os.rename = rename

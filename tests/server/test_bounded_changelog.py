@@ -32,7 +32,8 @@ def batch(sequence: int) -> tuple[str, pa.Table]:
         keys = [(sequence * 31 + 5 * i) % KEYS for i in range(ROWS // 5)]
         return "delete", pa.table({"k": pa.array(keys, pa.int64())})
     keys = [(sequence * 41 + i) % KEYS for i in range(ROWS)]
-    return "upsert", pa.table({"k": pa.array(keys, pa.int64()), "seq": pa.array([sequence] * ROWS, pa.int64()),
+    return "upsert", pa.table({"k": pa.array(keys, pa.int64()),
+                               "seq": pa.array([sequence] * ROWS, pa.int64()),
                                "pad": [f"{sequence:08d}" + "y" * 60] * ROWS})
 
 
@@ -52,9 +53,8 @@ class Server:
     """`python -m flightstore serve` on a free port, killed with SIGKILL or stopped."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir),
-                                         "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                        text=True)
+        command = [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0"]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.process.stdout.readline()
         match = re.search(r"grpc://127\.0\.0\.1:\d+", line)
         assert match, f"the server did not start: {line!r}"
@@ -77,8 +77,8 @@ class Writer:
 
     def send(self, sequence: int) -> None:
         kind, data = batch(sequence)
-        self.conn._put({"op": kind, "table": TABLE, "columns": None, "writer_id": WRITER, "sequence": sequence},
-                       data)
+        payload = {"op": kind, "table": TABLE, "columns": None, "writer_id": WRITER, "sequence": sequence}
+        self.conn._put(payload, data)
 
     def snapshot(self, force: bool = False) -> dict:
         return self.conn.table(TABLE).snapshot(force)
