@@ -116,11 +116,20 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
                  "`FULL` writes -U before-images into the changelog, `WAL` only the +U after-images.",
                  choices=("FULL", "WAL")),
     ConfigOption("table.log.ttl", "duration", 7 * 86_400_000,
-                 "Log segments whose newest batch is older than this are deleted.", live=True),
+                 "Log segments whose newest batch is older than this are deleted; on a primary-key "
+                 "table only segments below its oldest retained KV snapshot.", live=True),
     ConfigOption("table.log.arrow.compression.type", "str", "NONE",
                  "Compression of the Arrow IPC log batches.", choices=("NONE", "LZ4_FRAME", "ZSTD")),
     ConfigOption("table.log.segment.bytes", "int", 256 * 1024 * 1024,
                  "A log segment rolls to a new file past this size.", minimum=1024),
+    ConfigOption("kv.snapshot.interval", "duration", 10 * 60_000,
+                 "How often the server takes a KV snapshot of each bucket of a primary-key table that "
+                 "changed since its last one (a RocksDB checkpoint plus a columnar image of the rows, at "
+                 "one log offset). The log below the oldest retained snapshot may then be deleted by "
+                 "`table.log.ttl`.", minimum=1),
+    ConfigOption("kv.snapshot.num-retained", "int", 2,
+                 "KV snapshots kept per bucket; older ones are deleted once a newer one is complete.",
+                 minimum=1),
     ConfigOption("table.statistics.columns", "list", ("*",),
                  "Columns with per-batch min/max/null-count statistics used to skip batches in "
                  "filtered reads; `*` means every column of a statistics-capable type."),

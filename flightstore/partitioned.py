@@ -50,7 +50,7 @@ from flightstore.partitioning import (SEPARATOR, Partition, bucket_id, prune, ro
 from flightstore.schema import Projections, TableDescriptor, as_table
 from flightstore.store import TABLE_WRITER, Table, WriteResult
 
-__all__ = ["PartitionedTable", "partition_directory", "remove_partition_directories"]
+__all__ = ["PartitionedTable", "PartitionsUpkeep", "partition_directory", "remove_partition_directories"]
 
 CreatePartitions = Callable[[Any, list[tuple[str, ...]]], None]
 
@@ -355,6 +355,27 @@ class PartitionedTable(Table):
     def enforce_retention(self, now_ms: int | None = None) -> int:
         return sum(unit.enforce_retention(now_ms) for unit in list(self.units.values()))
 
+    # ---- KV snapshots (each partition's buckets keep their own) -------------------------------
+    @property
+    def upkeep(self) -> "PartitionsUpkeep":
+        """Retention and KV snapshots of every partition (see :mod:`flightstore.upkeep`)."""
+        return PartitionsUpkeep(self)
+
+    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, Any]:
+        """A KV snapshot of every bucket of every partition now, by table-wide bucket number."""
+        self._require_pk("a KV snapshot")
+        return self.upkeep.snapshot(force=force, stop=stop)
+
+    def disk_usage(self) -> dict[str, int]:
+        return self.upkeep.disk_usage()
+
+    def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
+                limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """:meth:`Table.rows_at` of one bucket (table-wide number) of one partition."""
+        self._require_pk("a snapshot read")
+        unit, local = self._locate(bucket)
+        return unit.rows_at(local, at, columns, limit)
+
     # ---- changelog ----------------------------------------------------------------------------
     def _logs(self) -> dict[int, Any]:
         """Every bucket's log by table-wide bucket number."""
@@ -429,3 +450,32 @@ class PartitionedTable(Table):
             if heartbeat_s is not None and time.monotonic() - idle_since >= heartbeat_s:
                 idle_since = time.monotonic()
                 yield heartbeat
+
+
+class PartitionsUpkeep:
+    """:class:`~flightstore.upkeep.TableUpkeep` over every partition of a partitioned table (the
+    server's housekeeping takes each partition bucket's KV snapshots when due)."""
+
+    def __init__(self, table: PartitionedTable) -> None:
+        with table._lock:
+            self._units = dict(table.units)
+        self._num_buckets = table.num_buckets
+
+    def take_due_snapshots(self, now_ms: int | None = None, stop: Any = None) -> int:
+        return sum(unit.upkeep.take_due_snapshots(now_ms, stop) for unit in self._units.values())
+
+    def next_due_ms(self) -> int | None:
+        dues = [due for unit in self._units.values() if (due := unit.upkeep.next_due_ms()) is not None]
+        return min(dues) if dues else None
+
+    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, Any]:
+        return {bucket_id(pid, b, self._num_buckets): info for pid, unit in self._units.items()
+                for b, info in unit.upkeep.snapshot(force=force, stop=stop).items()}
+
+    def disk_usage(self) -> dict[str, int]:
+        usage: dict[str, int] = {}
+        for unit in self._units.values():
+            for key, value in unit.upkeep.disk_usage().items():
+                usage[key] = usage.get(key, 0) + value
+        return usage or {"kv": 0, "snapshots": 0, "log": 0, "total": 0}
+

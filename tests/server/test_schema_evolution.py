@@ -1,11 +1,13 @@
-"""ALTER TABLE ADD COLUMN end to end: a primary-key table (data in its log and KV) and a log table
-get a column with no rewrite; after a restart every route (point and prefix lookups, scans with
+"""ALTER TABLE ADD COLUMN end to end: a primary-key table (data in its log, KV and KV snapshots)
+and a log table get a column with no rewrite; after a restart (the KVs rebuilt from their
+pre-ALTER snapshots plus the log after them) every route (point and prefix lookups, scans with
 filters, residual SQL, $changelog, $binlog, subscriptions, the Python client) returns NULL in it for
 the old rows and the values of the new ones. Writers that did not refresh still write (NULL); a
 subscription running through the ALTER keeps its columns, a new one sees the new column."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 
 import adbc_driver_flightsql.dbapi as dbapi
@@ -36,6 +38,8 @@ def test_add_column_reads_null_for_old_rows_through_every_route_after_restart(tm
             conn.sql("INSERT INTO kv VALUES (1, 2, 21)")  # an update: -U/+U in the changelog
             conn.sql("INSERT INTO lg VALUES (1, 10), (2, 20)")
             conn.table("kv").upsert({"shop": [3], "id": [4], "qty": [40]})
+            snapshots = conn.table("kv").snapshot(force=True)  # KV snapshots (checkpoint + image) of v1
+            assert all(info is not None for info in snapshots.values())
 
             watcher = flightstore.connect(server.uri, timeout=120)  # stays open through the ALTER
             before = watcher.table("lg").subscribe("earliest", columns=["id", "qty", "_change_type"])
@@ -63,8 +67,14 @@ def test_add_column_reads_null_for_old_rows_through_every_route_after_restart(tm
     finally:
         server.stop()
 
-    server = RunningServer(tmp_path / "data")  # restart: logs, KVs and catalog read back from disk
+    kv_dirs = list((tmp_path / "data").glob("default/kv*/bucket-*/kv"))
+    assert len(kv_dirs) == 2
+    for kv_dir in kv_dirs:  # the KVs are rebuilt from their version-1 snapshots plus the log after
+        shutil.rmtree(kv_dir)
+    server = RunningServer(tmp_path / "data")  # restart: logs, snapshots and catalog read back
     try:
+        assert [kv.recovered_from.split()[0] for kv in server.store.table("default.kv").kvs] == [
+            "snapshot", "snapshot"]
         with flightstore.connect(server.uri, timeout=120) as conn:
             kv_rows = {(1, 1): (10, "partial", None), (1, 2): (21, None, None), (2, 3): (30, None, None),
                        (3, 4): (40, None, None), (2, 5): (50, "five", 5.5), (3, 6): (60, None, None)}
@@ -100,6 +110,11 @@ def test_add_column_reads_null_for_old_rows_through_every_route_after_restart(tm
             assert sorted((r["id"], r["note"]) for r in fresh) == [(1, None), (2, None), (3, "three"), (4, None)]
             assert conn.sql("DESCRIBE kv").column("name").to_pylist() == ["shop", "id", "qty", "note", "price"]
             assert _q(conn, "SELECT COUNT(*) AS n FROM kv") == [{"n": 6}]
+            kv = conn.table("kv")
+            image_rows = [r for b, end in kv.offsets("end").items()  # snapshot image + changelog tail
+                          for r in kv.read_snapshot(b, end, ["shop", "id", "note", "price"]).to_pylist()]
+            assert {(r["shop"], r["id"]): (r["note"], r["price"]) for r in image_rows} == {
+                k: v[1:] for k, v in kv_rows.items()}
         with dbapi.connect(server.uri, autocommit=True) as adbc, adbc.cursor() as cur:
             cur.execute("SELECT shop, id, note FROM kv WHERE shop = 3 AND id = 6")
             assert cur.fetchall() == [(3, 6, None)]
