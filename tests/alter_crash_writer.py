@@ -6,6 +6,8 @@ Step ``s`` writes, under writer id "crash" and sequence ``s``, one row per key 0
 partitions of a primary-key table and of a log table, with ``v = s`` and every added column
 ``c<j>`` = s; then prints ``ack <s> <number of added columns written>``. Every third step first adds
 a column (``alter <n>`` once acknowledged); every fourth drops one empty partition and adds another.
+Before each write it prints ``try <s> <added columns>``: a step an earlier, killed run wrote without
+acknowledging it is a duplicate (same writer sequence) when tried again, and keeps that try's columns.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def main() -> None:
                     store.alter_table(name, [DropPartition((f"e{step - 4}",), if_exists=True),
                                              AddPartition((f"e{step}",), if_not_exists=True)])
             batch = rows(step, added)
+            print(f"try {step} {added}", flush=True)
             pk.upsert(batch, writer_id="crash", sequence=step)
             log.append(batch, writer_id="crash", sequence=step)
             print(f"ack {step} {added}", flush=True)
