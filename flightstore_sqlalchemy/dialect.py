@@ -175,12 +175,12 @@ class FlightstoreDialect(default.DefaultDialect):
                     **kw: Any) -> list[dict]:
         return [{"name": name, "type": type_from_sql(kind), "nullable": bool(nullable), "default": None,
                  "autoincrement": False, "comment": None}
-                for name, kind, nullable, _key in self._describe(connection, table_name, schema)]
+                for name, kind, nullable, _key, *_ in self._describe(connection, table_name, schema)]
 
     def get_pk_constraint(self, connection: Any, table_name: str, schema: str | None = None,
                           **kw: Any) -> dict:
         rows = self._describe(connection, table_name, schema)
-        return {"constrained_columns": [name for name, _t, _n, key in rows if key == "PRI"], "name": None}
+        return {"constrained_columns": [name for name, _t, _n, key, *_ in rows if key == "PRI"], "name": None}
 
     def get_foreign_keys(self, *args: Any, **kw: Any) -> list:
         return []

@@ -70,3 +70,16 @@ def test_kv_snapshot_snippet_runs_after_the_tour(server) -> None:
     assert all(kv.snapshots.newest is None or kv.snapshots.newest.offset == table.end_offsets()[b]
                for b, kv in enumerate(table.kvs))
     assert any(kv.snapshots.newest is not None for kv in table.kvs)
+
+
+def test_partition_and_alter_snippet_runs_twice(server, capsys) -> None:
+    code = _block("PARTITIONED BY (dt)").replace("grpc://127.0.0.1:8815", server.uri)
+    for _ in range(2):  # re-runnable: it drops and recreates its table
+        exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    table = server.store.table("shop.visits")
+    names = sorted(p.name for p in table.descriptor.partitions)
+    assert len(names) == 2 and "20240101" not in names  # today and tomorrow; the old one dropped
+    assert f"partitions=[{names[0]}]" in printed or f"partitions=[{names[1]}]" in printed
+    rows = sorted(table.scan_table(["user_id", "referrer"]).to_pylist(), key=lambda r: r["user_id"])
+    assert rows == [{"user_id": 1, "referrer": None}, {"user_id": 3, "referrer": "search"}]
