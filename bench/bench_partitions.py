@@ -75,8 +75,8 @@ def _build(data_dir: Path) -> None:
 def _pruned_rows(uri: str) -> list[Row]:
     client = flight.FlightClient(uri)
     rows = []
+    query = f"SELECT * FROM {{}} WHERE dt = '{DAY}'"
     for kind in ("log", "pk"):
-        query = f"SELECT * FROM {{}} WHERE dt = '{DAY}'"
         reads = {"30": lambda k=kind: _sql_read(client, query.format(f"{k}30")),
                  "1": lambda k=kind: _sql_read(client, query.format(f"{k}1"))}
         for name, read in reads.items():

@@ -23,8 +23,9 @@ changes applies all or nothing: the first refused change stops the whole stateme
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -34,9 +35,19 @@ from flightstore.partitioning import Partition, partition_name
 from flightstore.schema import IDENTIFIER, TableDescriptor, TablePath
 
 __all__ = [
-    "Change", "AddColumns", "ModifyColumn", "SetOptions", "ResetOptions", "RenameTable",
-    "AddPartition", "DropPartition", "PartitionLimits", "apply_changes",
-    "change_from_json", "widens_losslessly", "MAX_SCHEMA_VERSION",
+    "MAX_SCHEMA_VERSION",
+    "AddColumns",
+    "AddPartition",
+    "Change",
+    "DropPartition",
+    "ModifyColumn",
+    "PartitionLimits",
+    "RenameTable",
+    "ResetOptions",
+    "SetOptions",
+    "apply_changes",
+    "change_from_json",
+    "widens_losslessly",
 ]
 
 MAX_SCHEMA_VERSION = 0xFFFF  # KV values carry their schema version in two bytes
@@ -124,7 +135,7 @@ def widens_losslessly(source: pa.DataType, target: pa.DataType) -> bool:
         return target.scale >= source.scale and \
             target.precision - target.scale >= source.precision - source.scale
     if t.is_timestamp(source) and t.is_timestamp(target):
-        order = "s ms us ns".split()
+        order = ["s", "ms", "us", "ns"]
         return source.tz == target.tz and order.index(target.unit) >= order.index(source.unit) \
             and target.unit != "ns"
     return False

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from flightstore.errors import InvalidInput
@@ -63,7 +63,7 @@ class AutoPartition:
         return ZoneInfo(self.time_zone) if self.time_zone else None
 
 
-def auto_partition(descriptor) -> AutoPartition | None:  # noqa: ANN001 - a TableDescriptor
+def auto_partition(descriptor) -> AutoPartition | None:
     """The settings of ``descriptor`` (None when auto-partitioning is off). Raises InvalidInput for
     a table that cannot be auto-partitioned as configured."""
     if not descriptor.option("table.auto-partition.enabled"):

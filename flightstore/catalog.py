@@ -14,8 +14,8 @@ import os
 import shutil
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flightstore.errors import (AlreadyExists, CorruptData, DatabaseNotFound, InvalidInput,
                                 TableNotFound)

@@ -31,8 +31,9 @@ from __future__ import annotations
 import itertools
 import shutil
 import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,8 +46,14 @@ from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.ownership import ColumnOwnership
-from flightstore.partitioning import (SEPARATOR, Partition, bucket_id, prune, row_partition_names,
-                                      split_bucket_id)
+from flightstore.partitioning import (
+    SEPARATOR,
+    Partition,
+    bucket_id,
+    prune,
+    row_partition_names,
+    split_bucket_id,
+)
 from flightstore.schema import Projections, TableDescriptor, as_table
 from flightstore.store import TABLE_WRITER, Table, WriteResult
 
@@ -357,7 +364,7 @@ class PartitionedTable(Table):
 
     # ---- KV snapshots (each partition's buckets keep their own) -------------------------------
     @property
-    def upkeep(self) -> "PartitionsUpkeep":
+    def upkeep(self) -> PartitionsUpkeep:
         """Retention and KV snapshots of every partition (see :mod:`flightstore.upkeep`)."""
         return PartitionsUpkeep(self)
 

@@ -19,8 +19,8 @@ so "might match". A partition pruned away cannot hold a row the filter accepts.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -30,9 +30,20 @@ from flightstore.errors import InvalidInput
 from flightstore.expressions import AlwaysTrue, And, Not, Or, Predicate
 
 __all__ = [
-    "SEPARATOR", "MAX_VALUE_LENGTH", "Partition", "check_partition_type", "partition_name",
-    "partition_values", "flink_name", "row_partition_names", "values_table", "prune", "pruned_names",
-    "partition_for_values", "bucket_id", "split_bucket_id",
+    "MAX_VALUE_LENGTH",
+    "SEPARATOR",
+    "Partition",
+    "bucket_id",
+    "check_partition_type",
+    "flink_name",
+    "partition_for_values",
+    "partition_name",
+    "partition_values",
+    "prune",
+    "pruned_names",
+    "row_partition_names",
+    "split_bucket_id",
+    "values_table",
 ]
 
 SEPARATOR = "$"
@@ -52,7 +63,7 @@ class Partition:
         return [self.id, list(self.values)]
 
     @classmethod
-    def from_json(cls, data: Sequence) -> "Partition":
+    def from_json(cls, data: Sequence) -> Partition:
         values = tuple(str(v) for v in data[1])
         return cls(int(data[0]), partition_name(values), values)
 
@@ -221,7 +232,7 @@ def prune(partitions: Sequence[Partition], keys: Sequence[str], schema: pa.Schem
     return tuple(p for p, k in zip(ordered, keep) if k)
 
 
-def pruned_names(descriptor, predicate: Predicate | None) -> tuple[str, ...] | None:  # noqa: ANN001
+def pruned_names(descriptor, predicate: Predicate | None) -> tuple[str, ...] | None:
     """Names of the partitions of ``descriptor`` (a TableDescriptor) that ``predicate`` cannot rule
     out, in name order; None for a table that is not partitioned."""
     if not descriptor.partition_keys:

@@ -11,9 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flightstore.alter import (AddColumns, AddPartition, DropPartition, ModifyColumn, PartitionLimits,
-                               RenameTable, ResetOptions, SetOptions, apply_changes, change_from_json,
-                               widens_losslessly)
+from flightstore.alter import (
+    AddColumns,
+    AddPartition,
+    DropPartition,
+    ModifyColumn,
+    PartitionLimits,
+    RenameTable,
+    ResetOptions,
+    SetOptions,
+    apply_changes,
+    change_from_json,
+    widens_losslessly,
+)
 from flightstore.errors import AlreadyExists, InvalidInput, InvalidOption, PartitionNotFound, Unsupported
 from flightstore.schema import TableDescriptor, TablePath
 

@@ -13,8 +13,16 @@ from hypothesis import strategies as st
 
 from flightstore.errors import InvalidInput
 from flightstore.expressions import And, Comparison, In, IsNotNull, IsNull, Not, Or, Predicate
-from flightstore.partitioning import (Partition, bucket_id, check_partition_type, flink_name,
-                                      partition_values, prune, row_partition_names, split_bucket_id)
+from flightstore.partitioning import (
+    Partition,
+    bucket_id,
+    check_partition_type,
+    flink_name,
+    partition_values,
+    prune,
+    row_partition_names,
+    split_bucket_id,
+)
 from flightstore.sql.execute import Executor
 from flightstore.store import Store
 

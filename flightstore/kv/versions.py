@@ -9,7 +9,7 @@ the current schema (columns added since are NULL, widened columns cast), in the 
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa

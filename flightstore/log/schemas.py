@@ -17,16 +17,17 @@ that holds records predates schema versions: its records are version 1.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import pyarrow as pa
 
 from flightstore.errors import CorruptData
 
-__all__ = ["SchemaEpochs", "needed_indices", "EPOCHS_FILE"]
+__all__ = ["EPOCHS_FILE", "SchemaEpochs", "needed_indices"]
 
 EPOCHS_FILE = "schemas.json"
 
@@ -43,7 +44,7 @@ class SchemaEpochs:
                 epochs = [(int(v), int(o)) for v, o in json.loads(self._file.read_text("utf-8"))]
             except (ValueError, TypeError) as exc:
                 raise CorruptData(f"{self._file}: unreadable schema epochs: {exc}") from None
-            if not epochs or any(b[0] < a[0] or b[1] < a[1] for a, b in zip(epochs, epochs[1:])):
+            if not epochs or any(b[0] < a[0] or b[1] < a[1] for a, b in itertools.pairwise(epochs)):
                 raise CorruptData(f"{self._file}: schema epochs out of order: {epochs}")
             if epochs[-1][0] > version:
                 raise CorruptData(f"{self._file}: the log holds records of schema version "

@@ -31,7 +31,7 @@ class AutoPartitionManager:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="auto-partition", daemon=True)
 
-    def start(self) -> "AutoPartitionManager":
+    def start(self) -> AutoPartitionManager:
         self._thread.start()
         return self
 
@@ -52,6 +52,6 @@ class AutoPartitionManager:
         while not self._stop.is_set():
             try:
                 self.check()
-            except Exception:  # noqa: BLE001 - keep serving; the next check retries
+            except Exception:
                 log.exception("auto-partition check failed")
             self._stop.wait(self.interval_s)

@@ -25,8 +25,18 @@ from sqlglot import exp, tokens
 from sqlglot.errors import ParseError, SqlglotError
 from sqlglot.tokens import TokenType
 
-from flightstore.alter import (AddColumns, AddPartition, Change, DropPartition, ModifyColumn,
-                               PartitionLimits, RenameTable, ResetOptions, SetOptions, apply_changes)
+from flightstore.alter import (
+    AddColumns,
+    AddPartition,
+    Change,
+    DropPartition,
+    ModifyColumn,
+    PartitionLimits,
+    RenameTable,
+    ResetOptions,
+    SetOptions,
+    apply_changes,
+)
 from flightstore.errors import SqlError, TableNotFound, Unsupported
 from flightstore.partitioning import partition_values
 from flightstore.schema import TableDescriptor, TablePath

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-import adbc_driver_flightsql.dbapi as dbapi
 import duckdb
 import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
+from adbc_driver_flightsql import dbapi
+from pyarrow import flight
 
 import flightstore
 from flightstore.autopartition import partition_value

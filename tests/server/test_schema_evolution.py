@@ -10,9 +10,9 @@ from __future__ import annotations
 import shutil
 import threading
 
-import adbc_driver_flightsql.dbapi as dbapi
 import pyarrow as pa
 import pytest
+from adbc_driver_flightsql import dbapi
 
 import flightstore
 from flightstore.expressions import IsNull

@@ -5,10 +5,10 @@ and keep working through ALTER TABLE ADD COLUMN."""
 from __future__ import annotations
 
 import pytest
+from flightstore_spark.source import FlightstoreReader
 from pyspark.sql.datasource import EqualTo, GreaterThan, In
 
 from flightstore.client import connect
-from flightstore_spark.source import FlightstoreReader
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
