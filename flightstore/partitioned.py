@@ -60,6 +60,7 @@ from flightstore.store import TABLE_WRITER, Table, WriteResult
 __all__ = ["PartitionedTable", "PartitionsUpkeep", "partition_directory", "remove_partition_directories"]
 
 CreatePartitions = Callable[[Any, list[tuple[str, ...]]], None]
+_CREATE_ATTEMPTS = 3  # creations of a write's partitions that a concurrent drop may undo
 
 
 def partition_directory(table_dir: Path, partition_id: int) -> Path:
@@ -206,47 +207,68 @@ class PartitionedTable(Table):
         encoded = names.dictionary_encode()
         groups = encoded.indices.to_numpy(zero_copy_only=False)
         wanted = encoded.dictionary.to_pylist()
-        if not recovering:
-            self._ensure_partitions(wanted)
-        result = WriteResult()
-        with self._lock:
+        for _ in range(_CREATE_ATTEMPTS):
             if not recovering:
-                self._check_sequence(writer_id, sequence)
-                if writer_id is not None and sequence is not None and \
-                        sequence <= self._writers.get(writer_id, -1):
-                    result.duplicate = True  # the whole write landed: partitions apply all or none
-                    return result
-            units = []
-            for index, name in enumerate(wanted):
-                found = self._unit(name)
-                if found is None:
-                    if recovering:
-                        continue  # dropped since: its rows went with it
-                    raise PartitionNotFound(f"partition {name!r} of {self.path} was dropped while "
-                                            "the write ran; nothing was written")
-                units.append((found[0], found[1], groups == index))
-            intent = not recovering and self._spans_buckets(table, units)
-            if intent:
-                if writer_id is None or sequence is None:
-                    writer_id = TABLE_WRITER
-                    sequence = self._writers.get(TABLE_WRITER, -1) + 1
-                record = table if kinds is None else table.append_column(
-                    changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
-                self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
-                                     "kv": kinds is not None, "writer_id": writer_id,
-                                     "sequence": sequence}, record)
-            nb = self.num_buckets
-            for partition, unit, mask in units:
-                part = table.filter(pa.array(mask))
-                outcome = unit.apply_routed(part, None if kinds is None else kinds[mask], target,
-                                            writer_id, sequence, overwrite)
-                result.duplicate |= outcome.duplicate
-                for bucket, offset in outcome.items():
-                    result[bucket_id(partition.id, bucket, nb)] = offset
-            if intent:
-                self._intents.complete()
-            self._note_sequence(writer_id, sequence)
-        self._notify()
+                self._ensure_partitions(wanted)
+            with self._lock:
+                units = self._units_of(wanted, groups, recovering)
+                if units is not None:
+                    result = self._apply_units(table, kinds, target, writer_id, sequence, overwrite,
+                                               recovering, units)
+            if units is not None:
+                self._notify()  # outside the table lock: subscribers hold _written, then take it
+                return result
+            # A partition was dropped (auto-partition retention, DDL) between its creation and the
+            # table lock: create it again and retry, outside the lock.
+        raise PartitionNotFound(f"a partition of {self.path} was dropped {_CREATE_ATTEMPTS} times while "
+                                "the write ran; nothing was written")
+
+    def _units_of(self, wanted: list[str], groups: np.ndarray, recovering: bool) -> list | None:
+        """``(partition, unit, row mask)`` of each wanted partition; None when one is missing
+        (dropped concurrently). Recovering, a missing partition's rows are skipped: they went with
+        it."""
+        units = []
+        for index, name in enumerate(wanted):
+            found = self._unit(name)
+            if found is None:
+                if recovering:
+                    continue
+                return None
+            units.append((found[0], found[1], groups == index))
+        return units
+
+    def _apply_units(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                     writer_id: str | None, sequence: int | None, overwrite: bool, recovering: bool,
+                     units: list) -> WriteResult:
+        """The write, under the table lock, to the partitions' units (one intent across them)."""
+        result = WriteResult()
+        if not recovering:
+            self._check_sequence(writer_id, sequence)
+            if writer_id is not None and sequence is not None and \
+                    sequence <= self._writers.get(writer_id, -1):
+                result.duplicate = True  # the whole write landed: partitions apply all or none
+                return result
+        intent = not recovering and self._spans_buckets(table, units)
+        if intent:
+            if writer_id is None or sequence is None:
+                writer_id = TABLE_WRITER
+                sequence = self._writers.get(TABLE_WRITER, -1) + 1
+            record = table if kinds is None else table.append_column(
+                changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
+            self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
+                                 "kv": kinds is not None, "writer_id": writer_id,
+                                 "sequence": sequence}, record)
+        nb = self.num_buckets
+        for partition, unit, mask in units:
+            part = table.filter(pa.array(mask))
+            outcome = unit.apply_routed(part, None if kinds is None else kinds[mask], target,
+                                        writer_id, sequence, overwrite)
+            result.duplicate |= outcome.duplicate
+            for bucket, offset in outcome.items():
+                result[bucket_id(partition.id, bucket, nb)] = offset
+        if intent:
+            self._intents.complete()
+        self._note_sequence(writer_id, sequence)
         return result
 
     def _spans_buckets(self, table: pa.Table, units: list) -> bool:

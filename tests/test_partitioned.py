@@ -151,3 +151,28 @@ def test_writes_outside_the_limits_or_without_partitions_change_nothing(tmp_path
             table.append({"dt": ["a", "b"], "user": [2, 3], "item": [1, 1], "qty": [1, 1]})
         assert table.row_count() == 1
         assert np.array_equal(sorted(table.end_offsets()), sorted(table.bucket_ids()))
+
+
+def test_a_partition_dropped_between_its_creation_and_the_write_is_created_again(store):
+    table = store.create_table("default.ev", SCHEMA, partition_keys=["dt"])
+    create = table._create_partitions
+    calls: list = []
+
+    def create_then_lose(path, values):  # retention dropping the new partition at the worst moment
+        create(path, values)
+        calls.append(values)
+        if len(calls) == 1:
+            store.alter_table(path, [DropPartition(v) for v in values])
+
+    table._create_partitions = create_then_lose
+    table.append({"dt": ["x", "y"], "user": [1, 2], "item": [1, 1], "qty": [1, 1]})
+    assert len(calls) == 2 and sorted(r["dt"] for r in table.scan_table(["dt"]).to_pylist()) == ["x", "y"]
+
+    def always_lose(path, values):
+        create(path, values)
+        store.alter_table(path, [DropPartition(v) for v in values])
+
+    table._create_partitions = always_lose
+    with pytest.raises(PartitionNotFound, match="dropped 3 times while the write ran; nothing was written"):
+        table.append({"dt": ["z"], "user": [3], "item": [1], "qty": [1]})
+    assert table.row_count() == 2
