@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--host", default=SERVER_OPTIONS["host"].default, help=SERVER_OPTIONS["host"].doc)
     serve.add_argument("--port", type=int, default=SERVER_OPTIONS["port"].default,
                        help=SERVER_OPTIONS["port"].doc)
-    serve.add_argument("--fsync", action="store_true", help=SERVER_OPTIONS["log.fsync"].doc)
+    serve.add_argument("--fsync", action=argparse.BooleanOptionalAction,
+                       default=SERVER_OPTIONS["log.fsync"].default, help=SERVER_OPTIONS["log.fsync"].doc)
     serve.add_argument("--user", action="append", metavar="NAME:PASSWORD",
                        help="require Basic authentication; repeat for several users (default: open)")
     serve.set_defaults(func=_serve)

@@ -655,7 +655,8 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
     return [list(row) for row in zip(*columns)]
 
 
-def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bool = False,
+def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
+          fsync: bool = SERVER_OPTIONS["log.fsync"].default,
           users: dict[str, str] | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
