@@ -22,8 +22,8 @@ Record format (little-endian), one record per appended batch::
     writer id      writer_len bytes, UTF-8
     statistics     stats_len bytes, JSON ``{column: [min, max, null_count, row_count]}`` with values
                    encoded by :mod:`flightstore.expressions`' literal encoding
-    checksums      4 bytes per column: zlib.crc32 over every buffer of that column as decoded from
-                   the payload (children and dictionary included)
+    checksums      4 bytes per column: zlib.crc32 over the column's length and null count and every
+                   buffer of it, as decoded from the payload (children and dictionary included)
     padding        padding zero bytes
     payload        payload_len bytes: an Arrow IPC *file* holding exactly one record batch, its
                    buffers compressed per the tablet's compression (NONE / LZ4_FRAME / ZSTD)
@@ -65,6 +65,7 @@ FORMAT_VERSION = 2
 HEADER = struct.Struct("<4sBBHqIqqHIHQII")
 HEADER_V1 = struct.Struct("<4sBBHqIqqHIQII")
 _CHECKSUM = struct.Struct("<I")
+_SHAPE = struct.Struct("<qq")  # length and null count, read from the IPC metadata
 FLAG_WRITER = 1
 FLAG_SEQUENCE = 2
 FLAG_LOST = 4
@@ -140,6 +141,7 @@ def encode_payload(batch: pa.RecordBatch, compression: str = "NONE") -> pa.Buffe
 
 
 def _array_checksum(array: pa.Array, crc: int = 0) -> int:
+    crc = zlib.crc32(_SHAPE.pack(len(array), array.null_count), crc)
     for buffer in array.buffers():
         if buffer is not None and buffer.size:
             crc = zlib.crc32(buffer, crc)

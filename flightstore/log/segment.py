@@ -442,10 +442,11 @@ class Segment:
     # -- reading -----------------------------------------------------------------------------
 
     def read_batch(self, record: RecordHeader, included_fields: Sequence[int] | None,
-                   schema: pa.Schema | None = None) -> tuple[pa.RecordBatch, int]:
-        """Decode ``record``'s payload, only the fields at ``included_fields`` (None: all), each
-        checked against its column checksum. Returns the batch and the bytes read from the file."""
-        if schema is not None:
+                   schema: pa.Schema, compressed: bool = False) -> tuple[pa.RecordBatch, int]:
+        """Decode ``record``'s payload, only the fields at ``included_fields`` (None: all) of the
+        log's ``schema``, each checked (structure and checksum): corrupt bytes raise
+        :class:`DataLoss`. Returns the batch and the bytes read from the file."""
+        if not compressed:
             # Uncompressed: the record batch is decoded in place against the known schema, and only
             # the requested columns' buffers are kept (and paged in when used): they are the bytes read.
             batch, verified = self._read_mapped(record, schema)
@@ -455,35 +456,54 @@ class Segment:
                 return batch, record.payload_len
             batch = batch.select(list(included_fields))
             return batch, batch.nbytes  # the selected columns' buffers: what gets paged in
+        fields = list(range(len(schema)) if included_fields is None else included_fields)
         if included_fields is None:
-            batch = self._read_compressed(record)
-            self._verify(record, batch.num_rows, enumerate(batch.columns), None)
-            return batch, record.payload_len
-        if self._reader is None:
-            self._reader = pa.OSFile(str(self.path), "r")
-        counting = _CountingFile(self._reader, record.payload_position, record.payload_len)
-        options = pa.ipc.IpcReadOptions(included_fields=list(included_fields))
+            batch, nbytes = self._decode_file(record, pa.BufferReader(self._mapped(record)),
+                                              None), record.payload_len
+        else:
+            if self._reader is None:
+                self._reader = pa.OSFile(str(self.path), "r")
+            counting = _CountingFile(self._reader, record.payload_position, record.payload_len)
+            batch = self._decode_file(record, pa.PythonFile(counting, mode="r"), fields)
+            nbytes = counting.bytes_read
+        # The payload carries its own schema (a compressed record is decoded from it): it must be
+        # the log's, else the bytes that hold it are corrupt.
+        want = [(schema[f].name, schema[f].type) for f in fields]
         try:
-            reader = pa.ipc.open_file(pa.PythonFile(counting, mode="r"), options=options)
-            batch = reader.get_batch(0)
-        except (pa.ArrowInvalid, OSError) as exc:
+            got = [(field.name, field.type) for field in batch.schema]
+        except ValueError:  # a field name that is not UTF-8
+            got = None
+        if got != want:
+            raise self._loss(record, "its embedded schema is not the log's")
+        self._verify(record, batch.num_rows, zip(fields, batch.columns), None)
+        return batch, nbytes
+
+    def _decode_file(self, record: RecordHeader, source: Any,
+                     included_fields: list[int] | None) -> pa.RecordBatch:
+        """The batch of a payload read as an IPC file (compressed records)."""
+        options = pa.ipc.IpcReadOptions(included_fields=included_fields)
+        try:
+            return pa.ipc.open_file(source, options=options).get_batch(0)
+        except (pa.ArrowException, OSError, ValueError, KeyError, IndexError) as exc:
             raise self._loss(record, f"it cannot be decoded: {exc}") from None
-        self._verify(record, batch.num_rows, zip(included_fields, batch.columns), None)
-        return batch, counting.bytes_read
 
     def _verify(self, record: RecordHeader, num_rows: int, columns: Iterable[tuple[int, Any]],
                 verified: set[int] | None) -> None:
-        """Check decoded columns against the record's checksums (version 1 records have none:
-        ``flightstore verify`` checks their payload CRC)."""
+        """Check decoded columns: their structure (what the IPC metadata gave them) and their
+        checksums. ``verified`` remembers the columns of a cached batch already checked. Version 1
+        records have no checksums (``flightstore verify`` checks their payload CRC)."""
         if num_rows != record.num_rows:
             raise self._loss(record, f"it decodes to {num_rows} rows, its header says "
                                      f"{record.num_rows}")
-        if not record.checksums:
-            return
         for field, column in columns:
             if verified is not None and field in verified:
                 continue
-            if field >= len(record.checksums) or _array_checksum(column) != record.checksums[field]:
+            try:
+                column.validate()
+            except pa.ArrowInvalid as exc:
+                raise self._loss(record, f"column {field} decodes to an invalid array: {exc}") from None
+            if record.checksums and (field >= len(record.checksums)
+                                     or _array_checksum(column) != record.checksums[field]):
                 raise self._loss(record, f"column {field} fails its checksum")
             if verified is not None:
                 verified.add(field)
@@ -520,7 +540,7 @@ class Segment:
             messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(payload.slice(8)))
             messages.read_next_message()  # the schema, known already
             batch = pa.ipc.read_record_batch(messages.read_next_message(), schema)
-        except (pa.ArrowInvalid, OSError, StopIteration) as exc:
+        except (pa.ArrowException, OSError, ValueError, KeyError, IndexError, StopIteration) as exc:
             raise self._loss(record, f"it cannot be decoded: {exc}") from None
         if len(self._decoded) >= DECODED_RECORDS_PER_SEGMENT:
             try:  # the oldest entry; a concurrent reader may be changing the dict
@@ -530,13 +550,6 @@ class Segment:
         verified: set[int] = set()
         self._decoded[record.payload_position] = (schema, batch, verified)
         return batch, verified
-
-    def _read_compressed(self, record: RecordHeader) -> pa.RecordBatch:
-        """Every column of a compressed ``record``, decompressed from the memory map."""
-        try:
-            return pa.ipc.open_file(pa.BufferReader(self._mapped(record))).get_batch(0)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise self._loss(record, f"it cannot be decoded: {exc}") from None
 
     # -- closing -----------------------------------------------------------------------------
 

@@ -388,8 +388,8 @@ class LogTablet:
         if not included:  # no column needed (e.g. a count): nothing to read
             self._count(0, read=1)
             return pa.RecordBatch.from_struct_array(pa.nulls(record.num_rows, pa.struct([])))
-        batch, nbytes = segment.read_batch(record, None if include_all else included,
-                                           self.schema if self.compression == "NONE" else None)
+        batch, nbytes = segment.read_batch(record, None if include_all else included, self.schema,
+                                           compressed=self.compression != "NONE")
         self._count(nbytes, read=1)
         return batch
 
