@@ -56,7 +56,7 @@ from flightstore.expressions import ColumnStats, _decode_value, _encode_value
 
 __all__ = [
     "MAGIC", "FORMAT_VERSION", "HEADER", "COMPRESSIONS", "PAYLOAD_ALIGNMENT", "RecordHeader",
-    "encode_payload", "encode_record", "encode_lost_range", "column_checksums",
+    "encode_payload", "decode_payload", "encode_record", "encode_lost_range", "column_checksums",
     "payload_checksums", "compute_statistics", "statistics_from_json", "read_header", "fd_reader",
 ]
 
@@ -159,9 +159,18 @@ def column_checksums(batch: pa.RecordBatch) -> list[int]:
     return [_array_checksum(column) for column in batch.columns]
 
 
-def payload_checksums(payload: pa.Buffer) -> list[int]:
+def decode_payload(payload: pa.Buffer, schema: pa.Schema) -> pa.RecordBatch:
+    """The batch of a payload, decoded against the log's ``schema``: the IPC file is 8 bytes of
+    magic, then the schema message and the record batch message of the stream format; reading the
+    batch message directly skips the file footer and the schema (zero-copy when uncompressed)."""
+    reader = pa.BufferReader(payload.slice(8))
+    pa.ipc.read_message(reader)  # the schema, known already
+    return pa.ipc.read_record_batch(pa.ipc.read_message(reader), schema)
+
+
+def payload_checksums(payload: pa.Buffer, schema: pa.Schema) -> list[int]:
     """:func:`column_checksums` of the batch stored in ``payload`` (decoded the way reads do)."""
-    return column_checksums(pa.ipc.open_file(pa.BufferReader(payload)).get_batch(0))
+    return column_checksums(decode_payload(payload, schema))
 
 
 def _header_bytes(base_offset: int, num_rows: int, timestamp_ms: int, flags: int, sequence: int,

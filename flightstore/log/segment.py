@@ -41,7 +41,7 @@ import pyarrow as pa
 from flightstore.errors import DataLoss
 from flightstore.log.index import (INDEX_ENTRY, SegmentIndex, SegmentSummary, fsync_directory,
                                    read_summary, write_summary)
-from flightstore.log.record import RecordHeader, _array_checksum, read_header
+from flightstore.log.record import RecordHeader, _array_checksum, decode_payload, read_header
 from flightstore.log.walk import Walk, walk_records
 
 __all__ = ["Segment", "segment_name", "quarantine", "LOADED", "LOADED_WEIGHT_LIMIT",
@@ -50,7 +50,7 @@ __all__ = ["Segment", "segment_name", "quarantine", "LOADED", "LOADED_WEIGHT_LIM
 log = logging.getLogger("flightstore.log")
 
 DECODED_RECORDS_PER_SEGMENT = 4096
-# Record headers (plus index entries / 32) of sealed segments kept in memory, all logs together.
+# Records of sealed segments whose index and headers are kept in memory, all logs together.
 LOADED_WEIGHT_LIMIT = 262_144
 QUARANTINE = "quarantine"
 
@@ -187,7 +187,7 @@ class Segment:
         segment._write_index(0)
         segment._on_disk = (segment.records_count, segment.size, segment._index_crc)
         write_summary(segment.summary_path, segment.summary(True), fsync)
-        LOADED.touch(segment, len(segment._headers))
+        LOADED.touch(segment, segment.records_count)
         return segment
 
     @classmethod
@@ -299,8 +299,8 @@ class Segment:
                 index = self._load_index()
                 index.extend(self._pending)
                 self._index, self._pending = index, SegmentIndex()
-        if self.sealed:
-            LOADED.touch(self, len(index) // 32 + len(self._headers))
+        if self.sealed:  # weighed as if every header were loaded: reads load them as they go
+            LOADED.touch(self, len(index))
         return index
 
     def _load_index(self) -> SegmentIndex:
@@ -419,7 +419,7 @@ class Segment:
     def seal(self, fsync: bool) -> None:
         """Stop appending: make the file durable (``fsync``) and write its final summary."""
         self._finish(sealed=True, fsync=fsync)
-        LOADED.touch(self, len(self._headers))
+        LOADED.touch(self, self.records_count)
 
     def checkpoint(self, fsync: bool) -> None:
         """Close the active segment cleanly: its summary lets the next open skip verifying it."""
@@ -450,14 +450,19 @@ class Segment:
             # Uncompressed: the record batch is decoded in place against the known schema, and only
             # the requested columns' buffers are kept (and paged in when used): they are the bytes read.
             batch, verified = self._read_mapped(record, schema)
-            fields = range(batch.num_columns) if included_fields is None else included_fields
-            self._verify(record, batch.num_rows, ((f, batch.column(f)) for f in fields), verified)
-            if included_fields is None:
+            if included_fields is None:  # every column: one CRC of the whole payload is cheaper
+                if len(verified) < batch.num_columns:
+                    self._verify_payload(record)
+                    verified.update(range(batch.num_columns))
                 return batch, record.payload_len
+            self._verify(record, batch.num_rows,
+                         ((f, batch.column(f)) for f in included_fields if f not in verified),
+                         verified)
             batch = batch.select(list(included_fields))
             return batch, batch.nbytes  # the selected columns' buffers: what gets paged in
         fields = list(range(len(schema)) if included_fields is None else included_fields)
         if included_fields is None:
+            self._verify_payload(record)
             batch, nbytes = self._decode_file(record, pa.BufferReader(self._mapped(record)),
                                               None), record.payload_len
         else:
@@ -486,6 +491,11 @@ class Segment:
             return pa.ipc.open_file(source, options=options).get_batch(0)
         except (pa.ArrowException, OSError, ValueError, KeyError, IndexError) as exc:
             raise self._loss(record, f"it cannot be decoded: {exc}") from None
+
+    def _verify_payload(self, record: RecordHeader) -> None:
+        """A whole-payload read checks the payload CRC (metadata and every buffer)."""
+        if zlib.crc32(self._mapped(record)) != record.payload_crc:
+            raise self._loss(record, "its payload fails its CRC")
 
     def _verify(self, record: RecordHeader, num_rows: int, columns: Iterable[tuple[int, Any]],
                 verified: set[int] | None) -> None:
@@ -536,10 +546,7 @@ class Segment:
         if cached is not None and cached[0] is schema:
             return cached[1], cached[2]
         try:
-            payload = self._mapped(record)
-            messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(payload.slice(8)))
-            messages.read_next_message()  # the schema, known already
-            batch = pa.ipc.read_record_batch(messages.read_next_message(), schema)
+            batch = decode_payload(self._mapped(record), schema)
         except (pa.ArrowException, OSError, ValueError, KeyError, IndexError, StopIteration) as exc:
             raise self._loss(record, f"it cannot be decoded: {exc}") from None
         if len(self._decoded) >= DECODED_RECORDS_PER_SEGMENT:

@@ -230,7 +230,7 @@ class LogTablet:
         stats = compute_statistics(batch, self._stats_columns)
         stats_raw = json.dumps(stats, separators=(",", ":")).encode("utf-8") if stats else b""
         payload = encode_payload(batch, self.compression)
-        checksums = tuple(payload_checksums(payload))
+        checksums = tuple(payload_checksums(payload, batch.schema))
         payload_crc = zlib.crc32(payload)
         with self._lock:
             self._check_open()
