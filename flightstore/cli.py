@@ -1,4 +1,4 @@
-"""The ``flightstore`` command line: ``serve``, ``sql``, ``options``."""
+"""The ``flightstore`` command line: ``serve``, ``sql``, ``verify``, ``repair``, ``options``."""
 
 from __future__ import annotations
 
@@ -32,6 +32,37 @@ def _sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing is lost or unreadable, 1 when something is, 2 when it cannot run."""
+    from flightstore.errors import DataDirectoryInUse
+    from flightstore.maintenance import verify
+    try:
+        report = verify(args.data_dir)
+    except DataDirectoryInUse as exc:
+        print(f"flightstore verify: {exc}", file=sys.stderr)
+        return 2
+    return _print_report("verify", report)
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """Exit 0 when every table opens and reads again, 1 otherwise, 2 when it cannot run."""
+    from flightstore.errors import FlightstoreError
+    from flightstore.maintenance import repair
+    try:
+        report = repair(args.data_dir, args.table or None, fsync=args.fsync)
+    except FlightstoreError as exc:
+        print(f"flightstore repair: {exc}", file=sys.stderr)
+        return 2
+    return _print_report("repair", report)
+
+
+def _print_report(command: str, report) -> int:
+    for finding in report.findings:
+        print(finding)
+    print(f"flightstore {command}: {report.summary()}")
+    return 0 if report.ok else 1
+
+
 def _has_pandas() -> bool:
     try:
         import pandas  # noqa: F401
@@ -59,6 +90,19 @@ def main(argv: list[str] | None = None) -> None:
     sql.add_argument("--user", help="NAME:PASSWORD for a server that requires authentication")
     sql.add_argument("statements", nargs="+")
     sql.set_defaults(func=_sql)
+    verify = commands.add_parser("verify", help="check every CRC, checksum and KV block of a data "
+                                 "directory and report, changing nothing (exit 1 if data is lost)")
+    verify.add_argument("data_dir", metavar="DATA_DIR")
+    verify.set_defaults(func=_verify)
+    repair = commands.add_parser("repair", help="make damaged tables readable again: declare the "
+                                 "lost offsets, quarantine bad bytes, say what was lost")
+    repair.add_argument("data_dir", metavar="DATA_DIR")
+    repair.add_argument("--table", action="append", metavar="DB.TABLE",
+                        help="repair only this table (repeatable; default: every table)")
+    repair.add_argument("--fsync", action=argparse.BooleanOptionalAction,
+                        default=SERVER_OPTIONS["log.fsync"].default,
+                        help="fsync what repair writes (default: on)")
+    repair.set_defaults(func=_repair)
     options = commands.add_parser("options", help="print every option as a Markdown table")
     options.set_defaults(func=lambda _: print(options_markdown()) or 0)
     args = parser.parse_args(argv)

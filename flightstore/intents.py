@@ -60,6 +60,17 @@ class IntentLog:
         except FileNotFoundError:
             pass
 
+    def inspect(self) -> str:
+        """``"empty"``, ``"pending"`` (a write to roll forward at the next open) or ``"torn"`` (a
+        record that fails its CRC: an intent whose write never started, discarded at open)."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return "empty"
+        if size == 0:
+            return "empty"
+        return "pending" if self.pending() is not None else "torn"
+
     def pending(self) -> tuple[dict[str, Any], pa.Table] | None:
         """The recorded write that may not have reached every bucket, if any."""
         try:
@@ -70,7 +81,10 @@ class IntentLog:
             return None
         magic, crc, length = _HEADER.unpack_from(data)
         body = data[_HEADER.size:_HEADER.size + length]
-        if magic != _MAGIC or len(body) != length or zlib.crc32(body) != crc:
+        if magic != _MAGIC or not length or len(body) != length or zlib.crc32(body) != crc:
             return None
         header, _, ipc = body.partition(b"\n")
-        return json.loads(header), pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
+        try:
+            return json.loads(header), pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
+        except (ValueError, pa.ArrowException):  # never written whole by begin()
+            return None

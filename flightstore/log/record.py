@@ -186,8 +186,8 @@ def _header_bytes(base_offset: int, num_rows: int, timestamp_ms: int, flags: int
 
 
 def encode_record(base_offset: int, num_rows: int, timestamp_ms: int, writer_id: str | None,
-                  sequence: int | None, stats: Mapping[str, list] | bytes, payload: pa.Buffer,
-                  checksums: Sequence[int], position: int = 0,
+                  sequence: int | None, stats: Mapping[str, list] | bytes,
+                  payload: pa.Buffer | bytes, checksums: Sequence[int], position: int = 0,
                   payload_crc: int | None = None) -> bytes:
     """The bytes (fixed header + writer id + statistics + checksums + padding) that precede
     ``payload`` in a record written at file ``position``. ``stats`` may be already-encoded JSON."""
@@ -202,7 +202,7 @@ def encode_record(base_offset: int, num_rows: int, timestamp_ms: int, writer_id:
         FLAG_SEQUENCE if sequence is not None else 0)
     crc = zlib.crc32(payload) if payload_crc is None else payload_crc
     return _header_bytes(base_offset, num_rows, timestamp_ms, flags, sequence or 0, writer,
-                         stats_bytes, checksums, payload.size, crc, position)
+                         stats_bytes, checksums, memoryview(payload).nbytes, crc, position)
 
 
 def encode_lost_range(base_offset: int, num_rows: int, timestamp_ms: int, reason: str,
