@@ -20,9 +20,9 @@ import fcntl
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from flightstore.catalog import read_catalog_file
 from flightstore.errors import DataDirectoryInUse, FlightstoreError, NotFound
@@ -33,7 +33,7 @@ from flightstore.log.segment import QUARANTINE
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.store import Store
 
-__all__ = ["Finding", "Report", "verify", "repair"]
+__all__ = ["Finding", "Report", "repair", "verify"]
 
 
 @dataclass

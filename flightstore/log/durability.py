@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["GroupCommit", "fsync_file"]
 

@@ -31,8 +31,14 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["INDEX_ENTRY", "SegmentIndex", "SegmentSummary", "read_summary", "write_summary",
-           "fsync_directory"]
+__all__ = [
+    "INDEX_ENTRY",
+    "SegmentIndex",
+    "SegmentSummary",
+    "fsync_directory",
+    "read_summary",
+    "write_summary",
+]
 
 INDEX_ENTRY = struct.Struct("<qqq")
 _SUMMARY_MAGIC = b"FSSM"
@@ -42,7 +48,7 @@ _SUMMARY_HEAD = struct.Struct("<4sI")
 class SegmentIndex:
     """The in-memory index of one segment: three int64 arrays, one entry per record."""
 
-    __slots__ = ("bases", "positions", "max_ts")
+    __slots__ = ("bases", "max_ts", "positions")
 
     def __init__(self) -> None:
         self.bases = array("q")
@@ -57,7 +63,7 @@ class SegmentIndex:
         self.positions.append(position)
         self.max_ts.append(max_timestamp_ms)
 
-    def extend(self, other: "SegmentIndex") -> None:
+    def extend(self, other: SegmentIndex) -> None:
         self.bases.extend(other.bases)
         self.positions.extend(other.positions)
         self.max_ts.extend(other.max_ts)
@@ -76,7 +82,7 @@ class SegmentIndex:
                         for i in range(start, len(self)))
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "SegmentIndex":
+    def from_bytes(cls, data: bytes) -> SegmentIndex:
         index = cls()
         flat = array("q")
         flat.frombytes(data[: len(data) - len(data) % INDEX_ENTRY.size])

@@ -23,7 +23,7 @@ from flightstore.log.record import RecordHeader, encode_lost_range, encode_recor
 from flightstore.log.segment import Segment, quarantine, segment_name
 from flightstore.log.walk import Walk, walk_records
 
-__all__ = ["Finding", "LogCheck", "check_log", "repair_log", "log_segments"]
+__all__ = ["Finding", "LogCheck", "check_log", "log_segments", "repair_log"]
 
 _MAX_LOST_RECORD = 0xFFFFFFFF  # num_rows is a u32
 

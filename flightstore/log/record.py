@@ -45,8 +45,8 @@ import json
 import os
 import struct
 import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,9 +55,22 @@ from flightstore.errors import InvalidInput
 from flightstore.expressions import ColumnStats, _decode_value, _encode_value
 
 __all__ = [
-    "MAGIC", "FORMAT_VERSION", "HEADER", "COMPRESSIONS", "PAYLOAD_ALIGNMENT", "RecordHeader",
-    "encode_payload", "decode_payload", "encode_record", "encode_lost_range", "column_checksums",
-    "payload_checksums", "compute_statistics", "statistics_from_json", "read_header", "fd_reader",
+    "COMPRESSIONS",
+    "FORMAT_VERSION",
+    "HEADER",
+    "MAGIC",
+    "PAYLOAD_ALIGNMENT",
+    "RecordHeader",
+    "column_checksums",
+    "compute_statistics",
+    "decode_payload",
+    "encode_lost_range",
+    "encode_payload",
+    "encode_record",
+    "fd_reader",
+    "payload_checksums",
+    "read_header",
+    "statistics_from_json",
 ]
 
 MAGIC = b"FSLB"

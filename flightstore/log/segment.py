@@ -33,19 +33,33 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from flightstore.errors import DataLoss
-from flightstore.log.index import (INDEX_ENTRY, SegmentIndex, SegmentSummary, fsync_directory,
-                                   read_summary, write_summary)
+from flightstore.log.index import (
+    INDEX_ENTRY,
+    SegmentIndex,
+    SegmentSummary,
+    fsync_directory,
+    read_summary,
+    write_summary,
+)
 from flightstore.log.record import RecordHeader, _array_checksum, decode_payload, read_header
 from flightstore.log.walk import Walk, walk_records
 
-__all__ = ["Segment", "segment_name", "quarantine", "LOADED", "LOADED_WEIGHT_LIMIT",
-           "DECODED_RECORDS_PER_SEGMENT", "QUARANTINE"]
+__all__ = [
+    "DECODED_RECORDS_PER_SEGMENT",
+    "LOADED",
+    "LOADED_WEIGHT_LIMIT",
+    "QUARANTINE",
+    "Segment",
+    "quarantine",
+    "segment_name",
+]
 
 log = logging.getLogger("flightstore.log")
 
@@ -81,7 +95,7 @@ class _LoadedSegments:
         self._entries: OrderedDict[int, tuple[Segment, int]] = OrderedDict()
         self._total = 0
 
-    def touch(self, segment: "Segment", weight: int) -> None:
+    def touch(self, segment: Segment, weight: int) -> None:
         evicted = []
         with self._lock:
             old = self._entries.pop(id(segment), None)
@@ -94,7 +108,7 @@ class _LoadedSegments:
         for victim in evicted:
             victim._unload()
 
-    def forget(self, segment: "Segment") -> None:
+    def forget(self, segment: Segment) -> None:
         with self._lock:
             old = self._entries.pop(id(segment), None)
             if old:
@@ -152,7 +166,7 @@ class Segment:
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, label: str = "",
-               fsync: bool = False) -> "Segment":
+               fsync: bool = False) -> Segment:
         """A new, empty segment file (fails if it exists)."""
         segment = cls(directory, base_offset, label)
         fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -164,7 +178,7 @@ class Segment:
 
     @classmethod
     def open_sealed(cls, directory: Path, base_offset: int, label: str = "",
-                    fsync: bool = False) -> "Segment":
+                    fsync: bool = False) -> Segment:
         """Open a segment that is not the last one: from its summary, or by walking its headers."""
         segment = cls(directory, base_offset, label)
         segment.sealed = True
@@ -192,7 +206,7 @@ class Segment:
 
     @classmethod
     def open_active(cls, directory: Path, base_offset: int, label: str = "",
-                    fsync: bool = False) -> "Segment":
+                    fsync: bool = False) -> Segment:
         """Open the last segment, verifying every record after its checkpoint (see module doc)."""
         segment = cls(directory, base_offset, label)
         summary, nbytes = read_summary(segment.summary_path)

@@ -14,15 +14,16 @@ The tablet stores whatever schema it is given; it does not interpret any column 
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import logging
 import os
 import threading
 import time
 import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,8 +32,15 @@ from flightstore.errors import DataLoss, FlightstoreError, InvalidInput, SchemaM
 from flightstore.expressions import Predicate
 from flightstore.log import durability
 from flightstore.log.durability import GroupCommit
-from flightstore.log.record import COMPRESSIONS, RecordHeader, compute_statistics, encode_payload, \
-    encode_record, payload_checksums, statistics_from_json
+from flightstore.log.record import (
+    COMPRESSIONS,
+    RecordHeader,
+    compute_statistics,
+    encode_payload,
+    encode_record,
+    payload_checksums,
+    statistics_from_json,
+)
 from flightstore.log.segment import Segment
 
 __all__ = ["LogBatch", "LogTablet"]
@@ -122,7 +130,7 @@ class LogTablet:
         segments = [Segment.open_sealed(self.directory, base, self.label, self.fsync)
                     for base in bases[:-1]]
         segments.append(Segment.open_active(self.directory, bases[-1], self.label, self.fsync))
-        for previous, segment in zip(segments, segments[1:]):
+        for previous, segment in itertools.pairwise(segments):
             if segment.base_offset < previous.next_offset:
                 raise DataLoss(f"{self.label}: segment {segment.path.name} starts at offset "
                                f"{segment.base_offset} inside {previous.path.name}, which reaches "
@@ -160,7 +168,7 @@ class LogTablet:
         with self._lock:
             segments = self._segments
         ranges: list[tuple[int, int]] = []
-        for previous, segment in zip(segments, segments[1:]):
+        for previous, segment in itertools.pairwise(segments):
             if segment.base_offset > previous.next_offset:
                 ranges.append((previous.next_offset, segment.base_offset))
         for segment in segments:
@@ -484,7 +492,7 @@ class LogTablet:
         if self._closed:
             raise FlightstoreError(f"log tablet {self.directory} is closed")
 
-    def __enter__(self) -> "LogTablet":
+    def __enter__(self) -> LogTablet:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -15,8 +15,8 @@ Two consecutive good records whose offsets do not meet (``base_offset`` above th
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from flightstore.log.record import MAGIC, RecordHeader, read_header
 
@@ -94,8 +94,8 @@ def _check(pread: Callable[[int, int], bytes], position: int, file_size: int, ex
         return None, f"a record header with offset {header.base_offset} below {expected}"
     if verify_payload and header.payload_len and zlib.crc32(
             pread(header.payload_len, header.payload_position)) != header.payload_crc:
-        return None, f"a record (offsets {header.base_offset}..{header.next_offset - 1}) whose " \
-                     "payload fails its CRC"
+        return None, (f"a record (offsets {header.base_offset}..{header.next_offset - 1}) whose "
+                      "payload fails its CRC")
     return header, ""
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
 
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings

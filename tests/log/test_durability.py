@@ -11,10 +11,9 @@ import time
 import pyarrow as pa
 import pytest
 
-import flightstore.log.durability as durability
 from flightstore.config import SERVER_OPTIONS
 from flightstore.intents import IntentLog
-from flightstore.log import LogTablet
+from flightstore.log import LogTablet, durability
 from flightstore.server.service import serve
 from flightstore.store import Store
 
