@@ -14,6 +14,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from flightstore.errors import InvalidOption
 from flightstore.expressions import Predicate
 from flightstore.schema import as_table
 from flightstore.server import protocol, tickets
@@ -74,6 +75,31 @@ class Connection:
         result = reader.read()
         writer.close()
         return protocol.parse("DoPutUpdateResult", result.to_pybytes()).record_count
+
+    def set_session_options(self, options: Mapping[str, Any]) -> None:
+        """Set Flight session options of this connection (``schema``, ``catalog``,
+        ``flightstore.per-bucket-endpoints``: see the README option table). Raises
+        :class:`~flightstore.errors.InvalidOption` naming the refused ones (then none is set)."""
+        request = protocol.SetSessionOptionsRequest()
+        for key, value in options.items():
+            kind = "bool_value" if isinstance(value, bool) else \
+                "int64_value" if isinstance(value, int) else \
+                "double_value" if isinstance(value, float) else "string_value"
+            setattr(request.session_options[key], kind, value if kind != "string_value" else str(value))
+        [answer] = self._client.do_action(
+            flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString()), self._options)
+        errors = protocol.parse("SetSessionOptionsResult", answer.body.to_pybytes()).errors
+        if errors:
+            raise InvalidOption("session options refused: " + ", ".join(sorted(errors)))
+
+    def session_options(self) -> dict[str, Any]:
+        """This connection's Flight session options and their current values."""
+        [answer] = self._client.do_action(flight.Action(
+            protocol.GET_SESSION_OPTIONS, protocol.GetSessionOptionsRequest().SerializeToString()),
+            self._options)
+        options = protocol.parse("GetSessionOptionsResult", answer.body.to_pybytes()).session_options
+        return {key: getattr(value, value.WhichOneof("option_value")) for key, value in options.items()
+                if value.WhichOneof("option_value") not in (None, "string_list_value")}
 
     def table(self, name: str, *, writer_id: str | None = None) -> "TableClient":
         return TableClient(self, name, writer_id=writer_id)

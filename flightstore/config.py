@@ -18,6 +18,7 @@ __all__ = [
     "ConfigOption",
     "TABLE_OPTIONS",
     "SERVER_OPTIONS",
+    "SESSION_OPTIONS",
     "FIELD_OPTION_PATTERN",
     "parse_duration_ms",
     "validate_table_options",
@@ -138,6 +139,37 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,
                  "Largest record batch sent in one Flight message."),
+    ConfigOption("zookeeper.address", "str", None,
+                 "ZooKeeper `HOST:PORT[,HOST:PORT...][/chroot]` of the cluster this server joins; "
+                 "unset runs one server alone, with no coordination."),
+    ConfigOption("server.id", "int", None,
+                 "This server's id in its cluster: unique among live servers and kept across "
+                 "restarts (its buckets follow the id).", minimum=0),
+    ConfigOption("advertised-uri", "str", None,
+                 "The URI other servers and clients reach this server at; default "
+                 "`grpc://HOST:PORT` of the listening address."),
+    ConfigOption("zookeeper.session-timeout", "duration", 10_000,
+                 "How long ZooKeeper keeps a silent server registered: a killed server's buckets are "
+                 "reported unavailable, and a killed coordinator replaced, after about this long.",
+                 minimum=1000),
+    ConfigOption("cluster.ddl-timeout", "duration", 30_000,
+                 "How long a server waits for the coordinator to answer a DDL statement before "
+                 "answering UNAVAILABLE (having changed nothing).", minimum=100),
+)
+
+# Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.
+# "catalog" and "schema" are the keys the ADBC Flight SQL driver uses for adbc_current_catalog and
+# adbc_current_db_schema; "schema" is the connection's default database, the one USE sets.
+SESSION_OPTIONS: dict[str, ConfigOption] = _registry(
+    ConfigOption("catalog", "str", "flightstore",
+                 "Current catalog; flightstore has one, `flightstore` (ADBC `adbc_current_catalog`)."),
+    ConfigOption("schema", "str", "default",
+                 "Current database of the connection: what unqualified table names resolve in; `USE db` "
+                 "sets it too (ADBC `adbc_current_db_schema`)."),
+    ConfigOption("flightstore.per-bucket-endpoints", "bool", False,
+                 "Answer a scan with one Flight endpoint per bucket (parallel readers such as Spark); by "
+                 "default every query has one endpoint that streams all buckets, so clients that read "
+                 "only the first endpoint still get every row."),
 )
 
 
@@ -180,7 +212,8 @@ def server_option(options: Mapping[str, Any], key: str) -> Any:
 def options_markdown() -> str:
     """The README option table, generated from the registry."""
     lines = ["| option | scope | type | default | description |", "|---|---|---|---|---|"]
-    for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS)):
+    for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS),
+                            ("session", SESSION_OPTIONS)):
         for option in registry.values():
             default = ",".join(option.default) if isinstance(option.default, tuple) else option.default
             kind = "|".join(option.choices) if option.choices else option.type

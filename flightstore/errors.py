@@ -26,6 +26,10 @@ __all__ = [
     "DataLoss",
     "Cancelled",
     "DataDirectoryInUse",
+    "Unavailable",
+    "BucketUnavailable",
+    "CoordinatorUnavailable",
+    "ServerIdInUse",
 ]
 
 
@@ -125,3 +129,24 @@ class Cancelled(FlightstoreError):
 
 class DataDirectoryInUse(FlightstoreError):
     """Another open Store (in this or another process) holds the data directory."""
+
+
+class Unavailable(FlightstoreError):
+    """A part of the cluster needed for the request is not reachable now; the same request may
+    succeed later (maps to UNAVAILABLE)."""
+
+    flight_status = "unavailable"
+
+
+class BucketUnavailable(Unavailable):
+    """The server that leads a bucket is down; the message names the table, bucket and server."""
+
+
+class CoordinatorUnavailable(Unavailable):
+    """No coordinator answered a DDL request in time (or ZooKeeper is unreachable)."""
+
+
+class ServerIdInUse(FlightstoreError):
+    """Another live server registered the same ``--server-id`` (maps to ALREADY_EXISTS)."""
+
+    flight_status = "already_exists"

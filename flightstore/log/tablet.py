@@ -298,7 +298,8 @@ class LogTablet:
 
     def read(self, from_offset: int = 0, *, columns: Sequence[str] | None = None,
              filter: Predicate | None = None, to_offset: int | None = None,
-             max_bytes: int | None = None, max_rows: int | None = None) -> Iterator[LogBatch]:
+             max_bytes: int | None = None, max_rows: int | None = None,
+             exact: bool = True) -> Iterator[LogBatch]:
         """Records overlapping ``[from_offset, to_offset)``, in offset order.
 
         ``from_offset`` below :attr:`start_offset` is clamped to it; ``to_offset`` defaults to the
@@ -307,7 +308,8 @@ class LogTablet:
         must be bound to the log schema: records whose statistics rule it out are not read, the
         others are filtered row by row; records left with no rows are not yielded. ``max_rows`` /
         ``max_bytes`` (of the returned batches) stop the read after the record that reaches them.
-        Unknown columns raise :class:`InvalidInput` at call time.
+        ``exact=False`` skips records by statistics only and returns the others whole (for callers
+        that filter the rows again). Unknown columns raise :class:`InvalidInput` at call time.
         """
         self._check_open()
         names = list(self.schema.names if columns is None else columns)
@@ -322,18 +324,18 @@ class LogTablet:
             segments, end = self._segments, self._end_offset
         upper = end if to_offset is None else min(int(to_offset), end)
         lower = max(int(from_offset), segments[0].base_offset)
-        return self._read(segments, lower, upper, names, filter, max_bytes, max_rows)
+        return self._read(segments, lower, upper, names, filter, max_bytes, max_rows, exact)
 
     def _read(self, segments: list[Segment], lower: int, upper: int, names: list[str],
               filter: Predicate | None, max_bytes: int | None,
-              max_rows: int | None) -> Iterator[LogBatch]:
+              max_rows: int | None, exact: bool = True) -> Iterator[LogBatch]:
         """Records of ``[lower, upper)``; every offset must be held by a record (lost-range records
         declared by repair count, and are skipped), else :class:`DataLoss`: an answer with rows
         missing is never given."""
-        needed = set(names) | (filter.columns() if filter is not None else set())
+        needed = set(names) | (filter.columns() if filter is not None and exact else set())
         included = [i for i, name in enumerate(self.schema.names) if name in needed]
         include_all = len(included) == len(self.schema)
-        expression = filter.to_arrow() if filter is not None else None
+        expression = filter.to_arrow() if filter is not None and exact else None
         rows_out = bytes_out = 0
         if upper <= lower:
             return

@@ -1,7 +1,8 @@
 """The Flight SQL server: Flight RPCs -> planner/executor/store, errors -> Flight status codes.
 
-GetFlightInfo plans a query and answers its exact schema with one endpoint per partition (bucket)
-for scans; statements (DDL, writes) arriving on the query path run once and answer a
+GetFlightInfo plans a query and answers its exact schema with one endpoint that streams every
+bucket (one endpoint per bucket when the session sets ``flightstore.per-bucket-endpoints``, as the
+Spark connector does); statements (DDL, writes) arriving on the query path run once and answer a
 ``rows_affected`` row. DoGet re-plans from the stateless ticket and streams Arrow batches kept well
 below gRPC's message limit. DoPut handles Flight SQL updates, prepared-statement parameter binding,
 bulk ingest and flightstore's own write commands. Errors are translated in exactly one place,
@@ -31,7 +32,9 @@ from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.auth import BasicAuthMiddlewareFactory, NoAuthHandler
+from flightstore.server.session import Session, apply_options, option_values
 from flightstore.sql import nodes
+from flightstore.sql.resolve import resolve_database
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
 from flightstore.sql.plan import parameter_schema
 from flightstore.store import Store
@@ -68,6 +71,8 @@ def _translate(exc: BaseException) -> BaseException:
             return flight.FlightUnauthorizedError(message)
         if status == "cancelled":
             return flight.FlightCancelledError(message)
+        if status == "unavailable":
+            return flight.FlightUnavailableError(message)
         if status == "data_loss":
             return flight.FlightInternalError(f"DATA_LOSS: {message}")
         return flight.FlightInternalError(message)
@@ -123,14 +128,6 @@ def _peer(context: flight.ServerCallContext | None) -> str:
 
 
 @dataclass
-class Session:
-    """What one client connection set: its default database (``USE``) and Flight session options."""
-
-    database: str = "default"
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class PreparedStatement:
     sql: str
     database: str
@@ -156,6 +153,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self._cancelled: set[bytes] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -222,9 +220,12 @@ class FlightSqlServer(flight.FlightServerBase):
             ticket = tickets.result_ticket(result) or self._keep_result(result)
             return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])],
                                      result.num_rows, -1)
+        # One endpoint streaming every bucket unless the session asked for one per bucket: clients
+        # that read only endpoints[0] (flightsql-dbapi, Superset over it) must get whole answers.
+        partitions = self.executor.partitions(plan) if session.per_bucket_endpoints else [None]
         endpoints = []
         query_id = uuid.uuid4().hex  # tickets of one FlightInfo only: CancelFlightInfo cancels just these
-        for partition in self.executor.partitions(plan):
+        for partition in partitions:
             payload = {"sql": sql, "params": tickets.encode_params(params), "db": database,
                        "partition": partition, "query": query_id}
             endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
@@ -351,15 +352,18 @@ class FlightSqlServer(flight.FlightServerBase):
             result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
         elif kind == protocol.SET_SESSION_OPTIONS:
             session = self.session(context)
+            catalog = StoreCatalog(self.store)
             with self._lock:
-                for key, value in request.session_options.items():
-                    session.options[key] = value
+                errors = apply_options(session, request.session_options,
+                                       lambda name: resolve_database(catalog, name))
             result = protocol.SetSessionOptionsResult()
+            for key, value in errors.items():
+                result.errors[key].value = value
         elif kind == protocol.GET_SESSION_OPTIONS:
             session = self.session(context)
             result = protocol.GetSessionOptionsResult()
             with self._lock:
-                for key, value in session.options.items():
+                for key, value in option_values(session).items():
                     result.session_options[key].CopyFrom(value)
         elif kind == protocol.CLOSE_SESSION:
             with self._lock:
@@ -378,6 +382,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 (protocol.GET_SESSION_OPTIONS, "get session options"),
                 (protocol.CLOSE_SESSION, "close the session"),
                 ("flightstore.offsets", "log offsets of a table's buckets"),
+                ("flightstore.cluster", "this server's view of its cluster (servers, bucket leaders)"),
                 ("flightstore.writer", "the last batch sequence a writer applied"),
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
                 ("flightstore.release", "release the columns a writer owns")]
@@ -496,21 +501,28 @@ class FlightSqlServer(flight.FlightServerBase):
         path = TablePath(database, command.table)
         create = options.if_not_exist  # 0 unspecified, 1 CREATE, 2 FAIL
         exists = options.if_exists      # 0 unspecified, 1 FAIL, 2 APPEND, 3 REPLACE
+        created = False
         try:
             table = self.store.table(path)
             if exists in (0, 1):
                 raise InvalidInput(f"table {path} already exists (ingest mode 'create' fails on it)")
             if exists == 3:
+                TableDescriptor.create(path, data.schema)  # a schema that cannot be stored fails first
                 self.store.drop_table(path)
-                table = self.store.create_table(path, data.schema)
+                table, created = self.store.create_table(path, data.schema), True
         except TableNotFound:
             if create == 2:
                 raise TableNotFound(f"table {path} does not exist (ingest mode 'append' fails)") from None
-            table = self.store.create_table(path, data.schema)
-        if table.has_primary_key:
-            table.upsert(data)
-        else:
-            table.append(data)
+            table, created = self.store.create_table(path, data.schema), True
+        try:
+            if table.has_primary_key:
+                table.upsert(data)
+            else:
+                table.append(data)
+        except BaseException:
+            if created:  # create-then-ingest is one step: a failed ingest leaves no empty table
+                self.store.drop_table(path, if_exists=True)
+            raise
         return data.num_rows
 
     # ---- flightstore's own commands (Python client) -------------------------------------------
@@ -605,6 +617,10 @@ class FlightSqlServer(flight.FlightServerBase):
             table = self.store.table(payload["table"])
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
+        if kind == "flightstore.cluster":
+            if self.cluster is None:
+                raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
+            return tickets.encode_custom({"op": "cluster", **self.cluster.describe(payload.get("table"))})
         raise Unsupported(f"action {kind} is not supported by flightstore")
 
 
@@ -657,11 +673,16 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
 
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
           fsync: bool = SERVER_OPTIONS["log.fsync"].default,
-          users: dict[str, str] | None = None) -> None:
-    """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store."""
+          users: dict[str, str] | None = None, cluster: Any = None) -> None:
+    """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store.
+    ``cluster`` (a :class:`flightstore.cluster.member.ClusterConfig`) joins a cluster first."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if cluster is not None:
+        from flightstore.cluster.store import ClusterStore as store_class
+    else:
+        store_class = Store
     try:
-        store = Store(data_dir, fsync=fsync)
+        store = store_class(data_dir, fsync=fsync)
     except DataDirectoryInUse as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     try:
@@ -669,6 +690,14 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     except pa.ArrowException as exc:
         store.close()
         raise SystemExit(f"flightstore: cannot listen on {host}:{port} ({exc}); is the port in use?")
+    if cluster is not None:
+        from flightstore.cluster.member import join
+        try:
+            server.cluster = join(cluster, store, host, server.port)
+        except FlightstoreError as exc:
+            server.shutdown()
+            store.close()
+            raise SystemExit(f"flightstore: {exc}") from None
     print(f"flightstore serving {data_dir} at grpc://{host}:{server.port}", flush=True)
 
     def stop(signum: int, frame: Any) -> None:
@@ -691,5 +720,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     try:
         server.serve()
     finally:
+        if server.cluster is not None:
+            server.cluster.stop()
         store.close()
         print("flightstore stopped", flush=True)

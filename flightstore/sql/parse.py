@@ -36,7 +36,14 @@ __all__ = [
 
 
 class FlinkSql(Dialect):
-    """sqlglot's default dialect with Flink's backtick identifiers and ``X'..'`` bytes."""
+    """sqlglot's default dialect with Flink's backtick identifiers and ``X'..'`` bytes.
+
+    NULLs sort last in both directions unless the query says ``NULLS FIRST``: DuckDB's rule, which
+    the server advertises as SqlInfo ``SQL_NULL_ORDERING`` = sorted at end. (sqlglot's default,
+    "NULLs are small", would rewrite ``ORDER BY x`` to ``NULLS FIRST`` on the way to DuckDB.)
+    """
+
+    NULL_ORDERING = "nulls_are_last"
 
     class Tokenizer(tokens.Tokenizer):
         IDENTIFIERS = ['"', "`"]
@@ -99,14 +106,45 @@ def literal_shape(sql: str) -> tuple[str, list[int | str]] | None:
     return "".join(pieces), values
 
 
+# sqlglot names what is missing by its expression classes; say it in SQL words.
+_OPERATORS = {
+    "Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Mod": "%", "DPipe": "||", "EQ": "=", "NEQ": "<>",
+    "GT": ">", "GTE": ">=", "LT": "<", "LTE": "<=", "And": "AND", "Or": "OR", "Like": "LIKE",
+    "ILike": "ILIKE", "Is": "IS", "In": "IN", "Between": "BETWEEN", "NullSafeEQ": "<=>",
+}
+_MISSING = re.compile(r"Required keyword: '(\w+)' missing for <class '[\w.]*\.(\w+)'>")
+_DESCRIPTIONS = {
+    "Invalid expression / Unexpected token": "unexpected text",
+    "Expecting )": "a ')' is missing",
+    "Expecting (": "a '(' is missing",
+}
+
+
+def _describe(description: str) -> str:
+    """A sqlglot error description in the user's terms (no sqlglot class names)."""
+    match = _MISSING.search(description)
+    if match:
+        keyword, node = match.groups()
+        if node in _OPERATORS:
+            side = "left" if keyword == "this" else "right"
+            return f"the operator {_OPERATORS[node]} has no {side}-hand operand"
+        name = re.sub(r"(?<!^)(?=[A-Z])", " ", node).upper()
+        if keyword in ("this", "expression", "expressions"):
+            return f"{name} needs an expression after it"
+        return f"{name} is incomplete ({keyword.replace('_', ' ')} missing)"
+    if "sqlglot" in description or "<class" in description:
+        return "the statement is incomplete or malformed"
+    return _DESCRIPTIONS.get(description, description)
+
+
 def _syntax_error(exc: ParseError) -> SqlError:
     if not exc.errors:
-        return SqlError(f"syntax error: {exc}")
+        return SqlError(f"syntax error: {_describe(str(exc))}")
     first = exc.errors[0]
     near = (first.get("highlight") or "").strip()
     where = f"line {first.get('line')}, column {first.get('col')}"
     context = f" near {near!r}" if near else " at the end of the statement"
-    return SqlError(f"syntax error at {where}{context}: {first.get('description')}")
+    return SqlError(f"syntax error at {where}{context}: {_describe(first.get('description') or '')}")
 
 
 def _split_statements(sql: str, toks: list[tokens.Token]) -> list[tuple[str, list[tokens.Token]]]:

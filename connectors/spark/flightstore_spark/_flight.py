@@ -104,6 +104,9 @@ def table_info(conn: Connection, name: str) -> TableInfo:
 
 
 def query_endpoints(conn: Connection, query: str) -> flight.FlightInfo:
+    """The FlightInfo of a pushed query with one endpoint per bucket for scans: Spark reads each
+    endpoint as its own partition, in parallel (the server's default is a single endpoint)."""
+    conn.set_session_options({"flightstore.per-bucket-endpoints": True})
     command = protocol.pack_any(protocol.CommandStatementQuery(query=query))
     return conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
 
