@@ -255,14 +255,14 @@ def test_statistics_cover_chosen_columns_and_skip_long_strings() -> None:
 
 
 def test_decoded_records_are_reused_and_bounded(tmp_path: Path, monkeypatch) -> None:
-    import flightstore.log.segment as segment_module
+    import flightstore.log.payload as payload_module
 
-    monkeypatch.setattr(segment_module, "DECODED_RECORDS_PER_SEGMENT", 2)
+    monkeypatch.setattr(payload_module, "DECODED_RECORDS_PER_SEGMENT", 2)
     with LogTablet(tmp_path, SCHEMA) as tablet:
         for start in range(0, 40, 10):
             tablet.append(_batch(start, 10))
         first = _ids(tablet)
-        segment = tablet._segments[0]
+        segment = tablet._segments[0]._payloads
         assert len(segment._decoded) == 2  # bounded: the two latest records
         assert _ids(tablet) == first == list(range(40))
         names = [n for b in tablet.read(columns=["name"]) for n in b.batch.column("name").to_pylist()]
