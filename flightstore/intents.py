@@ -43,6 +43,7 @@ class IntentLog:
             writer.write_table(batch)
         body = json.dumps(meta, separators=(",", ":")).encode() + b"\n" + sink.getvalue().to_pybytes()
         record = _HEADER.pack(_MAGIC, zlib.crc32(body), len(body)) + body
+        created = not self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(record)
@@ -52,6 +53,12 @@ class IntentLog:
                 os.fsync(fd)
         finally:
             os.close(fd)
+        if self.fsync and created:  # the file's directory entry must survive a power loss too
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
 
     def complete(self) -> None:
         """Every bucket applied the write: forget it."""
