@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from flightstore.log.index import INDEX_ENTRY, read_summary
+from flightstore.log.index import INDEX_ENTRY, fsync_directory, read_summary
 from flightstore.log.record import RecordHeader, encode_lost_range, encode_record, read_header
 from flightstore.log.segment import Segment, quarantine, segment_name
 from flightstore.log.walk import Walk, walk_records
@@ -174,13 +173,12 @@ def repair_log(directory: Path, label: str, *, extend_to: int | None = None,
     declared: list[tuple[int, int]] = []
     bases = log_segments(directory)
     expected = bases[0] if bases else 0
-    now = int(time.time() * 1000)
     for number, base in enumerate(bases):
         last = number == len(bases) - 1
         path = directory / f"{segment_name(base)}.log"
         if base > expected:
             _write_segment(directory, expected, [], [(expected, base, "no segment held them")],
-                           None, sealed=True, fsync=fsync, now=now)
+                           None, sealed=True, fsync=fsync)
             done.append(Finding("note", label, f"offsets {expected}..{base - 1} declared lost "
                                                "(no segment held them)"))
             declared.append((expected, base))
@@ -215,7 +213,7 @@ def repair_log(directory: Path, label: str, *, extend_to: int | None = None,
             for kept in _quarantine_bad_bytes(directory, path, walk):
                 done.append(Finding("note", label, f"bad bytes moved to {kept}"))
             _write_segment(directory, base, walk.records, lost, path, sealed=not last,
-                           fsync=fsync, now=now)
+                           fsync=fsync)
         elif walk.torn_position is not None:  # a torn tail of the last segment: cut it
             with open(path, "rb") as handle:
                 handle.seek(walk.torn_position)
@@ -242,7 +240,7 @@ def _quarantine_bad_bytes(directory: Path, path: Path, walk: Walk) -> list[Path]
 
 def _write_segment(directory: Path, base: int, records: list[RecordHeader],
                    lost: list[tuple[int, int, str]], source: Path | None, *, sealed: bool,
-                   fsync: bool, now: int) -> None:
+                   fsync: bool) -> None:
     """Write segment ``base`` anew: ``records`` (copied from ``source``) and lost-range records
     for ``lost``, in offset order; then replace the old files."""
     work = directory / "repair.tmp"
@@ -273,6 +271,8 @@ def _write_segment(directory: Path, base: int, records: list[RecordHeader],
     (directory / f"{name}.summary").unlink(missing_ok=True)
     for suffix in (".log", ".index", ".summary"):
         os.replace(work / f"{name}{suffix}", directory / f"{name}{suffix}")
+    if fsync:
+        fsync_directory(directory)
     shutil.rmtree(work)
 
 
