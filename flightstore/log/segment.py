@@ -146,6 +146,7 @@ class Segment:
         self.holes: list[tuple[int, int]] = []  # lost offsets not declared yet
         self.sealed = False
         self.io = {"headers_parsed": 0, "bytes_read": 0}
+        self._summarized: SegmentSummary | None = None  # the summary on disk, if it is current
         self._index_crc = 0
         self._index: SegmentIndex | None = SegmentIndex()  # None: on disk, not loaded yet
         self._on_disk = (0, 0, 0)  # (records, bytes, index CRC) of the part loadable from disk
@@ -241,6 +242,7 @@ class Segment:
 
     def _restore(self, summary: SegmentSummary) -> None:
         """Take the state a summary describes; the index stays on disk until first needed."""
+        self._summarized = summary
         self.size, self.next_offset = summary.size, summary.next_offset
         self.records_count, self.max_timestamp_ms = summary.records, summary.max_timestamp_ms
         self.lost_rows, self.writers = summary.lost_rows, dict(summary.writers)
@@ -263,6 +265,7 @@ class Segment:
 
     def _note(self, header: RecordHeader) -> bytes:
         """Account for one record (walked or appended); returns its index entry."""
+        self._summarized = None
         ts = header.timestamp_ms if self.max_timestamp_ms is None else max(self.max_timestamp_ms,
                                                                             header.timestamp_ms)
         self.max_timestamp_ms = ts
@@ -285,6 +288,8 @@ class Segment:
         in memory after them."""
         tail = (self._pending if self._index is None else self._index).to_bytes(
             0 if self._index is None else trusted)
+        if not tail and _file_size(self.index_path) == trusted * INDEX_ENTRY.size:
+            return  # a clean close: the index is what it should be (no write at open)
         fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             os.ftruncate(fd, trusted * INDEX_ENTRY.size)
@@ -418,6 +423,7 @@ class Segment:
         """Offsets from :attr:`next_offset` up to ``offset`` are lost (a hole; the next record
         appended starts at ``offset``)."""
         if offset > self.next_offset:
+            self._summarized = None
             self.holes.append((self.next_offset, offset))
             self.next_offset = offset
 
@@ -446,7 +452,10 @@ class Segment:
             if self._index is None:
                 self._pending = SegmentIndex()  # every entry is in the index file now
             self._on_disk = (self.records_count, self.size, self._index_crc)
-            write_summary(self.summary_path, self.summary(sealed), fsync)
+            summary = self.summary(sealed)
+            if summary != self._summarized:  # unchanged since opened from it: nothing to write
+                write_summary(self.summary_path, summary, fsync)
+                self._summarized = summary
 
     # -- reading -----------------------------------------------------------------------------
 
