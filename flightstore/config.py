@@ -20,6 +20,9 @@ __all__ = [
     "SERVER_OPTIONS",
     "SESSION_OPTIONS",
     "FIELD_OPTION_PATTERN",
+    "ICEBERG_TABLE_PREFIX",
+    "ICEBERG_CATALOG_PREFIX",
+    "validate_server_options",
     "parse_duration_ms",
     "validate_table_options",
     "table_option",
@@ -112,19 +115,39 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
                  "`FULL` writes -U before-images into the changelog, `WAL` only the +U after-images.",
                  choices=("FULL", "WAL")),
     ConfigOption("table.log.ttl", "duration", 7 * 86_400_000,
-                 "Log segments whose newest batch is older than this are deleted."),
+                 "Log segments whose newest batch is older than this are deleted; on a primary-key "
+                 "table only segments below its oldest retained KV snapshot."),
     ConfigOption("table.log.arrow.compression.type", "str", "NONE",
                  "Compression of the Arrow IPC log batches.", choices=("NONE", "LZ4_FRAME", "ZSTD")),
     ConfigOption("table.log.segment.bytes", "int", 256 * 1024 * 1024,
                  "A log segment rolls to a new file past this size.", minimum=1024),
+    ConfigOption("kv.snapshot.interval", "duration", 10 * 60_000,
+                 "How often the server takes a KV snapshot of each bucket of a primary-key table that "
+                 "changed since its last one (a RocksDB checkpoint plus a columnar image of the rows, at "
+                 "one log offset). The log below the oldest retained snapshot may then be deleted by "
+                 "`table.log.ttl`.", minimum=1),
+    ConfigOption("kv.snapshot.num-retained", "int", 2,
+                 "KV snapshots kept per bucket; older ones are deleted once a newer one is complete.",
+                 minimum=1),
     ConfigOption("table.statistics.columns", "list", ("*",),
                  "Columns with per-batch min/max/null-count statistics used to skip batches in "
                  "filtered reads; `*` means every column of a statistics-capable type."),
+    ConfigOption("table.datalake.enabled", "bool", False,
+                 "Tier the table's data into the lake (Apache Iceberg); its log keeps every record "
+                 "until it is tiered, whatever `table.log.ttl` says."),
+    ConfigOption("table.datalake.freshness", "duration", 180_000,
+                 "Target lag of the lake behind the log: the server tiers the table this often.",
+                 minimum=100),
 )
 
 # Per-field options of the aggregation merge engine: fields.<field>.agg and
 # fields.<field>.<function>.<param>.
 FIELD_OPTION_PATTERN = re.compile(r"^fields\.([^.]+)\.(agg|[a-z_0-9]+\.[a-z_0-9-]+)$")
+
+# Table options ``iceberg.<property>`` become Iceberg table property ``<property>`` of the lake table;
+# server options ``datalake.iceberg.<property>`` become property ``<property>`` of the Iceberg catalog.
+ICEBERG_TABLE_PREFIX = "iceberg."
+ICEBERG_CATALOG_PREFIX = "datalake.iceberg."
 
 SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("data-dir", "str", "./data", "Directory holding the catalog, logs and KV stores."),
@@ -155,6 +178,56 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("cluster.ddl-timeout", "duration", 30_000,
                  "How long a server waits for the coordinator to answer a DDL statement before "
                  "answering UNAVAILABLE (having changed nothing).", minimum=100),
+    ConfigOption("datalake.format", "str", "iceberg",
+                 "Table format of the lake that datalake-enabled tables are tiered into.",
+                 choices=("iceberg",)),
+    ConfigOption("datalake.iceberg.uri", "str", None,
+                 "SQLAlchemy URI of the Iceberg SQL catalog (sqlite, PostgreSQL...); default "
+                 "`sqlite:///DATA_DIR/lake/catalog.db`, which needs no other process."),
+    ConfigOption("datalake.iceberg.warehouse", "str", None,
+                 "Where the lake's data and metadata files go: a local path or `file://` URI, or "
+                 "`s3://bucket/prefix` on S3-compatible storage; default `DATA_DIR/lake/warehouse`."),
+    ConfigOption("datalake.iceberg.s3.endpoint", "str", None,
+                 "Endpoint URI of the S3-compatible object storage (MinIO, Ceph...); unset: AWS."),
+    ConfigOption("datalake.iceberg.s3.access-key-id", "str", None,
+                 "Access key of the object storage; unset: the AWS_ACCESS_KEY_ID environment."),
+    ConfigOption("datalake.iceberg.s3.secret-access-key", "str", None,
+                 "Secret key of the object storage; unset: the AWS_SECRET_ACCESS_KEY environment."),
+    ConfigOption("datalake.iceberg.s3.region", "str", None, "Region of the object storage bucket."),
+    ConfigOption("datalake.tiering.enabled", "bool", True,
+                 "The server tiers datalake-enabled tables itself; `false` leaves them to an "
+                 "external tiering job."),
+    ConfigOption("datalake.tiering.lease", "duration", 60_000,
+                 "How long a tierer's lease on a table lasts without renewal: a crashed tierer's "
+                 "table is free for another after this long.", minimum=1000),
+    ConfigOption("datalake.tiering.retry-backoff.max", "duration", 60_000,
+                 "Longest wait between tiering retries while the lake is unavailable (the wait "
+                 "doubles from 1 s up to this).", minimum=10),
+    ConfigOption("datalake.tiering.max-round-rows", "int", 8_000_000,
+                 "Most rows one tiering round reads into memory and commits; a longer backlog takes "
+                 "several rounds.", minimum=1),
+    ConfigOption("tls.cert", "str", None,
+                 "PEM certificate chain of the server; with `tls.key` the server speaks "
+                 "`grpc+tls://` only."),
+    ConfigOption("tls.key", "str", None, "PEM private key of `tls.cert`."),
+    ConfigOption("tls.client-ca", "str", None,
+                 "PEM CA certificates for mutual TLS: a client must present a certificate signed by "
+                 "one of them, or its connection is refused."),
+    ConfigOption("auth.users-file", "str", None,
+                 "Users file of salted password hashes (`flightstore user add`); set, every call must "
+                 "authenticate (HTTP Basic, then a bearer token) and is authorized by grants. Unset, "
+                 "the server is open and every caller is a super user."),
+    ConfigOption("auth.token-ttl", "duration", 3_600_000,
+                 "A bearer token expires this long after it was minted; the client authenticates "
+                 "again (flightstore's Python client does so by itself).", minimum=1000),
+    ConfigOption("auth.max-tokens", "int", 10_000,
+                 "Most bearer tokens held at once; minting one more forgets the oldest.", minimum=1),
+    ConfigOption("authorizer.super-users", "list", (),
+                 "Users allowed every operation on every resource, grants or not (they run the "
+                 "first GRANTs)."),
+    ConfigOption("metrics.port", "int", None,
+                 "Port of the Prometheus metrics endpoint (`http://HOST:PORT/metrics`); unset, no "
+                 "endpoint.", minimum=0),
 )
 
 # Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.
@@ -188,9 +261,29 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, str]:
                 normalized[key] = value
         elif FIELD_OPTION_PATTERN.match(key):
             normalized[key] = str(raw)
+        elif key.startswith(ICEBERG_TABLE_PREFIX) and len(key) > len(ICEBERG_TABLE_PREFIX):
+            normalized[key] = str(raw)
         else:
             raise InvalidOption(f"unknown table option '{key}'")
     return normalized
+
+
+def validate_server_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Check server options given as ``key=value`` (``serve --option``); return them typed.
+
+    Keys under ``datalake.iceberg.`` that the registry does not list pass through to the Iceberg
+    catalog as strings. Raises :class:`InvalidOption` naming the first unknown or ill-typed option.
+    """
+    typed: dict[str, Any] = {}
+    for key, raw in options.items():
+        key = str(key)
+        if key in SERVER_OPTIONS:
+            typed[key] = SERVER_OPTIONS[key].parse(raw)
+        elif key.startswith(ICEBERG_CATALOG_PREFIX) and len(key) > len(ICEBERG_CATALOG_PREFIX):
+            typed[key] = str(raw)
+        else:
+            raise InvalidOption(f"unknown server option '{key}'")
+    return typed
 
 
 def table_option(options: Mapping[str, str], key: str) -> Any:
@@ -220,4 +313,8 @@ def options_markdown() -> str:
             lines.append(f"| `{option.key}` | {scope} | {kind} | {default} | {option.doc} |")
     lines.append("| `fields.<field>.agg` | table | str | last_value_ignore_nulls | Aggregate function of "
                  "a field under the aggregation merge engine. |")
+    lines.append("| `iceberg.<property>` | table | str |  | Iceberg table property `<property>` of the "
+                 "table's lake table (e.g. `iceberg.write.parquet.compression-codec`). |")
+    lines.append("| `datalake.iceberg.<property>` | server | str |  | Iceberg catalog property "
+                 "`<property>` (pyiceberg's names, e.g. `datalake.iceberg.s3.path-style-access`). |")
     return "\n".join(lines)

@@ -26,9 +26,12 @@ __all__ = [
     "DataLoss",
     "Cancelled",
     "DataDirectoryInUse",
+    "OffsetOutOfRange",
     "Unavailable",
     "BucketUnavailable",
     "CoordinatorUnavailable",
+    "LakeUnavailable",
+    "TieringLeaseHeld",
     "ServerIdInUse",
 ]
 
@@ -131,6 +134,14 @@ class DataDirectoryInUse(FlightstoreError):
     """Another open Store (in this or another process) holds the data directory."""
 
 
+class OffsetOutOfRange(InvalidInput):
+    """A reader asked for log offsets the log no longer holds (deleted by ``table.log.ttl`` once a
+    KV snapshot covered them) or does not hold yet. The message names the earliest offset still
+    held, where a reader that may skip ahead can start instead.
+
+    Flight has no OUT_OF_RANGE status: it maps to INVALID_ARGUMENT like other bad requests."""
+
+
 class Unavailable(FlightstoreError):
     """A part of the cluster needed for the request is not reachable now; the same request may
     succeed later (maps to UNAVAILABLE)."""
@@ -144,6 +155,18 @@ class BucketUnavailable(Unavailable):
 
 class CoordinatorUnavailable(Unavailable):
     """No coordinator answered a DDL request in time (or ZooKeeper is unreachable)."""
+
+
+class LakeUnavailable(Unavailable):
+    """The lake (its Iceberg catalog or warehouse) cannot be reached or written now. Tiering
+    retries with backoff; the log keeps every untiered record meanwhile."""
+
+
+class TieringLeaseHeld(FlightstoreError):
+    """Another tierer (the server or a tiering job) holds the table's tiering lease; the message
+    names the holder and when its lease expires (maps to ALREADY_EXISTS)."""
+
+    flight_status = "already_exists"
 
 
 class ServerIdInUse(FlightstoreError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import itertools
+import logging
 import os
 import threading
 import time
@@ -25,19 +26,23 @@ from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
 from flightstore.config import SERVER_OPTIONS
-from flightstore.errors import (DataDirectoryInUse, DataLoss, FlightstoreError, InvalidInput,
+from flightstore.errors import (Cancelled, DataDirectoryInUse, DataLoss, FlightstoreError, InvalidInput,
                                 OutOfOrderSequence, SchemaMismatch, Unsupported)
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.ownership import ColumnOwnership
+from flightstore.kv.snapshot import SnapshotInfo
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
+from flightstore.log.held import read_held, require_held
 from flightstore.schema import Projections, TableDescriptor, TablePath, as_table, storage_type
+from flightstore.upkeep import TableUpkeep
 
 __all__ = ["Store", "Table", "WriteResult", "new_table_descriptor"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
+_logger = logging.getLogger("flightstore.store")
 
 
 def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -117,12 +122,16 @@ class Table:
                 directory / f"bucket-{bucket}" / "log", log_schema,
                 compression=descriptor.option("table.log.arrow.compression.type"),
                 segment_bytes=descriptor.option("table.log.segment.bytes"),
-                statistics_columns=descriptor.statistics_columns,
-                ttl_ms=None if descriptor.has_primary_key else ttl, fsync=fsync,
+                statistics_columns=descriptor.statistics_columns, ttl_ms=ttl, fsync=fsync,
                 label=f"table {self.path} bucket {bucket}")
             self.logs.append(log)
             if descriptor.has_primary_key:
-                self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log))
+                self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
+                                         fsync=fsync))
+        self.upkeep = TableUpkeep(directory, self.logs, self.kvs, descriptor.option("kv.snapshot.interval"))
+        # Per-bucket offsets below which the lake holds the log's records (set by the lake's
+        # tierer from its last committed snapshot); see enforce_retention.
+        self.retention_floor: dict[int, int] | None = None
         self.ownership = ColumnOwnership()
         self._writers: dict[str, int] = {}
         for state in (self.kvs or self.logs):
@@ -495,7 +504,9 @@ class Table:
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None, *,
              exact: bool = True) -> Iterator[pa.RecordBatch]:
-        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs).
+        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics). A
+        primary-key bucket is read from its newest KV snapshot image plus the changelog after it,
+        consistent at the log end offset when the bucket is reached (RocksDB without an image).
 
         ``exact=False`` lets a log table's rows through unfiltered in batches the statistics could
         not rule out: for callers that apply ``filter`` again themselves (residual SQL)."""
@@ -507,7 +518,7 @@ class Table:
             if remaining is not None and remaining <= 0:
                 return
             if self.has_primary_key:
-                source = self.kvs[bucket].scan(columns, filter, remaining)
+                source = self.kvs[bucket].full_scan(columns, filter, remaining)
             else:
                 source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter,
                                                                      exact=exact))
@@ -537,15 +548,58 @@ class Table:
                                "the count would be wrong. Run `flightstore repair` to declare it")
         return sum(log.end_offset - log.start_offset - log.lost_rows for log in self.logs)
 
-    def enforce_retention(self, now_ms: int | None = None) -> int:
-        """Delete log segments older than ``table.log.ttl`` (log tables); returns rows dropped.
+    def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
+                limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """The rows of ``bucket`` exactly at log offset ``at`` (a KV snapshot image plus the
+        changelog up to ``at``): what a reader that then follows the changelog from ``at`` needs.
+        Raises OffsetOutOfRange when ``at`` is outside the held log."""
+        self._require_pk("a snapshot read")
+        self._check_bucket(bucket)
+        return self.kvs[bucket].rows_at(int(at), self._check_columns(columns), None, limit)
 
-        Primary-key tables keep their whole log: it is what their KV is recovered from.
+    def read_snapshot(self, bucket: int, at: int, columns: Sequence[str] | None = None
+                      ) -> Iterator[pa.RecordBatch]:
+        """:meth:`rows_at` as changelog rows (``columns`` of :func:`changetype.snapshot_schema`):
+        ``_change_type`` is ``+I``, ``_log_offset`` and ``_commit_timestamp`` are null. A reader
+        that then follows the changelog from ``at`` sees every change once."""
+        out_schema = changetype.snapshot_schema(self.schema)
+        wanted = list(columns) if columns is not None else out_schema.names
+        schema = pa.schema([out_schema.field(c) for c in wanted])
+        stored = [c for c in wanted if c not in changetype.META_COLUMNS]
+        for batch in self.rows_at(bucket, at, stored):
+            n = batch.num_rows
+            meta = {changetype.CHANGE_TYPE_COLUMN: pa.repeat(pa.scalar("+I", pa.string()), n),
+                    changetype.LOG_OFFSET_COLUMN: pa.nulls(n, pa.int64()),
+                    changetype.COMMIT_TIMESTAMP_COLUMN: pa.nulls(n, out_schema.field(
+                        changetype.COMMIT_TIMESTAMP_COLUMN).type)}
+            yield pa.RecordBatch.from_arrays([meta[c] if c in meta else batch.column(c) for c in wanted],
+                                             schema=schema)
+
+    def _check_bucket(self, bucket: int) -> None:
+        if not 0 <= int(bucket) < self.num_buckets:
+            raise InvalidInput(f"table {self.path} has no bucket {bucket}")
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete log segments older than ``table.log.ttl``; returns rows dropped.
+
+        A primary-key table keeps its log above its oldest retained KV snapshot (see
+        :mod:`flightstore.upkeep`). On a datalake-enabled table only records below
+        :attr:`retention_floor` (tiered) may go; while no tierer has told the floor, nothing is
+        deleted.
         """
-        before = self.start_offsets()
-        for log in self.logs:
-            log.enforce_retention(now_ms)
-        return sum(self.start_offsets()[b] - offset for b, offset in before.items())
+        lake_floor = None
+        if self.descriptor.option("table.datalake.enabled"):
+            lake_floor = dict(self.retention_floor or self.start_offsets())
+        return self.upkeep.enforce_retention(now_ms, lake_floor)
+
+    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, SnapshotInfo | None]:
+        """Take a KV snapshot of every bucket now; see :meth:`TableUpkeep.snapshot`."""
+        self._require_pk("a KV snapshot")
+        return self.upkeep.snapshot(force=force, stop=stop)
+
+    def disk_usage(self) -> dict[str, int]:
+        """Bytes on disk: ``kv``, ``snapshots``, ``log`` and ``total`` (see :mod:`flightstore.upkeep`)."""
+        return self.upkeep.disk_usage()
 
     # ---- changelog ----------------------------------------------------------------------------
     def end_offsets(self) -> dict[int, int]:
@@ -586,13 +640,22 @@ class Table:
             stored.append(changetype.CHANGE_TYPE_COLUMN)
         return stored
 
-    def read_changelog(self, bucket: int, from_offset: int = 0, *, columns: Sequence[str] | None = None,
-                       to_offset: int | None = None, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
-        """``t$changelog`` rows of one bucket from ``from_offset`` (exclusive of ``to_offset``)."""
+    def read_changelog(self, bucket: int, from_offset: int | None = None, *,
+                       columns: Sequence[str] | None = None, to_offset: int | None = None,
+                       max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """``t$changelog`` rows of one bucket from ``from_offset`` (exclusive of ``to_offset``);
+        without ``from_offset``, from the earliest offset still held. An explicit offset that
+        retention deleted raises OffsetOutOfRange naming the earliest one held."""
         stored = self._stored_columns(columns)
-        for record in self.logs[bucket].read(from_offset, columns=stored, to_offset=to_offset,
-                                             max_rows=max_rows):
+        log = self.logs[bucket]
+        records = log.read(log.start_offset, columns=stored, to_offset=to_offset, max_rows=max_rows) \
+            if from_offset is None else read_held(log, int(from_offset), self._where(bucket),
+                                                  columns=stored, to_offset=to_offset, max_rows=max_rows)
+        for record in records:
             yield self.changelog_batch(record, columns)
+
+    def _where(self, bucket: int) -> str:
+        return f"table {self.path} bucket {bucket}"
 
     def _notify(self) -> None:
         with self._written:
@@ -600,7 +663,8 @@ class Table:
 
     def resolve_start(self, start: Any) -> dict[int, int]:
         """Per-bucket offsets of a start position: ``earliest``, ``latest``, a timestamp in ms
-        (``{"timestamp": ms}`` or an int) or explicit ``{bucket: offset}``."""
+        (``{"timestamp": ms}`` or an int) or explicit ``{bucket: offset}`` (buckets left out start
+        at their earliest offset; an offset retention deleted raises OffsetOutOfRange)."""
         if start in (None, "earliest"):
             return self.start_offsets()
         if start == "latest":
@@ -614,7 +678,8 @@ class Table:
             for bucket, offset in start.items():
                 if int(bucket) not in offsets:
                     raise InvalidInput(f"table {self.path} has no bucket {bucket}")
-                offsets[int(bucket)] = max(int(offset), offsets[int(bucket)])
+                require_held(self.logs[int(bucket)], int(offset), self._where(int(bucket)))
+                offsets[int(bucket)] = int(offset)
             return offsets
         raise InvalidInput(f"unknown start position {start!r}: use earliest, latest, a timestamp or "
                            "per-bucket offsets")
@@ -626,7 +691,9 @@ class Table:
 
         Runs until ``stop.is_set()`` (any object with ``is_set``) or, when ``until`` gives per-bucket
         end offsets, until every bucket reached them. Yields an empty batch as a heartbeat after
-        ``heartbeat_s`` without data, so a server notices clients that went away.
+        ``heartbeat_s`` without data, so a server notices clients that went away. A subscriber
+        that falls behind the log start (retention deleted rows it had not read) gets
+        OffsetOutOfRange, never a silent gap.
         """
         offsets = self.resolve_start(start)
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
@@ -643,7 +710,8 @@ class Table:
                 limit = None if ends is None else ends.get(bucket, offsets[bucket])
                 if limit is not None and offsets[bucket] >= limit:
                     continue
-                for record in log.read(offsets[bucket], columns=stored, to_offset=limit):
+                for record in read_held(log, offsets[bucket], self._where(bucket), columns=stored,
+                                        to_offset=limit):
                     offsets[bucket] = record.next_offset if limit is None else min(record.next_offset, limit)
                     progressed = True
                     yield self.changelog_batch(record, columns)
@@ -812,6 +880,12 @@ class Store:
     def list_databases(self) -> list[str]:
         return self.catalog.list_databases()
 
+    def open_tables(self) -> list[Table]:
+        """The tables opened so far (for monitoring: no table is opened by asking; and only they
+        can have changed since this Store started, which the KV snapshot schedule relies on)."""
+        with self._lock:
+            return list(self._tables.values())
+
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Apply ``table.log.ttl`` to every table; returns the rows dropped. Unreadable tables are
         left for their owner to notice."""
@@ -822,6 +896,30 @@ class Store:
             except FlightstoreError:
                 continue
         return dropped
+
+    def take_due_snapshots(self, stop: Any = None) -> int:
+        """Take the KV snapshots due by ``kv.snapshot.interval`` in every open primary-key table,
+        then apply ``table.log.ttl`` to the tables that got one (a snapshot lets their log shrink).
+        Returns the number of snapshots taken. ``stop()`` returning True ends the round early."""
+        taken = 0
+        for table in self.open_tables():
+            if stop is not None and stop():
+                break
+            try:
+                count = table.upkeep.take_due_snapshots(stop=stop)
+                if count:
+                    table.enforce_retention()
+                taken += count
+            except Cancelled:
+                break
+            except FlightstoreError as exc:  # a closed or broken table: its owner will notice
+                _logger.warning("KV snapshot of %s failed: %s", table.path, exc)
+        return taken
+
+    def next_snapshot_due_ms(self) -> int | None:
+        """Wall-clock ms when the next KV snapshot of an open table is due (None: none is)."""
+        dues = [due for table in self.open_tables() if (due := table.upkeep.next_due_ms()) is not None]
+        return min(dues) if dues else None
 
     def list_tables(self, database: str = DEFAULT_DATABASE) -> list[str]:
         return self.catalog.list_tables(database)

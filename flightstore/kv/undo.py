@@ -92,6 +92,25 @@ def _settle(kv: KvTablet, writer_id: str, after_sequence: int) -> None:
     kv._db.write(write)
 
 
+def _check_held(table: Table, bucket: int, kv: KvTablet, writer_id: str, after_sequence: int,
+                fence: int) -> None:
+    """Refuse an undo whose records may be gone: the changelog below the oldest KV snapshot may be
+    deleted by ``table.log.ttl``. Safe when the log still starts at the fence, when the bucket has
+    nothing of the writer after ``after_sequence``, or when a held record of the writer is at or
+    below ``after_sequence + 1`` (the first batch to undo or an earlier one: the writer's later
+    records follow it in the log)."""
+    log = table.logs[bucket]
+    last = kv.writer_sequence(writer_id)
+    if log.start_offset <= fence or last is None or last <= after_sequence:
+        return
+    if any(r.writer_id == writer_id and r.sequence is not None and r.sequence <= after_sequence + 1
+           for r in log.read(log.start_offset, columns=[])):
+        return
+    raise InvalidInput(f"table {table.path} bucket {bucket}: the changelog that undoing writer {writer_id!r} "
+                       f"after sequence {after_sequence} needs may have expired (the log starts at offset "
+                       f"{log.start_offset}); nothing was undone")
+
+
 def undo_writer(table: Table, writer_id: str, after_sequence: int) -> int:
     """Undo every batch ``writer_id`` wrote with a sequence above ``after_sequence``.
 
@@ -115,6 +134,8 @@ def undo_writer(table: Table, writer_id: str, after_sequence: int) -> int:
             if target is not None and after_sequence < target:
                 raise InvalidInput(f"table {table.path}: writer {writer_id!r} was already undone to "
                                    f"sequence {target}; cannot undo to the earlier {after_sequence}")
+        for bucket, kv in enumerate(table.kvs):
+            _check_held(table, bucket, kv, writer_id, after_sequence, fences[bucket][0])
         for bucket, kv in enumerate(table.kvs):
             with kv._lock:
                 records = [r for r in table.logs[bucket].read(fences[bucket][0])

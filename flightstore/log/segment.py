@@ -39,7 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flightstore.errors import DataLoss
+from flightstore.errors import CorruptData, DataLoss
 from flightstore.log.index import (
     INDEX_ENTRY,
     SegmentIndex,
@@ -310,7 +310,10 @@ class Segment:
         with self._load_lock:
             index = self._index
             if index is None:
-                index = self._load_index()
+                try:
+                    index = self._load_index()
+                except FileNotFoundError:
+                    raise self._gone() from None
                 index.extend(self._pending)
                 self._index, self._pending = index, SegmentIndex()
         if self.sealed:  # weighed as if every header were loaded: reads load them as they go
@@ -367,7 +370,10 @@ class Segment:
         if header is not None:
             return header
         position = index.positions[number]
-        header = read_header(self._pread, position, self.size)
+        try:
+            header = read_header(self._pread, position, self.size)
+        except FileNotFoundError:
+            raise self._gone() from None
         self.io["headers_parsed"] += 1
         if header is None or header.base_offset != index.bases[number]:
             end = index.bases[number + 1] if number + 1 < len(index) else self.next_offset
@@ -376,6 +382,10 @@ class Segment:
                            "checks; run `flightstore repair` to declare the loss")
         self._headers[number] = header
         return header
+
+    def _gone(self) -> CorruptData:
+        return CorruptData(f"{self.label}: segment {self.path.name} was deleted while being read "
+                           "(retention)")
 
     def _pread(self, size: int, position: int) -> bytes:
         if self._read_fd is None:

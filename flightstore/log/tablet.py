@@ -432,13 +432,14 @@ class LogTablet:
                 return index.bases[number]
         return end
 
-    def enforce_retention(self, now_ms: int | None = None, *, floor: int | None = None) -> int:
+    def enforce_retention(self, now_ms: int | None = None, floor: int | None = None) -> int:
         """Delete the oldest closed segments whose newest record is older than ``ttl_ms``.
 
-        Only a contiguous run from the start is deleted (no holes), never the active segment, and,
-        with ``floor``, never a segment holding an offset at or above ``floor`` (a primary-key
-        table passes the offset its newest KV snapshot covers). Returns the new
-        :attr:`start_offset`.
+        Only a contiguous run from the start is deleted (no holes), never the active segment, and
+        never a segment holding an offset at or above ``floor``: the lake's tiered offset of a
+        datalake-enabled table (untiered records stay), a primary-key table's oldest retained KV
+        snapshot (the log above it is what the KV is rebuilt from), or the lower of both.
+        Returns the new :attr:`start_offset`.
         """
         if self.ttl_ms is None:
             return self.start_offset
@@ -446,10 +447,11 @@ class LogTablet:
         with self._lock:
             keep = 0
             while keep < len(self._segments) - 1:
-                newest = self._segments[keep].max_timestamp_ms
+                segment = self._segments[keep]
+                newest = segment.max_timestamp_ms
                 if newest is not None and newest >= now - self.ttl_ms:
                     break
-                if floor is not None and self._segments[keep + 1].base_offset > floor:
+                if floor is not None and segment.next_offset > floor:
                     break
                 keep += 1
             expired, self._segments = self._segments[:keep], self._segments[keep:]

@@ -27,6 +27,7 @@ from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.errors import SqlError, Unsupported
 from flightstore.schema import TableDescriptor, TablePath, arrow_type_to_sql
 from flightstore.sql import nodes as n
+from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
 from flightstore.sql.parse import literal_shape
 from flightstore.sql.plan import plan as plan_sql
 from flightstore.sql.resolve import binlog_schema, changelog_schema
@@ -37,7 +38,7 @@ __all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
 PLAN_CACHE_SIZE = 4096
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.Count, n.Changelog, n.Residual,
-                n.ShowDatabases, n.ShowTables, n.Describe, n.Explain)
+                n.ShowDatabases, n.ShowTables, n.Describe, n.Explain, n.ShowGrants)
 _DESCRIBE_SCHEMA = pa.schema([pa.field("name", pa.string(), nullable=False),
                               pa.field("type", pa.string(), nullable=False),
                               pa.field("null", pa.bool_(), nullable=False),
@@ -185,6 +186,8 @@ class Executor:
             return _DESCRIBE_SCHEMA
         if isinstance(plan, n.Explain):
             return pa.schema([pa.field("plan", pa.string(), nullable=False)])
+        if isinstance(plan, n.ShowGrants):
+            return SHOW_GRANTS_SCHEMA
         return ROWS_AFFECTED_SCHEMA
 
     def partitions(self, plan: n.PlanNode) -> list[int | None]:
@@ -210,7 +213,7 @@ class Executor:
         """Whether ``plan`` is cheap and small enough to run while its FlightInfo is built: point
         lookups (bounded by the keys in the statement), counts and catalog listings."""
         return isinstance(plan, (n.PointLookup, n.Count, n.ShowDatabases, n.ShowTables, n.Describe,
-                                 n.Explain))
+                                 n.Explain, n.ShowGrants))
 
     def execute_table(self, plan: n.PlanNode, schema: pa.Schema | None = None) -> pa.Table:
         schema = self.output_schema(plan) if schema is None else schema
@@ -252,6 +255,9 @@ class Executor:
             return self._update(store.table(plan.table), plan)
         elif isinstance(plan, n.Explain):
             return 0
+        elif isinstance(plan, (n.Grant, n.Revoke)):
+            raise Unsupported("GRANT and REVOKE are kept by a server's authorizer; the embedded "
+                              "store has no users")
         else:
             raise Unsupported(f"cannot execute {type(plan).__name__}")
         return 0
@@ -327,6 +333,8 @@ class Executor:
             })
         elif isinstance(plan, n.Explain):
             yield pa.table({"plan": [plan.plan.explain()]})
+        elif isinstance(plan, n.ShowGrants):
+            raise Unsupported("SHOW GRANTS needs a server (the embedded store has no users)")
         else:
             yield pa.table({"rows_affected": pa.array([self.run_statement(plan)], pa.int64())})
 

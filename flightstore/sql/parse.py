@@ -3,7 +3,8 @@
 The dialect is sqlglot's default (ANSI-ish) dialect plus backtick-quoted identifiers, which parses
 Flink DDL (``STRING``, ``BYTES``, ``TIMESTAMP_LTZ(3)``, ``PRIMARY KEY (..) NOT ENFORCED``,
 ``PARTITIONED BY``, ``WITH ('k' = 'v')``) as is. Statements sqlglot only knows as opaque commands
-(``SHOW ...``, ``EXPLAIN ...``) are recognised from the token stream before parsing.
+(``SHOW ...``, ``EXPLAIN ...``) and the access-control statements (``GRANT``, ``REVOKE``,
+``SHOW GRANTS``: :mod:`flightstore.sql.grants`) are recognised from the token stream before parsing.
 
 Every failure is a :class:`~flightstore.errors.SqlError` whose message carries sqlglot's description
 with the line, column and offending text; a well-formed statement flightstore does not implement is
@@ -28,6 +29,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from flightstore.errors import SqlError, Unsupported
+from flightstore.sql.grants import parse_grant, parse_show_grants
 
 __all__ = [
     "FlinkSql", "DIALECT", "Show", "Explain", "Statement", "parse_statement", "placeholders",
@@ -70,7 +72,7 @@ class Explain:
     statement: "Statement"
 
 
-Statement = Any  # exp.Expression | Show | Explain
+Statement = Any  # exp.Expression | Show | Explain | GrantStatement | ShowGrantsStatement
 
 
 def _tokenize(sql: str) -> list[tokens.Token]:
@@ -163,13 +165,15 @@ def _split_statements(sql: str, toks: list[tokens.Token]) -> list[tuple[str, lis
     return parts
 
 
-def _parse_show(text: str) -> Show:
+def _parse_show(text: str) -> Any:
     # The tokenizer keeps everything after SHOW as one opaque string: re-tokenize that text.
     toks = _tokenize(text[4:].strip())
     words = ["SHOW"] + [t.text.upper() for t in toks]
     toks = [None] + toks  # type: ignore[list-item]
     if words[1:] == ["DATABASES"] or words[1:] == ["SCHEMAS"]:
         return Show("databases")
+    if len(words) >= 2 and words[1] == "GRANTS":
+        return parse_show_grants(toks[2:])  # type: ignore[arg-type]
     if len(words) >= 2 and words[1] == "TABLES":
         if len(words) == 2:
             return Show("tables")
@@ -196,6 +200,8 @@ def parse_statement(sql: str) -> Statement:
     head = toks[0].text.upper()
     if head == "SHOW":
         return _parse_show(text)
+    if head in ("GRANT", "REVOKE"):
+        return parse_grant(toks)
     if head == "EXPLAIN":
         inner = re.sub(r"^PLAN\s+FOR\b", "", text[len(toks[0].text):].strip(), flags=re.I).strip()
         if not inner:

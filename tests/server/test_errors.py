@@ -81,7 +81,8 @@ SQL_CASES = [
     ("INSERT INTO lg VALUES (5, 'x'), ('y', 'z')", INVALID, ["id", "BIGINT", "'y'"]),
     ("CREATE TABLE t (id BIGINT)", INVALID, ["t", "already exists"]),
     ("CREATE DATABASE default", INVALID, ["default", "already exists"]),
-    ("GRANT SELECT ON t TO bob", UNIMPLEMENTED, ["unsupported", "GRANT"]),
+    ("GRANT SELECT ON t TO bob", INVALID, ["GRANT", "unknown operation", "SELECT"]),
+    ("CALL sys.add_acl('cluster')", UNIMPLEMENTED, ["unsupported", "CALL"]),
     ("ALTER TABLE t ADD COLUMN z INT", UNIMPLEMENTED, ["unsupported", "ALTER"]),
     ("DELETE FROM lg WHERE id = 1", UNIMPLEMENTED, ["lg", "append-only"]),
 ]
