@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightstore import changetype
-from flightstore.config import server_option, validate_server_options
+from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
 from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
                                Unsupported)
 from flightstore.expressions import from_json
