@@ -26,8 +26,16 @@ from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
 from flightstore.config import SERVER_OPTIONS
-from flightstore.errors import (Cancelled, DataDirectoryInUse, DataLoss, FlightstoreError, InvalidInput,
-                                OutOfOrderSequence, SchemaMismatch, Unsupported)
+from flightstore.errors import (
+    Cancelled,
+    DataDirectoryInUse,
+    DataLoss,
+    FlightstoreError,
+    InvalidInput,
+    OutOfOrderSequence,
+    SchemaMismatch,
+    Unsupported,
+)
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys

@@ -246,9 +246,9 @@ def test_hole_the_kv_has_not_applied_refuses_to_open_until_repaired(tmp_path):
     path = log_file(data_dir)
     lost = records(path)[1]
     flip(path, lost.payload_position + lost.payload_len // 2)
-    with Store(data_dir, fsync=False) as store:
-        with pytest.raises(DataLoss, match=r"table default\.t bucket 0: log offsets 2\.\.2"):
-            store.table("t")
+    with Store(data_dir, fsync=False) as store, \
+            pytest.raises(DataLoss, match=r"table default\.t bucket 0: log offsets 2\.\.2"):
+        store.table("t")
     done = run("verify", str(data_dir))
     assert done.returncode == 1 and "the KV has not applied offsets 2..2" in done.stdout
     done = run("repair", str(data_dir))
