@@ -1,5 +1,5 @@
 """The ``flightstore`` command line: ``serve``, ``cluster``, ``sql``, ``snapshot``, ``user``,
-``lake status``, ``options``.
+``lake status``, ``verify``, ``repair``, ``options``.
 
 Passwords never appear on a command line (where ``ps`` and shell history would show them): ``user
 add`` and ``sql --user`` read them from the ``FLIGHTSTORE_PASSWORD`` environment variable, from
@@ -183,6 +183,37 @@ def _sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing is lost or unreadable, 1 when something is, 2 when it cannot run."""
+    from flightstore.errors import DataDirectoryInUse
+    from flightstore.maintenance import verify
+    try:
+        report = verify(args.data_dir)
+    except DataDirectoryInUse as exc:
+        print(f"flightstore verify: {exc}", file=sys.stderr)
+        return 2
+    return _print_report("verify", report)
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """Exit 0 when every table opens and reads again, 1 otherwise, 2 when it cannot run."""
+    from flightstore.errors import FlightstoreError
+    from flightstore.maintenance import repair
+    try:
+        report = repair(args.data_dir, args.table or None, fsync=args.fsync)
+    except FlightstoreError as exc:
+        print(f"flightstore repair: {exc}", file=sys.stderr)
+        return 2
+    return _print_report("repair", report)
+
+
+def _print_report(command: str, report) -> int:
+    for finding in report.findings:
+        print(finding)
+    print(f"flightstore {command}: {report.summary()}")
+    return 0 if report.ok else 1
+
+
 def _snapshot(args: argparse.Namespace) -> int:
     """Take KV snapshots now: through a running server (``--uri``) or, with the server stopped,
     directly in ``--data-dir``. Prints one line per bucket; on an error prints the message and
@@ -243,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--host", default=SERVER_OPTIONS["host"].default, help=SERVER_OPTIONS["host"].doc)
     serve.add_argument("--port", type=int, default=SERVER_OPTIONS["port"].default,
                        help=SERVER_OPTIONS["port"].doc)
-    serve.add_argument("--fsync", action="store_true", help=SERVER_OPTIONS["log.fsync"].doc)
+    serve.add_argument("--fsync", action=argparse.BooleanOptionalAction,
+                       default=SERVER_OPTIONS["log.fsync"].default, help=SERVER_OPTIONS["log.fsync"].doc)
     serve.add_argument("--users-file", metavar="FILE", help=SERVER_OPTIONS["auth.users-file"].doc)
     serve.add_argument("--super-user", action="append", metavar="NAME",
                        help=SERVER_OPTIONS["authorizer.super-users"].doc + " Repeat for several.")
@@ -309,6 +341,19 @@ def main(argv: list[str] | None = None) -> None:
                       help=f"read the password from standard input (else ${PASSWORD_ENV} or a prompt)")
     user.add_argument("--replace", action="store_true", help="set a new password for an existing user")
     user.set_defaults(func=_user)
+    verify = commands.add_parser("verify", help="check every CRC, checksum and KV block of a data "
+                                 "directory and report, changing nothing (exit 1 if data is lost)")
+    verify.add_argument("data_dir", metavar="DATA_DIR")
+    verify.set_defaults(func=_verify)
+    repair = commands.add_parser("repair", help="make damaged tables readable again: declare the "
+                                 "lost offsets, quarantine bad bytes, say what was lost")
+    repair.add_argument("data_dir", metavar="DATA_DIR")
+    repair.add_argument("--table", action="append", metavar="DB.TABLE",
+                        help="repair only this table (repeatable; default: every table)")
+    repair.add_argument("--fsync", action=argparse.BooleanOptionalAction,
+                        default=SERVER_OPTIONS["log.fsync"].default,
+                        help="fsync what repair writes (default: on)")
+    repair.set_defaults(func=_repair)
     options = commands.add_parser("options", help="print every option as a Markdown table")
     options.set_defaults(func=lambda _: print(options_markdown()) or 0)
     args = parser.parse_args(argv)

@@ -172,9 +172,11 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("data-dir", "str", "./data", "Directory holding the catalog, logs and KV stores."),
     ConfigOption("host", "str", "127.0.0.1", "Address the Flight SQL server listens on."),
     ConfigOption("port", "int", 8815, "Port the Flight SQL server listens on.", minimum=0),
-    ConfigOption("log.fsync", "bool", False,
-                 "fsync every log append before acknowledging (survives power loss, not only a "
-                 "process crash)."),
+    ConfigOption("log.fsync", "bool", True,
+                 "A write is acknowledged once its changelog is fsynced (it survives a power loss, "
+                 "not only a crash of the process); concurrent writers share one fsync (group "
+                 "commit). Off (`--no-fsync`): a write is in the OS when acknowledged; a crash of "
+                 "the process loses nothing, a power loss may lose the last seconds of writes."),
     ConfigOption("log.retention.check-interval", "duration", 60_000,
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,

@@ -8,6 +8,7 @@ batch sequence: a retried batch is applied once, a gap in the sequence is refuse
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import logging
@@ -27,9 +28,18 @@ from flightstore.autopartition import auto_partition
 from flightstore.autopartition import plan as plan_auto_partitions
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
-from flightstore.config import server_option
-from flightstore.errors import (Cancelled, DataDirectoryInUse, FlightstoreError, InvalidInput,
-                                OutOfOrderSequence, PartitionNotFound, SchemaMismatch, Unsupported)
+from flightstore.config import SERVER_OPTIONS, server_option
+from flightstore.errors import (
+    Cancelled,
+    DataDirectoryInUse,
+    DataLoss,
+    FlightstoreError,
+    InvalidInput,
+    OutOfOrderSequence,
+    PartitionNotFound,
+    SchemaMismatch,
+    Unsupported,
+)
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys
@@ -94,9 +104,11 @@ def _widens(source: pa.DataType, target: pa.DataType) -> bool:
 
 
 class WriteResult(dict):
-    """Per-bucket outcome of a write: ``{bucket: base_offset or None}``, plus ``duplicate`` flag."""
+    """Per-bucket outcome of a write: ``{bucket: base_offset or None}``, plus ``duplicate`` flag
+    and the buckets the write went to (``touched``: they are synced before it is acknowledged)."""
 
     duplicate: bool = False
+    touched: Sequence[int] = ()
 
 
 
@@ -104,7 +116,7 @@ class WriteResult(dict):
 class Table:
     """A handle on one table: writes, lookups, scans and changelog reads."""
 
-    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = False) -> None:
+    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True) -> None:
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
@@ -123,10 +135,12 @@ class Table:
                 compression=descriptor.option("table.log.arrow.compression.type"),
                 segment_bytes=descriptor.option("table.log.segment.bytes"),
                 statistics_columns=descriptor.statistics_columns, ttl_ms=ttl, fsync=fsync,
-                schema_version=descriptor.version, past_schemas=log_schemas)
+                schema_version=descriptor.version, past_schemas=log_schemas,
+                label=f"table {self.path} bucket {bucket}")
             self.logs.append(log)
             if descriptor.has_primary_key:
-                self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log))
+                self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
+                                         fsync=fsync))
         self.upkeep = TableUpkeep(directory, self.logs, self.kvs, descriptor.option("kv.snapshot.interval"))
         # Per-bucket offsets below which the lake holds the log's records (set by the lake's
         # tierer from its last committed snapshot); see enforce_retention.
@@ -359,48 +373,66 @@ class Table:
         A write spanning several buckets is first recorded as an intent (see ``intents.py``), with
         a writer id and sequence (the table's own when the caller gave none), so that a crash
         between two buckets is completed on the next open instead of leaving it half applied.
+        Returns once the write is durable (logs that fsync): the fsync happens after the table lock
+        is released, so concurrent writers of the table share it (group commit).
         """
         with self._lock:
-            if not recovering:
-                self._check_sequence(writer_id, sequence)
-            result = WriteResult()
-            if kinds is None and not self.descriptor.bucket_key and sequence is not None \
-                    and writer_id in self._writers and sequence <= self._writers[writer_id]:
-                # Without a bucket key a whole batch lands in one (round-robin) bucket and a retry
-                # may be routed to another one: the table-level sequence decides.
-                result.duplicate = True
-                return result
-            buckets = self.buckets_of(table)
-            targets = np.unique(buckets)
-            intent = len(targets) > 1 and not recovering
-            if intent:
-                if writer_id is None or sequence is None:
-                    writer_id = TABLE_WRITER
-                    sequence = self._writers.get(TABLE_WRITER, -1) + 1
-                record = table if kinds is None else table.append_column(
-                    changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
-                self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
-                                     "kv": kinds is not None, "writer_id": writer_id,
-                                     "sequence": sequence}, record)
-            for bucket in targets:
-                mask = buckets == bucket
-                part = table.filter(pa.array(mask))
-                if kinds is None:
-                    last = self.logs[bucket].writer_state().get(writer_id) if writer_id else None
-                    if sequence is not None and last is not None and sequence <= last:
-                        result.duplicate = True
-                        continue
-                    result[int(bucket)] = self.logs[bucket].append(part, writer_id=writer_id,
-                                                                   sequence=sequence)
-                else:
-                    outcome = self.kvs[bucket].apply(part, kinds[mask], target, writer_id=writer_id,
-                                                     sequence=sequence, overwrite=overwrite)
-                    result.duplicate |= outcome.duplicate
-                    result[int(bucket)] = outcome.base_offset
-            if intent:
-                self._intents.complete()
-            self._note_sequence(writer_id, sequence)
+            result = self._apply_locked(table, kinds, target, writer_id, sequence, overwrite, recovering)
+            written = {int(b): self.logs[b].end_offset for b in result.touched}
+        for bucket, end in written.items():  # outside the lock: concurrent writers share fsyncs
+            self.logs[bucket].sync(end)
         self._notify()
+        return result
+
+    def _apply_locked(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                      writer_id: str | None, sequence: int | None, overwrite: bool,
+                      recovering: bool) -> WriteResult:
+        """The write itself, under the table lock; its logs are synced by the caller, except a
+        multi-bucket write's, which must be on disk before its intent is cleared."""
+        if not recovering:
+            self._check_sequence(writer_id, sequence)
+        result = WriteResult()
+        if kinds is None and not self.descriptor.bucket_key and sequence is not None \
+                and writer_id in self._writers and sequence <= self._writers[writer_id]:
+            # Without a bucket key a whole batch lands in one (round-robin) bucket and a retry
+            # may be routed to another one: the table-level sequence decides.
+            result.duplicate = True
+            result.touched = list(range(self.num_buckets))  # acknowledged once durable
+            return result
+        buckets = self.buckets_of(table)
+        targets = np.unique(buckets)
+        result.touched = [int(b) for b in targets]
+        intent = len(targets) > 1 and not recovering
+        if intent:
+            if writer_id is None or sequence is None:
+                writer_id = TABLE_WRITER
+                sequence = self._writers.get(TABLE_WRITER, -1) + 1
+            record = table if kinds is None else table.append_column(
+                changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
+            self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
+                                 "kv": kinds is not None, "writer_id": writer_id,
+                                 "sequence": sequence}, record)
+        for bucket in targets:
+            mask = buckets == bucket
+            part = table.filter(pa.array(mask))
+            if kinds is None:
+                last = self.logs[bucket].writer_state().get(writer_id) if writer_id else None
+                if sequence is not None and last is not None and sequence <= last:
+                    result.duplicate = True
+                    continue
+                result[int(bucket)] = self.logs[bucket].append(part, writer_id=writer_id,
+                                                               sequence=sequence, durable=False)
+            else:
+                outcome = self.kvs[bucket].apply(part, kinds[mask], target, writer_id=writer_id,
+                                                 sequence=sequence, overwrite=overwrite,
+                                                 durable=False)
+                result.duplicate |= outcome.duplicate
+                result[int(bucket)] = outcome.base_offset
+        if intent:
+            for bucket in targets:  # the intent may go only once every bucket has the write
+                self.logs[bucket].sync()
+            self._intents.complete()
+        self._note_sequence(writer_id, sequence)
         return result
 
     def _complete_pending_write(self) -> None:
@@ -560,7 +592,12 @@ class Table:
         """Rows in the table without a scan: maintained KV counts, or log offsets."""
         if self.has_primary_key:
             return sum(kv.row_count for kv in self.kvs)
-        return sum(log.end_offset - log.start_offset for log in self.logs)
+        for log in self.logs:
+            lost = log.damage()
+            if lost:
+                raise DataLoss(f"{log.label}: log offsets {lost[0][0]}..{lost[0][1] - 1} are lost; "
+                               "the count would be wrong. Run `flightstore repair` to declare it")
+        return sum(log.end_offset - log.start_offset - log.lost_rows for log in self.logs)
 
     def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
                 limit: int | None = None) -> Iterator[pa.RecordBatch]:
@@ -799,12 +836,19 @@ def _lock_data_dir(data_dir: Path) -> int:
 
 
 class Store:
-    """A data directory of databases and tables. Thread-safe; close() when done."""
+    """A data directory of databases and tables. Thread-safe; close() when done.
 
-    def __init__(self, data_dir: str | os.PathLike, *, fsync: bool = False,
+    Tables open lazily, each behind its own gate: opening or recovering one table (which may read
+    and replay its logs) never blocks lookups or writes on tables already open, nor the opening of
+    other tables. ``fsync`` (default on): a write returns once its changelog is on disk, so it
+    survives a power loss; concurrent writers share fsyncs (group commit). ``options``: server
+    options (:data:`flightstore.config.SERVER_OPTIONS`) the storage honours: partition limits and
+    dynamic partition creation.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike, *,
+                 fsync: bool = SERVER_OPTIONS["log.fsync"].default,
                  options: Mapping[str, Any] | None = None) -> None:
-        """``options``: server options (:data:`flightstore.config.SERVER_OPTIONS`) the storage
-        honours: partition limits and dynamic partition creation."""
         self.options = dict(options or {})
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -816,7 +860,9 @@ class Store:
             raise
         self.fsync = fsync
         self._tables: dict[TablePath, Table] = {}
-        self._lock = threading.RLock()
+        self._gates: dict[TablePath, threading.Lock] = {}  # one per table: its open or drop
+        self._lock = threading.RLock()  # the two dicts above; never held while a table opens
+        self._closed = False
 
     def __enter__(self) -> "Store":
         return self
@@ -824,16 +870,28 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _gate(self, path: TablePath) -> threading.Lock:
+        with self._lock:
+            return self._gates.setdefault(path, threading.Lock())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FlightstoreError(f"the store of {self.data_dir} is closed")
+
     # ---- DDL ----------------------------------------------------------------------------------
     def create_database(self, name: str, if_not_exists: bool = False) -> None:
         self.catalog.create_database(name, if_not_exists)
 
     def drop_database(self, name: str, if_exists: bool = False, cascade: bool = False) -> None:
-        with self._lock:
-            for path in [p for p in self._tables if p.database == name]:
+        paths = sorted((p for p in self.catalog.all_tables() if p.database == name), key=str)
+        with contextlib.ExitStack() as gates:
+            for path in paths:  # in one order: two drops never wait on each other
+                gates.enter_context(self._gate(path))
+            with self._lock:
                 if cascade:
-                    self._tables.pop(path).close()
-            self.catalog.drop_database(name, if_exists, cascade)
+                    for path in [p for p in self._tables if p.database == name]:
+                        self._tables.pop(path).close()
+                self.catalog.drop_database(name, if_exists, cascade)
 
     def create_table(self, path: TablePath | str, schema: pa.Schema | None = None, *,
                      primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
@@ -843,12 +901,11 @@ class Store:
         descriptor = new_table_descriptor(path, schema, primary_key=primary_key,
                                           partition_keys=partition_keys, options=options,
                                           descriptor=descriptor)
-        with self._lock:
-            created = self.catalog.create_table(descriptor, if_not_exists)
+        self._check_open()
+        created = self.catalog.create_table(descriptor, if_not_exists)
         if created and descriptor.option("table.auto-partition.enabled"):
             self.auto_partition(tables=[descriptor.path])  # its first partitions, at once
-        return self.table(descriptor.path)
-
+        return self.table(descriptor.path)  # outside the store lock: table() takes its gate
     @property
     def partition_limits(self) -> PartitionLimits:
         return PartitionLimits(server_option(self.options, "max.partition.num"),
@@ -858,25 +915,36 @@ class Store:
         """Apply ALTER TABLE ``changes`` (all or nothing, one atomic catalog write) and make the
         open handle follow; returns the new descriptor. See :mod:`flightstore.alter`."""
         path = self._path(path)
-        with self._lock:
+        self._check_open()
+        target = apply_changes(self.catalog.get_table(path), changes, self.partition_limits).path
+        with self._gates_of(path, target):  # no open of the table (under either name) meanwhile
             old, new = self.catalog.alter_table(
                 path, lambda descriptor: apply_changes(descriptor, changes, self.partition_limits))
             if new != old:
                 self._follow(old.path, new)
             return new
 
+    def _gates_of(self, *paths: TablePath) -> contextlib.ExitStack:
+        """The gates of ``paths``, taken in one order (two DDLs never wait on each other)."""
+        stack = contextlib.ExitStack()
+        for path in sorted(set(paths), key=str):
+            stack.enter_context(self._gate(path))
+        return stack
+
     def _follow(self, old_path: TablePath, new: TableDescriptor) -> None:
-        """Make the open handle (if any) of a table follow its committed new descriptor; a table
-        not open only needs the directories of dropped partitions removed."""
+        """Make the open handle (if any) of a table follow its committed new descriptor (the
+        caller holds the table's gates); a table not open only needs the directories of dropped
+        partitions removed."""
         with self._lock:
             table = self._tables.pop(old_path, None)
-            if table is not None:
-                table.refresh(new)
+        if table is not None:
+            table.refresh(new)
+            with self._lock:
                 self._tables[new.path] = table
-            elif new.is_partitioned:
-                from flightstore.partitioned import remove_partition_directories
-                remove_partition_directories(self.catalog.table_dir(new.path),
-                                             [p.id for p in new.partitions])
+        elif new.is_partitioned:
+            from flightstore.partitioned import remove_partition_directories
+            remove_partition_directories(self.catalog.table_dir(new.path),
+                                         [p.id for p in new.partitions])
 
     def _create_partitions(self, path: TablePath, values: list[tuple[str, ...]]) -> None:
         """Dynamic partition creation for a write (one catalog change for every missing one)."""
@@ -912,8 +980,9 @@ class Store:
 
     def drop_table(self, path: TablePath | str, if_exists: bool = False) -> None:
         path = self._path(path)
-        with self._lock:
-            table = self._tables.pop(path, None)
+        with self._gate(path):  # waits for an open of this table in progress
+            with self._lock:
+                table = self._tables.pop(path, None)
             if table is not None:
                 table.close()
             self.catalog.drop_table(path, if_exists)
@@ -923,20 +992,35 @@ class Store:
         return path if isinstance(path, TablePath) else TablePath.parse(path, DEFAULT_DATABASE)
 
     def table(self, path: TablePath | str) -> Table:
-        """Open (once) and return the table handle; TableNotFound / CorruptData otherwise."""
+        """Open (once) and return the table handle; TableNotFound / CorruptData otherwise.
+
+        An open table is returned without taking any lock. A table not open yet is opened under its
+        own gate (callers for the same table wait for that one open), outside the store lock.
+        """
         path = self._path(path)
-        with self._lock:
+        table = self._tables.get(path)
+        if table is not None:
+            return table
+        self._check_open()
+        with self._gate(path):
             table = self._tables.get(path)
-            if table is None:
-                descriptor = self.catalog.get_table(path)
-                directory = self.catalog.table_dir(path)
-                if descriptor.is_partitioned:
-                    from flightstore.partitioned import PartitionedTable
-                    table = PartitionedTable(descriptor, directory, fsync=self.fsync,
-                                             create_partitions=self._create_partitions)
-                else:
-                    table = Table(descriptor, directory, fsync=self.fsync)
-                self._tables[path] = table
+            if table is not None:
+                return table
+            descriptor = self.catalog.get_table(path)
+            directory = self.catalog.table_dir(path)
+            if descriptor.is_partitioned:
+                from flightstore.partitioned import PartitionedTable
+                table = PartitionedTable(descriptor, directory, fsync=self.fsync,
+                                         create_partitions=self._create_partitions)
+            else:
+                table = Table(descriptor, directory, fsync=self.fsync)
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._tables[path] = table
+            if closed:  # the store closed while this table opened
+                table.close()
+                self._check_open()
             return table
 
     def list_databases(self) -> list[str]:
@@ -988,13 +1072,14 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
-            for table in self._tables.values():
-                table.close()
+            self._closed = True
+            tables = list(self._tables.values())
             self._tables.clear()
-            self._unlock()
+        for table in tables:
+            table.close()
+        self._unlock()
 
     def _unlock(self) -> None:
         if self._dir_lock is not None:
             os.close(self._dir_lock)  # closing the descriptor releases the flock
             self._dir_lock = None
-

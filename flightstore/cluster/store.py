@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from flightstore.alter import Change, RenameTable, apply_changes
+from flightstore.config import SERVER_OPTIONS
 from flightstore.errors import CoordinatorUnavailable
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.store import Store, Table, new_table_descriptor
@@ -29,7 +30,8 @@ __all__ = ["ClusterStore"]
 class ClusterStore(Store):
     """A data directory of one cluster member; DDL goes through :attr:`member`'s coordinator."""
 
-    def __init__(self, data_dir: Any, *, fsync: bool = False, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, data_dir: Any, *, fsync: bool = SERVER_OPTIONS["log.fsync"].default,
+                 options: Mapping[str, Any] | None = None) -> None:
         super().__init__(data_dir, fsync=fsync, options=options)
         self.member: ClusterMember | None = None
 
@@ -100,7 +102,7 @@ class ClusterStore(Store):
 
     def local_alter_table(self, path: TablePath, descriptor: TableDescriptor) -> None:
         """The cluster's new descriptor of table ``path`` (same table; renamed when its path differs)."""
-        with self._lock:
+        with self._gates_of(path, descriptor.path):
             old, new = self.catalog.alter_table(path, lambda _: descriptor)
             if new != old:
                 self._follow(old.path, new)

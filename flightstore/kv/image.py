@@ -8,7 +8,7 @@ column-pruned, batches skipped by statistics) instead of RocksDB.
 Layout: the table's columns in schema order, then the encoded primary key (the RocksDB key, a
 ``large_binary`` column named :data:`KEY_COLUMN`, always addressed by position), in record batches
 of :data:`IMAGE_BATCH_ROWS` rows sorted by that key. Per-batch row counts and min/max/null-count
-statistics (the log's format, :func:`flightstore.log.segment.compute_statistics`) and a CRC32 of the
+statistics (the log's format, :func:`flightstore.log.record.compute_statistics`) and a CRC32 of the
 whole file are kept in the snapshot's manifest, not in the file, so a reader plans its batch skips
 without touching the data. The CRC is checked once per process, the first time an image is opened.
 
@@ -30,7 +30,7 @@ import pyarrow as pa
 from flightstore.errors import Cancelled, CorruptData
 from flightstore.expressions import ColumnStats, Predicate
 from flightstore.kv.encoding import RowCodec, encode_key_array
-from flightstore.log.segment import compute_statistics, statistics_from_json
+from flightstore.log.record import compute_statistics, statistics_from_json
 
 __all__ = ["IMAGE_BATCH_ROWS", "KEY_COLUMN", "Image", "ImageInfo", "image_schema", "write_image"]
 

@@ -266,13 +266,22 @@ class KvTablet:
     # ---- writes -------------------------------------------------------------------------------
     def apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None = None,
               *, writer_id: str | None = None, sequence: int | None = None,
-              overwrite: bool = False) -> ApplyResult:
+              overwrite: bool = False, durable: bool = True) -> ApplyResult:
         """Apply rows (every table column, conformed by the caller) with per-row change types.
 
         ``overwrite`` bypasses the merge engine: rows replace (+I/+U) or remove (-D) stored rows as
         they are (used to restore before-images). A batch whose ``sequence`` this writer already
-        applied is skipped and reported as ``duplicate``.
+        applied is skipped and reported as ``duplicate``. With ``durable`` the changelog is on disk
+        when this returns (if the log fsyncs); a caller holding locks passes False and calls
+        ``log.sync()`` after releasing them, so concurrent writers share the fsync.
         """
+        result = self._apply(batch, kinds, target_columns, writer_id, sequence, overwrite)
+        if durable:
+            self.log.sync()
+        return result
+
+    def _apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None,
+               writer_id: str | None, sequence: int | None, overwrite: bool) -> ApplyResult:
         with self._lock:
             if writer_id is not None and sequence is not None:
                 last = self.writer_sequence(writer_id)
@@ -299,7 +308,8 @@ class KvTablet:
             changelog = self._changelog(old, new, inserted, updated, deleted)
             base_offset = None
             if changelog.num_rows:
-                base_offset = self.log.append(changelog, writer_id=writer_id, sequence=sequence)
+                base_offset = self.log.append(changelog, writer_id=writer_id, sequence=sequence,
+                                              durable=False)
             write = WriteBatch(raw_mode=True)
             put_mask = inserted | updated
             key_array = np.asarray(unique_keys, dtype=object)
@@ -359,14 +369,26 @@ class KvTablet:
 
     # ---- recovery -----------------------------------------------------------------------------
     def recover(self) -> int:
-        """Replay the changelog after the applied offset into RocksDB; returns rows replayed."""
+        """Replay the changelog after the applied offset into RocksDB; returns rows replayed.
+
+        A KV that applied more than the log holds (the log lost its tail) is still the table's
+        state: it keeps serving, the log continues at the applied offset (new changes never reuse
+        the lost offsets), and the lost changelog range is reported (logged, and
+        :class:`~flightstore.errors.DataLoss` for reads of it) until ``flightstore repair``
+        declares it. A hole in the part still to replay raises DataLoss: the KV would miss changes.
+        """
         with self._lock:
             applied = self.applied_offset
-            if applied > self.log.end_offset:
-                raise CorruptData(f"{self.directory}: KV applied offset {applied} is past the log end "
-                                  f"{self.log.end_offset}; the log lost acknowledged data")
+            end = self.log.end_offset
+            if applied > end:
+                log.error("%s: the KV applied the changelog up to offset %d but the log ends at %d: "
+                          "changelog offsets %d..%d are lost; the KV still holds the table's state. "
+                          "Run `flightstore repair` to declare the loss", self.log.label, applied,
+                          end, end, applied - 1)
+                self.log.skip_to(applied)
+                return 0
             if applied < self.log.start_offset:
-                raise CorruptData(f"{self.directory}: the log no longer holds offsets {applied}.."
+                raise CorruptData(f"{self.log.label}: the log no longer holds offsets {applied}.."
                                   f"{self.log.start_offset}; cannot catch up the KV")
             replayed = 0
             for record in self.log.read(applied):

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightstore import changetype
-from flightstore.config import server_option, validate_server_options
+from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
 from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
                                Unsupported)
 from flightstore.expressions import from_json
@@ -853,7 +853,8 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
     return [list(row) for row in zip(*columns)]
 
 
-def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bool = False,
+def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
+          fsync: bool = SERVER_OPTIONS["log.fsync"].default,
           users: UserStore | dict[str, str] | None = None, cluster: Any = None,
           super_users: tuple[str, ...] = (), tls: TlsConfig | None = None,
           token_ttl_ms: int | None = None, max_tokens: int | None = None,

@@ -13,7 +13,7 @@ from flightstore.store import Store
 class RunningServer:
     def __init__(self, data_dir, options: dict | None = None) -> None:
         """``options``: server options of the store (partition limits, auto-partition interval)."""
-        self.store = Store(data_dir, options=options)
+        self.store = Store(data_dir, fsync=False, options=options)  # durability: tests/log/test_durability.py
         self.server = FlightSqlServer(self.store, "grpc://127.0.0.1:0")
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
