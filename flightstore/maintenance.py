@@ -30,6 +30,8 @@ from flightstore.intents import IntentLog
 from flightstore.kv.integrity import check_kv, reconcile_changelog
 from flightstore.log.integrity import Finding, check_log, repair_log
 from flightstore.log.segment import QUARANTINE
+from flightstore.partitioned import partition_directory
+from flightstore.partitioning import bucket_id
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.store import Store
 
@@ -66,11 +68,19 @@ class _TableFiles:
     descriptor: TableDescriptor
     directory: Path
 
-    def bucket(self, number: int) -> Path:
-        return self.directory / f"bucket-{number}"
+    def buckets(self) -> list[tuple[int, Path, str]]:
+        """``(number, directory, label)`` of every bucket; a partitioned table's by table-wide
+        number, in its partitions' directories."""
+        d = self.descriptor
+        if not d.is_partitioned:
+            return [(b, self.directory / f"bucket-{b}", f"table {self.path} bucket {b}")
+                    for b in range(d.num_buckets)]
+        return [(bucket_id(p.id, b, d.num_buckets), partition_directory(self.directory, p.id) / f"bucket-{b}",
+                 f"table {self.path} partition {p.name} bucket {b}")
+                for p in sorted(d.partitions, key=lambda p: p.id) for b in range(d.num_buckets)]
 
     def label(self, number: int) -> str:
-        return f"table {self.path} bucket {number}"
+        return {b: label for b, _, label in self.buckets()}[number]
 
 
 def _tables(data_dir: Path, report: Report,
@@ -135,16 +145,20 @@ def verify(data_dir: str | os.PathLike) -> Report:
     lock = _shared_lock(data_dir)
     try:
         for table in _tables(data_dir, report):
-            for bucket in range(table.descriptor.num_buckets):
-                label = table.label(bucket)
-                log_dir = table.bucket(bucket) / "log"
+            for _, directory, label in table.buckets():
+                log_dir = directory / "log"
                 if not log_dir.is_dir():
+                    if table.descriptor.is_partitioned and not directory.parent.exists():
+                        report.add("warning", label, "the partition has no directory yet (added while "
+                                                     "the table was not open, or a crash right after; "
+                                                     "created empty when the table opens)")
+                        continue
                     report.add("error", label, "the log directory is missing")
                     continue
                 log = check_log(log_dir, label)
                 report.extend(log.findings)
                 if table.descriptor.has_primary_key:
-                    report.extend(check_kv(table.bucket(bucket) / "kv", label, log).findings)
+                    report.extend(check_kv(directory / "kv", label, log).findings)
                 kept = sorted((log_dir / QUARANTINE).glob("*")) if (log_dir / QUARANTINE).is_dir() \
                     else []
                 if kept:
@@ -184,12 +198,13 @@ def repair(data_dir: str | os.PathLike, tables: Iterable[str] | None = None, *,
 def _repair_table(store: Store, table: _TableFiles, report: Report) -> None:
     losses: dict[int, list[tuple[int, int]]] = {}
     applied: dict[int, int | None] = {}
-    for bucket in range(table.descriptor.num_buckets):
-        label = table.label(bucket)
-        log_dir = table.bucket(bucket) / "log"
+    for bucket, directory, label in table.buckets():
+        log_dir = directory / "log"
+        if table.descriptor.is_partitioned and not directory.parent.exists():
+            continue  # a partition without a directory yet: nothing to repair, the open creates it
         kv = None
         if table.descriptor.has_primary_key:
-            kv = check_kv(table.bucket(bucket) / "kv", label, None)
+            kv = check_kv(directory / "kv", label, None)
             applied[bucket] = kv.applied
         done, losses[bucket] = repair_log(log_dir, label, extend_to=applied.get(bucket),
                                           fsync=store.fsync)
@@ -197,9 +212,9 @@ def _repair_table(store: Store, table: _TableFiles, report: Report) -> None:
         if kv is not None and kv.corrupt:
             after = check_log(log_dir, label)
             if after.start_offset == 0 and not after.holes and not after.declared:
-                kept = table.bucket(bucket) / QUARANTINE / f"kv-{int(time.time() * 1000)}"
+                kept = directory / QUARANTINE / f"kv-{int(time.time() * 1000)}"
                 kept.parent.mkdir(exist_ok=True)
-                shutil.move(str(table.bucket(bucket) / "kv"), kept)
+                shutil.move(str(directory / "kv"), kept)
                 report.add("note", label, f"the corrupt KV was moved to {kept} and is rebuilt "
                                           "from the complete log")
                 applied[bucket] = 0
@@ -224,7 +239,7 @@ def _repair_table(store: Store, table: _TableFiles, report: Report) -> None:
         for start, stop in missed:
             report.add("note", label, f"the KV had not applied offsets {max(start, before)}.."
                                       f"{stop - 1} before they were lost: it misses those changes")
-        kv = opened.kvs[bucket]
+        kv = opened.tablets()[bucket][1]
         if kv.log.start_offset > 0:
             report.add("note", label, "the changelog is not complete from offset 0: it was not "
                                       "reconciled with the KV")

@@ -46,6 +46,7 @@ from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.ownership import ColumnOwnership
+from flightstore.log.held import read_held, require_held
 from flightstore.partitioning import (
     SEPARATOR,
     Partition,
@@ -413,6 +414,12 @@ class PartitionedTable(Table):
             return {bucket_id(pid, b, nb): log for pid, unit in self.units.items()
                     for b, log in enumerate(unit.logs)}
 
+    def tablets(self) -> dict[int, tuple[Any, Any]]:
+        nb = self.num_buckets
+        with self._lock:
+            return {bucket_id(pid, b, nb): tablets for pid, unit in self.units.items()
+                    for b, tablets in unit.tablets().items()}
+
     def end_offsets(self) -> dict[int, int]:
         return {b: log.end_offset for b, log in self._logs().items()}
 
@@ -423,22 +430,36 @@ class PartitionedTable(Table):
         return {b: log.offset_for_timestamp(timestamp_ms) for b, log in self._logs().items()}
 
     def resolve_start(self, start: Any) -> dict[int, int]:
-        """As :meth:`Table.resolve_start`; explicit offsets of buckets whose partition was dropped
-        since (a stream planned before a retention drop) are ignored: their rows are gone."""
-        if isinstance(start, Mapping) and "timestamp" not in start:
-            nb = self.num_buckets
-            start = {b: o for b, o in start.items()
-                     if not (split_bucket_id(int(b), nb)[0] < self.descriptor.next_partition_id
-                             and split_bucket_id(int(b), nb)[0] not in self.units)}
-        return Table.resolve_start(self, start)
+        """As :meth:`Table.resolve_start`, by table-wide bucket number. Explicit offsets of buckets
+        whose partition was dropped since (a stream planned before a retention drop) are ignored:
+        their rows are gone."""
+        if not isinstance(start, Mapping) or "timestamp" in start:
+            return Table.resolve_start(self, start)
+        logs = self._logs()
+        offsets = {b: log.start_offset for b, log in logs.items()}
+        for bucket, offset in start.items():
+            bucket = int(bucket)
+            if bucket not in logs:
+                partition_id = split_bucket_id(bucket, self.num_buckets)[0]
+                if partition_id < self.descriptor.next_partition_id:
+                    continue  # its partition was dropped
+                raise InvalidInput(f"table {self.path} has no bucket {bucket}")
+            require_held(logs[bucket], int(offset), self._where(bucket))
+            offsets[bucket] = int(offset)
+        return offsets
 
-    def read_changelog(self, bucket: int, from_offset: int = 0, *, columns: Sequence[str] | None = None,
-                       to_offset: int | None = None, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+    def _where(self, bucket: int) -> str:
+        partition_id, local = split_bucket_id(bucket, self.num_buckets)
+        names = [p.name for p in self.descriptor.partitions if p.id == partition_id]
+        return f"table {self.path} partition {names[0] if names else partition_id} bucket {local}"
+
+    def read_changelog(self, bucket: int, from_offset: int | None = None, *,
+                       columns: Sequence[str] | None = None, to_offset: int | None = None,
+                       max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """``t$changelog`` rows of one bucket (table-wide number); see :meth:`Table.read_changelog`."""
         unit, local = self._locate(bucket)
-        stored = self._stored_columns(columns)
-        for record in unit.logs[local].read(from_offset, columns=stored, to_offset=to_offset,
-                                            max_rows=max_rows):
-            yield self.changelog_batch(record, columns)
+        yield from unit.read_changelog(local, from_offset, columns=columns, to_offset=to_offset,
+                                       max_rows=max_rows)
 
     def subscribe(self, start: Any = "earliest", *, columns: Sequence[str] | None = None,
                   stop: Any = None, heartbeat_s: float | None = 1.0,
@@ -460,11 +481,12 @@ class PartitionedTable(Table):
             progressed = False
             for bucket in sorted(logs):
                 log = logs[bucket]
-                position = offsets.setdefault(bucket, 0)
+                position = offsets.setdefault(bucket, log.start_offset)  # a new partition: all of it
                 limit = None if ends is None else ends.get(bucket, position)
                 if limit is not None and position >= limit:
                     continue
-                for record in log.read(position, columns=stored, to_offset=limit):
+                for record in read_held(log, position, self._where(bucket), columns=stored,
+                                        to_offset=limit):
                     offsets[bucket] = record.next_offset if limit is None else min(record.next_offset, limit)
                     progressed = True
                     yield self.changelog_batch(record, columns)

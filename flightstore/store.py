@@ -157,6 +157,11 @@ class Table:
     def num_buckets(self) -> int:
         return self.descriptor.num_buckets
 
+    def tablets(self) -> dict[int, tuple[LogTablet, KvTablet | None]]:
+        """Every bucket's log and KV (None for a log table) by bucket number (table-wide for a
+        partitioned table): for monitoring and maintenance."""
+        return {b: (log, self.kvs[b] if self.kvs else None) for b, log in enumerate(self.logs)}
+
     def bucket_ids(self, partitions: Sequence[str] | None = None) -> list[int]:
         """The table's buckets, as changelog offsets, endpoints and ``scan(buckets=...)`` number
         them (a partitioned table numbers the buckets of every partition)."""
@@ -941,7 +946,7 @@ class Store:
             table.refresh(new)
             with self._lock:
                 self._tables[new.path] = table
-        elif new.is_partitioned:
+        elif new.is_partitioned:  # not open: dropped partitions' directories go now
             from flightstore.partitioned import remove_partition_directories
             remove_partition_directories(self.catalog.table_dir(new.path),
                                          [p.id for p in new.partitions])

@@ -176,3 +176,22 @@ def test_a_partition_dropped_between_its_creation_and_the_write_is_created_again
     with pytest.raises(PartitionNotFound, match="dropped 3 times while the write ran; nothing was written"):
         table.append({"dt": ["z"], "user": [3], "item": [1], "qty": [1]})
     assert table.row_count() == 2
+
+
+def test_verify_and_repair_see_every_partition_bucket(tmp_path):
+    from flightstore.maintenance import repair, verify
+    with Store(tmp_path / "data") as store:
+        table = store.create_table("default.pk", SCHEMA, primary_key=["dt", "user", "item"],
+                                   partition_keys=["dt"], options={"bucket.num": "2"})
+        table.upsert({"dt": ["a", "b"], "user": [1, 2], "item": [1, 1], "qty": [1, 1]})
+        store.close()
+    with Store(tmp_path / "data") as store:  # added while the table is not open: no directory yet
+        store.alter_table("default.pk", [AddPartition(("c",))])
+    report = verify(tmp_path / "data")
+    assert report.ok, report.findings
+    labels = {f.where for f in report.findings}
+    assert "table default.pk partition c bucket 0" in labels  # the warning: no directory yet
+    assert repair(tmp_path / "data").ok
+    with Store(tmp_path / "data") as store:
+        assert store.table("default.pk").row_count() == 2
+    assert all(f.severity == "note" for f in verify(tmp_path / "data").findings)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from flightstore.errors import DataLoss, FlightstoreError, InvalidInput, SchemaMismatch
+from flightstore.errors import CorruptData, DataLoss, FlightstoreError, InvalidInput, SchemaMismatch
 from flightstore.expressions import Predicate
 from flightstore.log import durability
 from flightstore.log.durability import GroupCommit

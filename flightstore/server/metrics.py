@@ -118,10 +118,10 @@ class _StoreCollector:
         for table in self.store.open_tables():
             name = str(table.path)
             try:
-                for bucket, log in enumerate(table.logs):
+                for bucket, (log, kv) in table.tablets().items():
                     log_end.add_metric([name, str(bucket)], log.end_offset)
-                for bucket, kv in enumerate(table.kvs):
-                    applied.add_metric([name, str(bucket)], kv.applied_offset)
+                    if kv is not None:
+                        applied.add_metric([name, str(bucket)], kv.applied_offset)
             except Exception:  # noqa: BLE001 - a table dropped or closed under the scrape
                 _log.debug("metrics: skipped table %s", name, exc_info=True)
         yield log_end

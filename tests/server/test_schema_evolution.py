@@ -11,9 +11,9 @@ import shutil
 import threading
 
 import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
 from adbc_driver_flightsql import dbapi
+from pyarrow import flight
 
 import flightstore
 from flightstore.expressions import IsNull

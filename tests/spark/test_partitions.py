@@ -77,6 +77,10 @@ def test_stream_covers_new_partitions_and_survives_add_column(spark, server, tmp
         [("d1", k, "+A") for k in (1, 2, 3, 4, 9)] + [("d2", k, "+A") for k in (5, 6, 7)] + [("d3", 8, "+A")])
     assert all(len(r) == 5 for r in seen)  # dt, k and the three changelog columns: its schema held
 
+    scanned = _load(spark, server, "default.ev")  # a batch read after the ALTER: NULL in old rows
+    assert sorted((r["dt"], r["k"], r["note"]) for r in scanned.collect()) == sorted(
+        [("d1", k, None) for k in (1, 2, 3, 4)] + [("d2", k, None) for k in (5, 6, 7)]
+        + [("d3", 8, "a"), ("d1", 9, "b")])
     changelog = _load(spark, server, "default.ev", changelog="true")
     assert "note" in changelog.columns
     rows = sorted((r["dt"], r["k"], r["note"]) for r in changelog.collect())
