@@ -27,8 +27,10 @@ from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInp
                                 SchemaMismatch, Unsupported)
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
+from flightstore.kv import ranges
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.ownership import ColumnOwnership
+from flightstore.kv.ranges import KeyRange
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
 from flightstore.schema import Projections, TableDescriptor, TablePath, as_table
@@ -98,7 +100,8 @@ class Table:
                 ttl_ms=None if descriptor.has_primary_key else ttl, fsync=fsync)
             self.logs.append(log)
             if descriptor.has_primary_key:
-                self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log))
+                self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
+                                         bucket=bucket))
         self.ownership = ColumnOwnership()
         self._writers: dict[str, int] = {}
         for state in (self.kvs or self.logs):
@@ -451,17 +454,30 @@ class Table:
         return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-             limit: int | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
-        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs)."""
+             limit: int | None = None, buckets: Sequence[int] | None = None,
+             key_range: KeyRange | None = None) -> Iterator[pa.RecordBatch]:
+        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs).
+
+        On a primary-key table the filter's primary-key range (``key_range``, derived from the
+        filter when not given; :mod:`flightstore.kv.ranges`) becomes one RocksDB seek range per
+        bucket, and equalities on the whole bucket key read only their bucket.
+        """
         columns = self._check_columns(columns)
         if filter is not None:
             filter = filter.bind(self.schema)
+        if self.has_primary_key and filter is not None:
+            if key_range is None:
+                key_range = ranges.key_range(filter, self.descriptor)
+            pinned = ranges.pinned_bucket(filter, self.descriptor)
+            if pinned is not None:
+                buckets = [b for b in (range(self.num_buckets) if buckets is None else buckets)
+                           if b == pinned]
         remaining = limit
         for bucket in (range(self.num_buckets) if buckets is None else buckets):
             if remaining is not None and remaining <= 0:
                 return
             if self.has_primary_key:
-                source = self.kvs[bucket].scan(columns, filter, remaining)
+                source = self.kvs[bucket].scan(columns, filter, remaining, key_range)
             else:
                 source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter))
             for batch in source:
