@@ -145,6 +145,8 @@ def key_range(predicates: Sequence[Predicate] | Predicate | None, descriptor: Ta
                 uppers.append((predicate.value, predicate.op == "<="))
     lower, lower_inclusive = _tightest(lowers, lower=True)
     upper, upper_inclusive = _tightest(uppers, lower=False)
+    lower_inclusive = lower_inclusive or lower is None  # one spelling of a missing bound
+    upper_inclusive = upper_inclusive and upper is not None
     if not prefix and lower is None and upper is None:
         return None
     bounded = lower is not None or upper is not None

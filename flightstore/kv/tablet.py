@@ -93,6 +93,8 @@ class KvTablet:
         self.merger = merger_for(descriptor)
         self.full_image = descriptor.option("table.changelog.image") == "FULL"
         self._lock = threading.RLock()
+        self._io_lock = threading.Lock()
+        self._io = {"rows_read": 0, "chunks_read": 0}
         self._open_db()
         self.recover()
 
@@ -325,6 +327,11 @@ class KvTablet:
             return self.codec.decode([], wanted)
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
+    def io_stats(self) -> dict:
+        """Rows and chunks read from RocksDB by scans and prefix lookups since open."""
+        with self._io_lock:
+            return dict(self._io)
+
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, key_range: KeyRange | None = None) -> Iterator[pa.RecordBatch]:
         """Stored rows in key order as record batches, filtered exactly, stopping at ``limit``.
@@ -352,10 +359,13 @@ class KvTablet:
         reader = RangeReader(snapshot, lower, upper, where=self.where, directory=str(self.directory),
                              expected_rows=expected)
         remaining = limit
-        first = limit if limit is not None and filter is None else FIRST_CHUNK_ROWS
         if remaining is not None and remaining <= 0:
             return
-        for values in reader.chunks(first):
+        # With a LIMIT the first chunk is just big enough; chunks grow when the filter drops rows.
+        for values in reader.chunks(FIRST_CHUNK_ROWS if limit is None else limit):
+            with self._io_lock:
+                self._io["rows_read"] += len(values)
+                self._io["chunks_read"] += 1
             table = self.codec.decode(values, needed)
             if expression is not None:
                 table = table.filter(expression)

@@ -15,11 +15,12 @@ import pyarrow as pa
 
 from flightstore.expressions import (AlwaysTrue, And, Comparison, In, IsNotNull, IsNull, Not, Or,
                                      Predicate, StartsWith)
+from flightstore.kv.ranges import KeyRange
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.sql.literals import render_value
 
 __all__ = [
-    "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "Count", "Changelog", "Residual",
+    "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "RangeScan", "Count", "Changelog", "Residual",
     "ResidualInput", "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
     "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain", "UseDatabase",
     "render_predicate",
@@ -62,6 +63,8 @@ def _render(value: Any) -> str:
         return str(value)
     if isinstance(value, TableDescriptor):
         return _render_descriptor(value)
+    if isinstance(value, KeyRange):
+        return value.describe(render_value)
     if isinstance(value, pa.Table):
         rows = zip(*(column.to_pylist() for column in value.columns)) if value.num_columns else []
         return "[" + ", ".join(_render_row(row) for row in rows) + "]"
@@ -138,6 +141,26 @@ class Scan(PlanNode):
     columns: tuple[str, ...]
     filter: Predicate | None = None
     limit: int | None = None
+
+
+@dataclass(frozen=True)
+class RangeScan(PlanNode):
+    """A scan of one primary-key range: a RocksDB seek range in every bucket, or in ``bucket``
+    alone when equalities pin the whole bucket key. ``filter`` (the whole WHERE) is still applied
+    to the rows in the range, which is only a superset of the answer (NaN, -0.0 ...)."""
+
+    table: TablePath
+    columns: tuple[str, ...]
+    range: KeyRange
+    bucket: int | None = None
+    filter: Predicate | None = None
+    limit: int | None = None
+
+    def explain(self) -> str:
+        buckets = "all" if self.bucket is None else f"[{self.bucket}]"
+        return (f"RangeScan(table={self.table}, columns={_render(self.columns)}, "
+                f"range={_render(self.range)}, buckets={buckets}, filter={_render(self.filter)}, "
+                f"limit={_render(self.limit)})")
 
 
 @dataclass(frozen=True)

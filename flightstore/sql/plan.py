@@ -4,7 +4,11 @@ Queries take the route table of ARCHITECTURE.md when the SELECT is a plain proje
 (or ``*``) from one table with an optional storage-evaluable WHERE and LIMIT:
 
 * every primary-key column pinned by ``=`` / ``IN`` -> :class:`PointLookup`;
+* leading primary-key columns pinned by ``=`` and the next one bounded by ``<``, ``<=``, ``>``,
+  ``>=`` or ``BETWEEN`` -> :class:`RangeScan` (one RocksDB seek range per bucket, or one bucket when
+  the bucket key is pinned; see :mod:`flightstore.kv.ranges`);
 * every bucket-key column pinned, the bucket key a strict prefix of the PK -> :class:`PrefixLookup`;
+* leading primary-key columns pinned by ``=`` without the bucket key -> :class:`RangeScan`;
 * ``SELECT COUNT(*) FROM t`` -> :class:`Count`;
 * ``FROM t$changelog`` / ``t$binlog`` -> :class:`Changelog`;
 * otherwise -> :class:`Scan` with the WHERE as a bound predicate.
@@ -26,7 +30,8 @@ from flightstore.sql import nodes
 from flightstore.sql.literals import NotALiteral, literal_value
 from flightstore.sql.nodes import *  # noqa: F401,F403 - the nodes are part of this module's API
 from flightstore.sql.nodes import __all__ as _NODES
-from flightstore.sql.nodes import Changelog, Count, Plan, PointLookup, PrefixLookup, Scan
+from flightstore.kv.ranges import key_range, pinned_bucket
+from flightstore.sql.nodes import Changelog, Count, Plan, PointLookup, PrefixLookup, RangeScan, Scan
 from flightstore.sql.parameters import parameter_schema
 from flightstore.sql.parse import Explain as ParsedExplain
 from flightstore.sql.parse import Show, bind_parameters, parse_statement
@@ -205,11 +210,23 @@ def _route(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Pred
                                    filter=and_all(remaining))
             return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit)
         bucket_key = descriptor.bucket_key
+        found_range = key_range(predicates, descriptor)
+        if found_range is not None and found_range.bounded:
+            return _range_scan(table, columns, predicates, limit, found_range)
         if bucket_key and len(bucket_key) < len(pk) and pk[: len(bucket_key)] == bucket_key:
             found = extract_keys(predicates, bucket_key, schema)
             if found is not None:
                 prefix, remaining = found
                 return PrefixLookup(table=table.path, prefix=prefix, columns=columns,
                                     filter=and_all(remaining), limit=limit)
+        if found_range is not None:
+            return _range_scan(table, columns, predicates, limit, found_range)
     return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit)
 
+
+def _range_scan(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Predicate],
+                limit: int | None, found_range) -> RangeScan:
+    """The whole WHERE stays the filter: the range only narrows what is read."""
+    return RangeScan(table=table.path, columns=columns, range=found_range,
+                     bucket=pinned_bucket(predicates, table.descriptor),
+                     filter=and_all(predicates), limit=limit)

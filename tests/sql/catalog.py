@@ -44,7 +44,7 @@ def _schema(*columns: str) -> pa.Schema:
 def sample_catalog() -> DictCatalog:
     """shop.orders (PK order_id), shop.items (PK order_id, item_id; bucket key order_id),
     shop.users (PK user_id), shop.events (log table), shop.daily (PK dt, order_id; partitioned by
-    dt) and analytics.Metrics (mixed-case names, log table)."""
+    dt; 3 buckets) and analytics.Metrics (mixed-case names, log table)."""
     tables = [
         TableDescriptor.create(
             "shop.orders", _schema("order_id BIGINT", "user_id BIGINT NOT NULL", "amount DOUBLE",
@@ -63,7 +63,7 @@ def sample_catalog() -> DictCatalog:
                                    "ts TIMESTAMP_LTZ(3)")),
         TableDescriptor.create(
             "shop.daily", _schema("dt STRING", "order_id BIGINT", "total DOUBLE"),
-            primary_key=["dt", "order_id"], partition_keys=["dt"]),
+            primary_key=["dt", "order_id"], partition_keys=["dt"], options={"bucket.num": "3"}),
         TableDescriptor.create(
             "analytics.Metrics", _schema("Name STRING", "Value DOUBLE", "At TIMESTAMP(3)")),
     ]
