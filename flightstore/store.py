@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
-from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, OutOfOrderSequence,
+from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput,
                                 SchemaMismatch, Unsupported)
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
@@ -34,6 +34,7 @@ from flightstore.kv.ranges import KeyRange
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
 from flightstore.schema import Projections, TableDescriptor, TablePath, as_table
+from flightstore.writers import WriterRegistry, system_clock_ms
 
 __all__ = ["Store", "Table", "WriteResult"]
 
@@ -78,7 +79,9 @@ class WriteResult(dict):
 class Table:
     """A handle on one table: writes, lookups, scans and changelog reads."""
 
-    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = False) -> None:
+    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = False,
+                 clock: Callable[[], int] = system_clock_ms) -> None:
+        """Open the table's buckets; ``clock`` (milliseconds) times writes for writer expiry."""
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
@@ -103,10 +106,12 @@ class Table:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
                                          bucket=bucket))
         self.ownership = ColumnOwnership()
-        self._writers: dict[str, int] = {}
-        for state in (self.kvs or self.logs):
-            for writer, sequence in state.writer_state().items():
-                self._writers[writer] = max(sequence, self._writers.get(writer, -1))
+        self._clock = clock
+        self._writers = WriterRegistry(str(self.path), descriptor.option("table.writer-id.expiration"),
+                                       clock)
+        self._writers.load(state.writer_activity() for state in (self.kvs or self.logs))
+        self._forget_stale_log_writers()
+        self.expire_writers()
         self._intents = IntentLog(directory / "intent", fsync=fsync)
         self._complete_pending_write()
 
@@ -184,28 +189,66 @@ class Table:
         return table
 
     def _check_sequence(self, writer_id: str | None, sequence: int | None) -> None:
+        """Refuse a gap in the writer's sequence, or a batch of a writer that expired (its state
+        is dropped here first if it expired since the last check)."""
         if writer_id is None or sequence is None:
             return
-        last = self._writers.get(writer_id)
-        expected = 0 if last is None else last + 1
-        if sequence > expected:
-            raise OutOfOrderSequence(f"writer {writer_id!r} sent batch {sequence} of {self.path} but the "
-                                     f"next expected batch is {expected}; batches in between were lost")
+        if self._writers.is_expired(writer_id):
+            self._expire([writer_id], self._clock())
+        self._writers.check(writer_id, sequence)
 
-    def _note_sequence(self, writer_id: str | None, sequence: int | None) -> None:
+    def _note_sequence(self, writer_id: str | None, sequence: int | None, now_ms: int) -> None:
         if writer_id is not None and sequence is not None:
-            self._writers[writer_id] = max(sequence, self._writers.get(writer_id, -1))
+            self._writers.note(writer_id, sequence, now_ms)
 
     def undo(self, writer_id: str, after_sequence: int) -> int:
         """Undo every batch ``writer_id`` wrote after ``after_sequence`` (exactly-once restarts of
-        aggregating jobs); returns rows restored. See :func:`flightstore.kv.undo.undo_writer`."""
-        from flightstore.kv.undo import undo_writer
-        return undo_writer(self, writer_id, after_sequence)
+        jobs), leaving other writers' work; returns rows restored. A writer without state here
+        (it never wrote, or expired) has nothing to undo. See :mod:`flightstore.kv.undo`."""
+        from flightstore.kv.undo import check_undoable, undo_writer
+        if not self.has_primary_key:
+            raise Unsupported(f"undo needs a primary-key table; {self.path} is a log table")
+        check_undoable(self.kvs, writer_id)
+        with self._lock:
+            if writer_id not in self._writers:
+                return 0
+            restored = undo_writer(self.kvs, writer_id, after_sequence)
+            self._writers.reset(writer_id, int(after_sequence))
+        self._notify()
+        return restored
 
     def writer_sequence(self, writer_id: str) -> int | None:
-        """The last batch sequence applied for ``writer_id`` (None if it never wrote)."""
+        """The last batch sequence applied for ``writer_id`` (None if it never wrote or expired)."""
+        return self._writers.sequence(writer_id)
+
+    def expire_writers(self, now_ms: int | None = None) -> list[str]:
+        """Forget writers that wrote nothing for ``table.writer-id.expiration``: in memory, in each
+        bucket's log writer state and KV meta (sequence, undo fence) and their column claims.
+        Returns their ids."""
+        now = self._clock() if now_ms is None else now_ms
         with self._lock:
-            return self._writers.get(writer_id)
+            expired = self._writers.expired(now)
+            if expired:
+                self._expire(expired, now)
+        return expired
+
+    def _forget_stale_log_writers(self) -> None:
+        """On open: a log rebuilds its writer state from every record header, expired writers
+        included (a primary-key table's registry comes from the KV, which dropped them)."""
+        now, expiration = self._clock(), self.descriptor.option("table.writer-id.expiration")
+        for log in self.logs:
+            log.forget_writers([writer for writer, (_, last_ms) in log.writer_activity().items()
+                                if now - last_ms > expiration])
+
+    def _expire(self, writer_ids: list[str], now_ms: int) -> None:
+        with self._lock:
+            for kv in self.kvs:
+                kv.drop_writers(writer_ids)
+            for log in self.logs:
+                log.forget_writers(writer_ids)
+            for writer in writer_ids:
+                self.ownership.release(writer)
+            self._writers.forget(writer_ids, now_ms)
 
     def buckets_of(self, data: pa.Table) -> np.ndarray:
         key = self.descriptor.bucket_key
@@ -296,9 +339,11 @@ class Table:
         """
         with self._lock:
             self._check_sequence(writer_id, sequence)
+            now = self._clock()
             result = WriteResult()
+            last = self._writers.sequence(writer_id) if writer_id is not None else None
             if kinds is None and not self.descriptor.bucket_key and sequence is not None \
-                    and writer_id in self._writers and sequence <= self._writers[writer_id]:
+                    and last is not None and sequence <= last:
                 # Without a bucket key a whole batch lands in one (round-robin) bucket and a retry
                 # may be routed to another one: the table-level sequence decides.
                 result.duplicate = True
@@ -309,7 +354,8 @@ class Table:
             if intent:
                 if writer_id is None or sequence is None:
                     writer_id = TABLE_WRITER
-                    sequence = self._writers.get(TABLE_WRITER, -1) + 1
+                    last_table = self._writers.sequence(TABLE_WRITER)
+                    sequence = 0 if last_table is None else last_table + 1
                 record = table if kinds is None else table.append_column(
                     changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
                 self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
@@ -324,15 +370,16 @@ class Table:
                         result.duplicate = True
                         continue
                     result[int(bucket)] = self.logs[bucket].append(part, writer_id=writer_id,
-                                                                   sequence=sequence)
+                                                                   sequence=sequence, timestamp_ms=now)
                 else:
                     outcome = self.kvs[bucket].apply(part, kinds[mask], target, writer_id=writer_id,
-                                                     sequence=sequence, overwrite=overwrite)
+                                                     sequence=sequence, overwrite=overwrite,
+                                                     now_ms=now)
                     result.duplicate |= outcome.duplicate
                     result[int(bucket)] = outcome.base_offset
             if intent:
                 self._intents.complete()
-            self._note_sequence(writer_id, sequence)
+            self._note_sequence(writer_id, sequence, now)
         self._notify()
         return result
 
@@ -651,8 +698,12 @@ def _lock_data_dir(data_dir: Path) -> int:
 class Store:
     """A data directory of databases and tables. Thread-safe; close() when done."""
 
-    def __init__(self, data_dir: str | os.PathLike, *, fsync: bool = False) -> None:
+    def __init__(self, data_dir: str | os.PathLike, *, fsync: bool = False,
+                 clock: Callable[[], int] = system_clock_ms) -> None:
+        """Open (and lock) ``data_dir``. ``clock`` gives milliseconds to time writes (writer
+        expiry, commit timestamps); tests inject one to move time without sleeping."""
         self.data_dir = Path(data_dir)
+        self.clock = clock
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._dir_lock: int | None = _lock_data_dir(self.data_dir)
         try:
@@ -720,7 +771,8 @@ class Store:
             table = self._tables.get(path)
             if table is None:
                 descriptor = self.catalog.get_table(path)
-                table = Table(descriptor, self.catalog.table_dir(path), fsync=self.fsync)
+                table = Table(descriptor, self.catalog.table_dir(path), fsync=self.fsync,
+                              clock=self.clock)
                 self._tables[path] = table
             return table
 
@@ -728,12 +780,15 @@ class Store:
         return self.catalog.list_databases()
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
-        """Apply ``table.log.ttl`` to every table; returns the rows dropped. Unreadable tables are
-        left for their owner to notice."""
+        """Apply ``table.log.ttl`` to every table and forget writers past
+        ``table.writer-id.expiration``; returns the log rows dropped. Unreadable tables are left
+        for their owner to notice."""
         dropped = 0
         for path in self.catalog.all_tables():
             try:
-                dropped += self.table(path).enforce_retention(now_ms)
+                table = self.table(path)
+                dropped += table.enforce_retention(now_ms)
+                table.expire_writers(now_ms)
             except FlightstoreError:
                 continue
         return dropped

@@ -27,9 +27,10 @@ import logging
 import shutil
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -53,8 +54,11 @@ log = logging.getLogger("flightstore.kv")
 
 _APPLIED = b"applied_offset"
 _ROWS = b"row_count"
-_WRITER = b"writer:"
+_WRITER = b"writer:"  # + writer id: (last sequence, last write ms); 8-byte values predate the time
+_UNDO_FENCE = b"undo:"  # + writer id: its last undo (kv/undo.py)
+WRITER_META_PREFIXES = (_WRITER, _UNDO_FENCE)  # what a writer keeps in the meta column family
 _INT = struct.Struct(">q")
+_WRITER_STATE = struct.Struct(">qq")
 
 
 def changelog_schema(schema: pa.Schema) -> pa.Schema:
@@ -129,15 +133,52 @@ class KvTablet:
 
     def writer_sequence(self, writer_id: str) -> int | None:
         raw = self._meta.get(_WRITER + writer_id.encode())
-        return None if raw is None else _INT.unpack(raw)[0]
+        return None if raw is None else _INT.unpack_from(raw)[0]
 
     def writer_state(self) -> dict[str, int]:
+        """The last batch sequence applied per writer id."""
+        return {writer: sequence for writer, (sequence, _) in self.writer_activity().items()}
+
+    def writer_activity(self) -> dict[str, tuple[int, int | None]]:
+        """``{writer: (last sequence, ms of its last write, or None when not recorded)}``."""
         state = {}
         for key, value in self._meta.items(from_key=_WRITER):
             if not key.startswith(_WRITER):
                 break
-            state[key[len(_WRITER):].decode()] = _INT.unpack(value)[0]
+            last_ms = _WRITER_STATE.unpack(value)[1] if len(value) == _WRITER_STATE.size else None
+            state[key[len(_WRITER):].decode()] = (_INT.unpack_from(value)[0], last_ms)
         return state
+
+    # ---- the meta column family: per-writer state and what other modules keep there -------------
+    def meta(self, key: bytes) -> bytes | None:
+        """A value of the meta column family (undo fences: :mod:`flightstore.kv.undo`)."""
+        return self._meta.get(key)
+
+    def write_meta(self, puts: Mapping[bytes, bytes | None],
+                   writers: Mapping[str, int | None] | None = None) -> None:
+        """One atomic RocksDB write of meta ``puts`` (None deletes) and of writers' sequences
+        (``writers``: a new last sequence, keeping the last write time, or None to forget it)."""
+        with self._lock:
+            write = WriteBatch(raw_mode=True)
+            for key, value in puts.items():
+                if value is None:
+                    write.delete(key, self._meta_cf)
+                else:
+                    write.put(key, value, self._meta_cf)
+            for writer, sequence in (writers or {}).items():
+                key = _WRITER + writer.encode()
+                if sequence is None:
+                    write.delete(key, self._meta_cf)
+                    continue
+                raw = self._meta.get(key)
+                last_ms = _WRITER_STATE.unpack(raw)[1] if raw and len(raw) == _WRITER_STATE.size \
+                    else None
+                write.put(key, _writer_value(sequence, last_ms), self._meta_cf)
+            self._db.write(write)
+
+    def drop_writers(self, writer_ids: Sequence[str]) -> None:
+        """Forget expired writers: every meta key they keep (sequence, undo fence), in one write."""
+        self.write_meta({prefix + w.encode(): None for w in writer_ids for prefix in WRITER_META_PREFIXES})
 
     def close(self) -> None:
         """Close RocksDB. A RocksDB error while closing (it reports a corrupt file it met again)
@@ -156,12 +197,13 @@ class KvTablet:
     # ---- writes -------------------------------------------------------------------------------
     def apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None = None,
               *, writer_id: str | None = None, sequence: int | None = None,
-              overwrite: bool = False) -> ApplyResult:
+              overwrite: bool = False, now_ms: int | None = None) -> ApplyResult:
         """Apply rows (every table column, conformed by the caller) with per-row change types.
 
         ``overwrite`` bypasses the merge engine: rows replace (+I/+U) or remove (-D) stored rows as
         they are (used to restore before-images). A batch whose ``sequence`` this writer already
-        applied is skipped and reported as ``duplicate``.
+        applied is skipped and reported as ``duplicate``. ``now_ms`` (default: the wall clock) is
+        the changelog record's timestamp and the writer's last write time.
         """
         with self._lock:
             if writer_id is not None and sequence is not None:
@@ -191,7 +233,8 @@ class KvTablet:
             changelog = self._changelog(old, new, inserted, updated, deleted)
             base_offset = None
             if changelog.num_rows:
-                base_offset = self.log.append(changelog, writer_id=writer_id, sequence=sequence)
+                base_offset = self.log.append(changelog, writer_id=writer_id, sequence=sequence,
+                                              timestamp_ms=now_ms)
             write = WriteBatch(raw_mode=True)
             puts = np.flatnonzero((inserted | updated)[order])  # positions in key order
             if len(puts):
@@ -204,7 +247,8 @@ class KvTablet:
             write.put(_ROWS, _INT.pack(self.row_count + int(inserted.sum()) - int(deleted.sum())),
                       self._meta_cf)
             if writer_id is not None and sequence is not None:
-                write.put(_WRITER + writer_id.encode(), _INT.pack(sequence), self._meta_cf)
+                last_ms = int(time.time() * 1000) if now_ms is None else now_ms
+                write.put(_WRITER + writer_id.encode(), _writer_value(sequence, last_ms), self._meta_cf)
             self._db.write(write)
             return ApplyResult(base_offset, changelog.num_rows)
 
@@ -290,7 +334,8 @@ class KvTablet:
         write.put(_APPLIED, _INT.pack(record.next_offset), self._meta_cf)
         write.put(_ROWS, _INT.pack(self.row_count + delta), self._meta_cf)
         if record.writer_id is not None and record.sequence is not None:
-            write.put(_WRITER + record.writer_id.encode(), _INT.pack(record.sequence), self._meta_cf)
+            write.put(_WRITER + record.writer_id.encode(),
+                      _writer_value(record.sequence, record.timestamp_ms), self._meta_cf)
         self._db.write(write)
         return batch.num_rows
 
@@ -378,6 +423,10 @@ class KvTablet:
                 yield table
             if remaining is not None and remaining <= 0:
                 return
+
+
+def _writer_value(sequence: int, last_ms: int | None) -> bytes:
+    return _INT.pack(sequence) if last_ms is None else _WRITER_STATE.pack(sequence, last_ms)
 
 
 def merger_for_overwrite(descriptor: TableDescriptor):

@@ -97,11 +97,11 @@ class LogTablet:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._segments = self._open_segments()
         self._end_offset = self._segments[-1].next_offset
-        self._writers: dict[str, int] = {}
+        self._writers: dict[str, tuple[int, int]] = {}  # writer -> (last sequence, its record's ms)
         for segment in self._segments:
             for record in segment.records:
                 if record.writer_id is not None and record.sequence is not None:
-                    self._writers[record.writer_id] = record.sequence
+                    self._writers[record.writer_id] = (record.sequence, record.timestamp_ms)
 
     def _open_segments(self) -> list[Segment]:
         bases = sorted(int(p.stem) for p in self.directory.glob("*" + _SEGMENT_SUFFIX)
@@ -196,7 +196,7 @@ class LogTablet:
                 position + len(header_bytes), payload.size, 0)
             active.add(header)
             if writer_id is not None and sequence is not None:
-                self._writers[writer_id] = sequence
+                self._writers[writer_id] = (sequence, ts)
             self._end_offset = header.next_offset
             self._appended.notify_all()
         return base
@@ -339,7 +339,19 @@ class LogTablet:
     def writer_state(self) -> dict[str, int]:
         """The last sequence appended per writer id (rebuilt from record headers on open)."""
         with self._lock:
+            return {writer: sequence for writer, (sequence, _) in self._writers.items()}
+
+    def writer_activity(self) -> dict[str, tuple[int, int]]:
+        """``{writer: (last sequence, timestamp ms of its last record)}``."""
+        with self._lock:
             return dict(self._writers)
+
+    def forget_writers(self, writer_ids: Sequence[str]) -> None:
+        """Drop expired writers' state. Their records stay; a reopen rebuilds the state from them
+        and the table expires it again (the records' timestamps are as old as before)."""
+        with self._lock:
+            for writer in writer_ids:
+                self._writers.pop(writer, None)
 
     # -- waiting and closing -----------------------------------------------------------------
 
