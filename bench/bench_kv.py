@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.flight as flight
+from pyarrow import flight
 
 from bench.bench_server import _sql_read, _start_server, _stop_server
 from bench.report import Row, best_interleaved

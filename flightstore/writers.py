@@ -24,11 +24,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from flightstore.errors import OutOfOrderSequence, WriterExpired
 
-__all__ = ["WriterRegistry", "system_clock_ms", "MAX_REMEMBERED_EXPIRED"]
+__all__ = ["MAX_REMEMBERED_EXPIRED", "WriterRegistry", "system_clock_ms"]
 
 MAX_REMEMBERED_EXPIRED = 10_000  # expired ids kept to name the expiry in refusals
 

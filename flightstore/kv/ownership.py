@@ -133,7 +133,8 @@ def _value_columns(table: OwnedTable, columns: Sequence[str]) -> list[str]:
     return [c for c in columns if c not in table.descriptor.primary_key]
 
 
-def claim_columns(table: OwnedTable, writer_id: str, columns: Sequence[str], ttl: float | None = None) -> None:
+def claim_columns(table: OwnedTable, writer_id: str, columns: Sequence[str],
+                  ttl: float | None = None) -> None:
     """Claim the non-key ``columns`` of ``table`` for ``writer_id`` (WriterConflict if taken)."""
     ownership_of(table).claim(writer_id, _value_columns(table, columns), ttl)
 

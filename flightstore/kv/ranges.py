@@ -20,8 +20,9 @@ column visits every bucket, while equalities on every bucket-key column pin one 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -30,8 +31,14 @@ from flightstore.expressions import And, Comparison, In, Predicate
 from flightstore.kv.encoding import encode_keys
 from flightstore.schema import TableDescriptor
 
-__all__ = ["KeyRange", "key_range", "encode_range", "pinned_bucket", "prefix_successor",
-           "conjuncts_of"]
+__all__ = [
+    "KeyRange",
+    "conjuncts_of",
+    "encode_range",
+    "key_range",
+    "pinned_bucket",
+    "prefix_successor",
+]
 
 
 @dataclass(frozen=True)

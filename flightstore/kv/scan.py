@@ -23,14 +23,15 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from rocksdict import ReadOptions
 
 from flightstore.errors import DataLoss
 
-__all__ = ["MAX_CHUNK_ROWS", "FIRST_CHUNK_ROWS", "RangeReader", "storage_errors"]
+__all__ = ["FIRST_CHUNK_ROWS", "MAX_CHUNK_ROWS", "RangeReader", "storage_errors"]
 
 log = logging.getLogger("flightstore.kv")
 

@@ -41,8 +41,9 @@ restore) and keep the table's own writer registry in step (:meth:`flightstore.st
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -56,8 +57,14 @@ from flightstore.log import LogBatch
 if TYPE_CHECKING:
     from flightstore.kv.tablet import KvTablet
 
-__all__ = ["UNDO_WRITER_PREFIX", "before_images", "check_undoable", "undo_fence", "undo_writer",
-           "restore_writer_id"]
+__all__ = [
+    "UNDO_WRITER_PREFIX",
+    "before_images",
+    "check_undoable",
+    "restore_writer_id",
+    "undo_fence",
+    "undo_writer",
+]
 
 UNDO_WRITER_PREFIX = "undo:"
 _FENCE = b"undo:"  # + writer id, in the KV meta column family (KvTablet.WRITER_META_PREFIXES)

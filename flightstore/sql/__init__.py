@@ -12,7 +12,7 @@ from flightstore.sql.plan import CatalogView, parameter_schema, plan
 
 __all__ = [
     "plan", "parameter_schema", "CatalogView", "Plan", "PlanNode", "PointLookup", "PrefixLookup",
-    "Scan", "RangeScan", "Count", "Changelog", "Residual", "ResidualInput", "Insert", "InsertSelect", "Delete",
-    "Update", "CreateDatabase", "DropDatabase", "CreateTable", "DropTable", "ShowDatabases",
+    "Scan", "RangeScan", "Count", "Changelog", "Residual", "ResidualInput", "Insert", "InsertSelect",
+    "Delete", "Update", "CreateDatabase", "DropDatabase", "CreateTable", "DropTable", "ShowDatabases",
     "ShowTables", "Describe", "Explain", "UseDatabase",
 ]

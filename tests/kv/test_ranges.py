@@ -25,8 +25,7 @@ from hypothesis import strategies as st
 
 from flightstore.expressions import Comparison, and_all
 from flightstore.kv.encoding import encode_keys
-from flightstore.kv.ranges import (KeyRange, encode_range, key_range, pinned_bucket,
-                                   prefix_successor)
+from flightstore.kv.ranges import KeyRange, encode_range, key_range, pinned_bucket, prefix_successor
 from flightstore.schema import TableDescriptor
 from flightstore.sql import PrefixLookup, RangeScan
 from flightstore.sql.execute import Executor
