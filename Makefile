@@ -1,28 +1,37 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# Two stamps: `make run` needs the runtime only; `make test` adds the test stack (pyspark, clients).
+RUNTIME := $(VENV)/.installed-runtime
+TESTING := $(VENV)/.installed-test
 
-.PHONY: run test bench lint clean
+.PHONY: run cluster test bench lint clean
 
-$(STAMP): pyproject.toml
+$(RUNTIME): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	$(PY) -m pip install -q -e .
+	touch $(RUNTIME)
 
-run: $(STAMP)
+$(TESTING): $(RUNTIME)
+	$(PY) -m pip install -q -e '.[test,sqlalchemy]'
+	touch $(TESTING)
+
+run: $(RUNTIME)
 	$(PY) -m flightstore serve --data-dir ./data --host 127.0.0.1 --port 8815
 
-test: $(STAMP)
+cluster: $(RUNTIME)
+	$(PY) -m flightstore cluster --servers 3 --data-dir ./cluster-data
+
+test: $(TESTING)
 	$(PY) -m pytest -q -ra
 
-bench: $(STAMP)
+bench: $(TESTING)
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m bench
 
-lint: $(STAMP)
-	$(PY) -m pip install -q ruff && $(VENV)/bin/ruff check flightstore connectors tests bench
+lint: $(TESTING)
+	$(PY) -m pip install -q ruff && $(VENV)/bin/ruff check flightstore flightstore_sqlalchemy connectors tests bench
 
 clean:
-	rm -rf $(VENV) data
+	rm -rf $(VENV) data cluster-data

@@ -1,8 +1,16 @@
-"""The ``flightstore`` command line: ``serve``, ``sql``, ``options``."""
+"""The ``flightstore`` command line: ``serve``, ``cluster``, ``sql``, ``user``, ``lake status``,
+``options``.
+
+Passwords never appear on a command line (where ``ps`` and shell history would show them): ``user
+add`` and ``sql --user`` read them from the ``FLIGHTSTORE_PASSWORD`` environment variable, from
+standard input (``--password-stdin``) or from a prompt.
+"""
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import sys
 
 from flightstore.config import SERVER_OPTIONS, options_markdown
@@ -10,55 +18,250 @@ from flightstore.config import SERVER_OPTIONS, options_markdown
 __all__ = ["main"]
 
 
+PASSWORD_ENV = "FLIGHTSTORE_PASSWORD"
+
+
 def _serve(args: argparse.Namespace) -> int:
+    from flightstore.errors import FlightstoreError
     from flightstore.server.service import serve
-    users = {}
-    for spec in args.user or []:
-        name, sep, password = spec.partition(":")
-        if not sep or not name:
-            raise SystemExit(f"--user expects NAME:PASSWORD, got {spec!r}")
-        users[name] = password
-    serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users or None)
+    from flightstore.server.tls import TlsConfig
+    from flightstore.server.users import UserStore
+    options = {}
+    for spec in args.option or []:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--option expects KEY=VALUE, got {spec!r}")
+        options[key.strip()] = value.strip()
+    try:
+        users = UserStore.open(args.users_file) if args.users_file else None
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise SystemExit("--tls-cert and --tls-key go together")
+        if args.tls_client_ca and not args.tls_cert:
+            raise SystemExit("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+        tls = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+        super_users = SERVER_OPTIONS["authorizer.super-users"].parse(",".join(args.super_user or []))
+        if super_users and users is None:
+            raise SystemExit("--super-user needs --users-file (without users everyone is a super user)")
+        token_ttl_ms = SERVER_OPTIONS["auth.token-ttl"].parse(args.token_ttl)
+        max_tokens = SERVER_OPTIONS["auth.max-tokens"].parse(args.max_tokens)
+        metrics_port = SERVER_OPTIONS["metrics.port"].parse(args.metrics_port) \
+            if args.metrics_port is not None else None
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore: {exc}") from None
+    serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users,
+          cluster=_cluster_config(args), super_users=super_users, tls=tls, token_ttl_ms=token_ttl_ms,
+          max_tokens=max_tokens, metrics_port=metrics_port, options=options)
+    return 0
+
+
+def _lake_status(args: argparse.Namespace) -> int:
+    """Print the tiering status of every bucket (tab-separated), one line per bucket."""
+    import time
+
+    import pyarrow as pa
+
+    import flightstore
+    from flightstore.errors import FlightstoreError
+    password = _password(args, confirm=False) if args.user else None
+    try:
+        with flightstore.connect(args.uri, username=args.user, password=password, timeout=60) as conn:
+            tables = conn.lake_status(args.table)
+    except (pa.ArrowException, FlightstoreError, OSError) as exc:
+        print(f"flightstore lake status: {_message(exc)}", file=sys.stderr)
+        return 1
+    print("table\tbucket\ttiered_offset\tlog_end_offset\tlag_records\tlag_seconds\tlast_commit\tlast_error")
+    for table in tables:
+        commit = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(table["last_commit_ms"] / 1000))
+                  if table["last_commit_ms"] else "-")
+        for bucket in table["buckets"]:
+            tiered = "-" if bucket["tiered_offset"] is None else bucket["tiered_offset"]
+            print(f"{table['table']}\t{bucket['bucket']}\t{tiered}\t{bucket['log_end_offset']}\t"
+                  f"{bucket['lag_records']}\t{bucket['lag_seconds']:.1f}\t{commit}\t"
+                  f"{table['last_error'] or '-'}")
+    return 0
+
+
+def _password(args: argparse.Namespace, confirm: bool) -> str:
+    """The password from $FLIGHTSTORE_PASSWORD, stdin (--password-stdin) or a prompt."""
+    if os.environ.get(PASSWORD_ENV):
+        return os.environ[PASSWORD_ENV]
+    if getattr(args, "password_stdin", False) or not sys.stdin.isatty():
+        line = sys.stdin.readline()
+        return line.removesuffix("\n")
+    password = getpass.getpass("password: ")
+    if confirm and getpass.getpass("again: ") != password:
+        raise SystemExit("the passwords differ")
+    return password
+
+
+def _user(args: argparse.Namespace) -> int:
+    from flightstore.errors import FlightstoreError
+    from flightstore.server.users import UserStore
+    try:
+        users = UserStore.open(args.users_file, create=args.action == "add")
+        if args.action == "add":
+            users.add(args.name, _password(args, confirm=True), replace=args.replace)
+            print(f"user {args.name} {'updated' if args.replace else 'added'} in {args.users_file}")
+        elif args.action == "remove":
+            users.remove(args.name)
+            print(f"user {args.name} removed from {args.users_file}")
+        else:
+            for name in users.names():
+                print(name)
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore user: {exc}") from None
+    return 0
+
+
+def _cluster_config(args: argparse.Namespace):
+    """The ClusterConfig of ``serve --zookeeper ...``; None for a single server."""
+    if not args.zookeeper:
+        if args.server_id is not None or args.advertised_uri:
+            raise SystemExit("--server-id and --advertised-uri need --zookeeper")
+        return None
+    if args.server_id is None:
+        raise SystemExit("--zookeeper needs --server-id N (unique in the cluster, kept across restarts)")
+    from flightstore.cluster.layout import ZkAddress
+    from flightstore.cluster.member import ClusterConfig
+    from flightstore.errors import InvalidInput
+    try:
+        return ClusterConfig(
+            zookeeper=ZkAddress.parse(args.zookeeper),
+            server_id=SERVER_OPTIONS["server.id"].parse(args.server_id),
+            advertised_uri=args.advertised_uri or None,
+            session_timeout_ms=SERVER_OPTIONS["zookeeper.session-timeout"].parse(args.zookeeper_session_timeout),
+            ddl_timeout_ms=SERVER_OPTIONS["cluster.ddl-timeout"].parse(args.ddl_timeout))
+    except InvalidInput as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from flightstore.cluster.local import LocalCluster
+    from flightstore.errors import FlightstoreError
+    extra = ["--zookeeper-session-timeout", args.zookeeper_session_timeout]
+    cluster = LocalCluster(args.data_dir, args.servers, host=args.host, port=args.port,
+                           zookeeper_port=args.zookeeper_port, extra_args=extra)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        cluster.start()
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore cluster: {exc}") from None
+    print(f"zookeeper {cluster.zookeeper.address}/flightstore", flush=True)
+    for server_id, server in cluster.servers.items():
+        print(f"server {server_id} {server.uri}", flush=True)
+    print("cluster running; Ctrl-C stops it", flush=True)
+    try:
+        stop.wait()
+    finally:
+        cluster.stop()
+        print("cluster stopped", flush=True)
     return 0
 
 
 def _sql(args: argparse.Namespace) -> int:
+    """Run each statement, print its result as a table; on an error print the server's message
+    (not a traceback) and exit 1, skipping the statements after it."""
+    import pyarrow as pa
+
     import flightstore
-    name, _, password = (args.user or "").partition(":")
-    with flightstore.connect(args.uri, username=name or None, password=password) as conn:
-        for statement in args.statements:
-            result = conn.sql(statement)
-            print(result.to_pandas().to_string(index=False) if _has_pandas() else result)
+    from flightstore.display import format_table
+    from flightstore.errors import FlightstoreError
+    password = _password(args, confirm=False) if args.user else None
+    try:
+        with flightstore.connect(args.uri, username=args.user, password=password,
+                                 tls_root_certs=args.tls_root_certs) as conn:
+            for statement in args.statements:
+                print(format_table(conn.sql(statement)), flush=True)
+    except (pa.ArrowException, FlightstoreError, OSError) as exc:
+        print(f"flightstore sql: {_message(exc)}", file=sys.stderr)
+        return 1
     return 0
 
 
-def _has_pandas() -> bool:
-    try:
-        import pandas  # noqa: F401
-        return True
-    except ImportError:
-        return False
+def _message(exc: BaseException) -> str:
+    """The first line of a Flight error without gRPC's and pyarrow's decorations."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text.split(". Detail: Python exception")[0].split(". gRPC client debug context")[0]
+
+
+def _session_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    option = SERVER_OPTIONS["zookeeper.session-timeout"]
+    parser.add_argument("--zookeeper-session-timeout", default=f"{option.default}ms", help=option.doc)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="flightstore", description="Streaming storage over Arrow Flight SQL")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the Flight SQL server")
+    serve = commands.add_parser("serve", help="run the Flight SQL server", allow_abbrev=False)
     serve.add_argument("--data-dir", default=SERVER_OPTIONS["data-dir"].default,
                        help=SERVER_OPTIONS["data-dir"].doc)
     serve.add_argument("--host", default=SERVER_OPTIONS["host"].default, help=SERVER_OPTIONS["host"].doc)
     serve.add_argument("--port", type=int, default=SERVER_OPTIONS["port"].default,
                        help=SERVER_OPTIONS["port"].doc)
     serve.add_argument("--fsync", action="store_true", help=SERVER_OPTIONS["log.fsync"].doc)
-    serve.add_argument("--user", action="append", metavar="NAME:PASSWORD",
-                       help="require Basic authentication; repeat for several users (default: open)")
+    serve.add_argument("--users-file", metavar="FILE", help=SERVER_OPTIONS["auth.users-file"].doc)
+    serve.add_argument("--super-user", action="append", metavar="NAME",
+                       help=SERVER_OPTIONS["authorizer.super-users"].doc + " Repeat for several.")
+    serve.add_argument("--token-ttl", default=f'{SERVER_OPTIONS["auth.token-ttl"].default}ms',
+                       help=SERVER_OPTIONS["auth.token-ttl"].doc)
+    serve.add_argument("--max-tokens", default=str(SERVER_OPTIONS["auth.max-tokens"].default),
+                       help=SERVER_OPTIONS["auth.max-tokens"].doc)
+    serve.add_argument("--tls-cert", metavar="PEM", help=SERVER_OPTIONS["tls.cert"].doc)
+    serve.add_argument("--tls-key", metavar="PEM", help=SERVER_OPTIONS["tls.key"].doc)
+    serve.add_argument("--tls-client-ca", metavar="PEM", help=SERVER_OPTIONS["tls.client-ca"].doc)
+    serve.add_argument("--metrics-port", help=SERVER_OPTIONS["metrics.port"].doc)
+    serve.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
+                       help="any server option of `flightstore options` (repeatable), e.g. "
+                            "-o datalake.iceberg.warehouse=s3://bucket/lake")
+    serve.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", help=SERVER_OPTIONS["zookeeper.address"].doc)
+    serve.add_argument("--server-id", help=SERVER_OPTIONS["server.id"].doc)
+    serve.add_argument("--advertised-uri", metavar="grpc://HOST:PORT", help=SERVER_OPTIONS["advertised-uri"].doc)
+    _session_timeout_argument(serve)
+    serve.add_argument("--ddl-timeout", default=f'{SERVER_OPTIONS["cluster.ddl-timeout"].default}ms',
+                       help=SERVER_OPTIONS["cluster.ddl-timeout"].doc)
     serve.set_defaults(func=_serve)
+    cluster = commands.add_parser("cluster", help="run ZooKeeper and N servers on this machine")
+    cluster.add_argument("--servers", type=int, default=3, help="number of servers (ids 1..N)")
+    cluster.add_argument("--data-dir", default="./cluster-data",
+                         help="holds zookeeper/ and server-<id>/ (and their logs)")
+    cluster.add_argument("--host", default=SERVER_OPTIONS["host"].default, help=SERVER_OPTIONS["host"].doc)
+    cluster.add_argument("--port", type=int, default=SERVER_OPTIONS["port"].default,
+                         help="port of server 1; server i listens on PORT+i-1 (0: free ports)")
+    cluster.add_argument("--zookeeper-port", type=int, default=0, help="ZooKeeper's port (0: a free port)")
+    _session_timeout_argument(cluster)
+    cluster.set_defaults(func=_cluster)
     sql = commands.add_parser("sql", help="run SQL statements against a server")
     sql.add_argument("--uri", default="grpc://127.0.0.1:8815")
-    sql.add_argument("--user", help="NAME:PASSWORD for a server that requires authentication")
+    sql.add_argument("--user", metavar="NAME", help=f"authenticate as NAME (password from ${PASSWORD_ENV}, "
+                     "stdin or a prompt)")
+    sql.add_argument("--tls-root-certs", metavar="PEM", help="CA certificates to verify a grpc+tls:// server")
     sql.add_argument("statements", nargs="+")
     sql.set_defaults(func=_sql)
+    lake = commands.add_parser("lake", help="the lake tier: `lake status [TABLE]`")
+    lake_commands = lake.add_subparsers(dest="lake_command", required=True)
+    status = lake_commands.add_parser("status", help="tiering lag per table and bucket, last commit, "
+                                                     "last error")
+    status.add_argument("--uri", default="grpc://127.0.0.1:8815")
+    status.add_argument("--user", metavar="NAME",
+                        help=f"authenticate as NAME (password from ${PASSWORD_ENV}, stdin or a prompt)")
+    status.add_argument("table", nargs="?", help="database.table (default: every datalake-enabled table)")
+    status.set_defaults(func=_lake_status)
+    user = commands.add_parser("user", help="manage the users file (salted Argon2id password hashes)")
+    user.add_argument("action", choices=("add", "remove", "list"))
+    user.add_argument("name", nargs="?", help="the user (add, remove)")
+    user.add_argument("--users-file", required=True, metavar="FILE", help="the users file (serve --users-file)")
+    user.add_argument("--password-stdin", action="store_true",
+                      help=f"read the password from standard input (else ${PASSWORD_ENV} or a prompt)")
+    user.add_argument("--replace", action="store_true", help="set a new password for an existing user")
+    user.set_defaults(func=_user)
     options = commands.add_parser("options", help="print every option as a Markdown table")
     options.set_defaults(func=lambda _: print(options_markdown()) or 0)
     args = parser.parse_args(argv)
+    if args.command == "user" and args.action != "list" and not args.name:
+        parser.error(f"user {args.action} needs a NAME")
     sys.exit(args.func(args))

@@ -3,17 +3,24 @@ changelog subscriptions. Arrow in, Arrow out.
 
 Writes are idempotent: every :class:`TableClient` has a writer id and numbers its batches; a batch
 whose acknowledgement was lost is retried with the same sequence and applied once.
+
+Security: ``grpc+tls://`` URIs verify the server against ``tls_root_certs`` (PEM bytes or a file
+path; default: the system's roots); ``cert_chain`` and ``private_key`` present a client certificate
+for mutual TLS. With ``username`` the connection authenticates (HTTP Basic, once) and sends the
+bearer token it gets; when the server says the token expired, it authenticates again and retries.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from flightstore.errors import InvalidOption
 from flightstore.expressions import Predicate
 from flightstore.schema import as_table
 from flightstore.server import protocol, tickets
@@ -21,25 +28,63 @@ from flightstore.server import protocol, tickets
 __all__ = ["connect", "Connection", "TableClient", "Subscription"]
 
 MAX_SEND_BYTES = 4 * 1024 * 1024  # per Flight message, far below gRPC's 16 MiB limit
+T = TypeVar("T")
+Pem = bytes | str | os.PathLike  # PEM bytes, or the path of a PEM file
+
+
+def _pem(value: Pem | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    with open(value, "rb") as handle:
+        return handle.read()
 
 
 def connect(uri: str = "grpc://127.0.0.1:8815", *, username: str | None = None,
-            password: str | None = None, timeout: float | None = None) -> "Connection":
-    """Connect to a flightstore server."""
-    return Connection(uri, username=username, password=password, timeout=timeout)
+            password: str | None = None, timeout: float | None = None,
+            tls_root_certs: Pem | None = None, cert_chain: Pem | None = None,
+            private_key: Pem | None = None, override_hostname: str | None = None) -> "Connection":
+    """Connect to a flightstore server (see the module doc for TLS and authentication)."""
+    return Connection(uri, username=username, password=password, timeout=timeout,
+                      tls_root_certs=tls_root_certs, cert_chain=cert_chain, private_key=private_key,
+                      override_hostname=override_hostname)
 
 
 class Connection:
     """A connection to one server. Use as a context manager or call :meth:`close`."""
 
     def __init__(self, uri: str, *, username: str | None = None, password: str | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, tls_root_certs: Pem | None = None,
+                 cert_chain: Pem | None = None, private_key: Pem | None = None,
+                 override_hostname: str | None = None) -> None:
         self.uri = uri
-        self._client = flight.FlightClient(uri)
+        tls: dict[str, Any] = {}
+        if tls_root_certs is not None:
+            tls["tls_root_certs"] = _pem(tls_root_certs)
+        if cert_chain is not None or private_key is not None:
+            tls["cert_chain"], tls["private_key"] = _pem(cert_chain), _pem(private_key)
+        if override_hostname is not None:
+            tls["override_hostname"] = override_hostname
+        self._client = flight.FlightClient(uri, **tls)
+        self._timeout = timeout
+        self._credentials = (username, password or "") if username is not None else None
         self._options = flight.FlightCallOptions(timeout=timeout)
-        if username is not None:
-            header = self._client.authenticate_basic_token(username, password or "")
-            self._options = flight.FlightCallOptions(timeout=timeout, headers=[header])
+        if self._credentials is not None:
+            self._authenticate()
+
+    def _authenticate(self) -> None:
+        header = self._client.authenticate_basic_token(*self._credentials,
+                                                       flight.FlightCallOptions(timeout=self._timeout))
+        self._options = flight.FlightCallOptions(timeout=self._timeout, headers=[header])
+
+    def _retrying(self, call: Callable[[], T]) -> T:
+        """``call()``, once more after authenticating again if the server refused the token."""
+        try:
+            return call()
+        except flight.FlightUnauthenticatedError:
+            if self._credentials is None:
+                raise
+            self._authenticate()
+            return call()
 
     def __enter__(self) -> "Connection":
         return self
@@ -54,12 +99,13 @@ class Connection:
     def sql(self, text: str) -> pa.Table:
         """Run one SQL statement; queries return their rows, statements ``rows_affected``."""
         command = protocol.pack_any(protocol.CommandStatementQuery(query=text))
-        info = self._client.get_flight_info(flight.FlightDescriptor.for_command(command), self._options)
+        info = self._retrying(lambda: self._client.get_flight_info(
+            flight.FlightDescriptor.for_command(command), self._options))
         return self.read_info(info)
 
     def read_info(self, info: flight.FlightInfo) -> pa.Table:
         """Read every endpoint of ``info`` (in order) into one table."""
-        parts = [self._client.do_get(endpoint.ticket, self._options).read_all()
+        parts = [self._retrying(lambda ticket=endpoint.ticket: self._client.do_get(ticket, self._options).read_all())
                  for endpoint in info.endpoints]
         if not parts:
             return info.schema.empty_table()
@@ -68,33 +114,71 @@ class Connection:
     def execute(self, text: str) -> int:
         """Run a statement through the Flight SQL update path; returns the affected row count."""
         command = protocol.pack_any(protocol.CommandStatementUpdate(query=text))
-        writer, reader = self._client.do_put(flight.FlightDescriptor.for_command(command),
-                                             pa.schema([]), self._options)
-        writer.done_writing()
-        result = reader.read()
-        writer.close()
-        return protocol.parse("DoPutUpdateResult", result.to_pybytes()).record_count
+
+        def put() -> bytes:
+            writer, reader = self._client.do_put(flight.FlightDescriptor.for_command(command),
+                                                 pa.schema([]), self._options)
+            writer.done_writing()
+            result = reader.read()
+            writer.close()
+            return result.to_pybytes()
+        return protocol.parse("DoPutUpdateResult", self._retrying(put)).record_count
+
+    def set_session_options(self, options: Mapping[str, Any]) -> None:
+        """Set Flight session options of this connection (``schema``, ``catalog``,
+        ``flightstore.per-bucket-endpoints``: see the README option table). Raises
+        :class:`~flightstore.errors.InvalidOption` naming the refused ones (then none is set)."""
+        request = protocol.SetSessionOptionsRequest()
+        for key, value in options.items():
+            kind = "bool_value" if isinstance(value, bool) else \
+                "int64_value" if isinstance(value, int) else \
+                "double_value" if isinstance(value, float) else "string_value"
+            setattr(request.session_options[key], kind, value if kind != "string_value" else str(value))
+        [answer] = self._client.do_action(
+            flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString()), self._options)
+        errors = protocol.parse("SetSessionOptionsResult", answer.body.to_pybytes()).errors
+        if errors:
+            raise InvalidOption("session options refused: " + ", ".join(sorted(errors)))
+
+    def session_options(self) -> dict[str, Any]:
+        """This connection's Flight session options and their current values."""
+        [answer] = self._client.do_action(flight.Action(
+            protocol.GET_SESSION_OPTIONS, protocol.GetSessionOptionsRequest().SerializeToString()),
+            self._options)
+        options = protocol.parse("GetSessionOptionsResult", answer.body.to_pybytes()).session_options
+        return {key: getattr(value, value.WhichOneof("option_value")) for key, value in options.items()
+                if value.WhichOneof("option_value") not in (None, "string_list_value")}
 
     def table(self, name: str, *, writer_id: str | None = None) -> "TableClient":
         return TableClient(self, name, writer_id=writer_id)
 
+    def lake_status(self, table: str | None = None) -> list[dict]:
+        """Tiering status of ``table`` (default: every datalake-enabled table): per bucket the
+        tiered offset, log end offset and lag, plus last commit time and last error."""
+        return self._action("flightstore.lake-status", {"table": table})["tables"]
+
     # ---- plumbing for TableClient -------------------------------------------------------------
     def _get(self, payload: dict) -> flight.FlightStreamReader:
-        return self._client.do_get(flight.Ticket(tickets.encode_custom(payload)), self._options)
+        ticket = flight.Ticket(tickets.encode_custom(payload))
+        return self._retrying(lambda: self._client.do_get(ticket, self._options))
 
     def _put(self, payload: dict, data: pa.Table) -> dict:
         descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
-        writer, reader = self._client.do_put(descriptor, data.schema, self._options)
-        per_row = max(1, data.nbytes // max(data.num_rows, 1))
-        writer.write_table(data, max_chunksize=max(1, min(65_536, MAX_SEND_BYTES // per_row)))
-        writer.done_writing()
-        answer = reader.read()
-        writer.close()
-        return tickets.decode_custom(answer.to_pybytes())
+
+        def put() -> bytes:
+            writer, reader = self._client.do_put(descriptor, data.schema, self._options)
+            per_row = max(1, data.nbytes // max(data.num_rows, 1))
+            writer.write_table(data, max_chunksize=max(1, min(65_536, MAX_SEND_BYTES // per_row)))
+            writer.done_writing()
+            answer = reader.read()
+            writer.close()
+            return answer.to_pybytes()
+        return tickets.decode_custom(self._retrying(put))
 
     def _action(self, kind: str, payload: dict) -> dict:
         body = tickets.encode_custom({"op": kind, **payload})
-        results = list(self._client.do_action(flight.Action(kind, body), self._options))
+        results = self._retrying(lambda: list(self._client.do_action(flight.Action(kind, body),
+                                                                     self._options)))
         return tickets.decode_custom(results[0].body.to_pybytes())
 
 

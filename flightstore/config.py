@@ -18,7 +18,11 @@ __all__ = [
     "ConfigOption",
     "TABLE_OPTIONS",
     "SERVER_OPTIONS",
+    "SESSION_OPTIONS",
     "FIELD_OPTION_PATTERN",
+    "ICEBERG_TABLE_PREFIX",
+    "ICEBERG_CATALOG_PREFIX",
+    "validate_server_options",
     "parse_duration_ms",
     "validate_table_options",
     "table_option",
@@ -124,11 +128,22 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("table.statistics.columns", "list", ("*",),
                  "Columns with per-batch min/max/null-count statistics used to skip batches in "
                  "filtered reads; `*` means every column of a statistics-capable type."),
+    ConfigOption("table.datalake.enabled", "bool", False,
+                 "Tier the table's data into the lake (Apache Iceberg); its log keeps every record "
+                 "until it is tiered, whatever `table.log.ttl` says."),
+    ConfigOption("table.datalake.freshness", "duration", 180_000,
+                 "Target lag of the lake behind the log: the server tiers the table this often.",
+                 minimum=100),
 )
 
 # Per-field options of the aggregation merge engine: fields.<field>.agg and
 # fields.<field>.<function>.<param>.
 FIELD_OPTION_PATTERN = re.compile(r"^fields\.([^.]+)\.(agg|[a-z_0-9]+\.[a-z_0-9-]+)$")
+
+# Table options ``iceberg.<property>`` become Iceberg table property ``<property>`` of the lake table;
+# server options ``datalake.iceberg.<property>`` become property ``<property>`` of the Iceberg catalog.
+ICEBERG_TABLE_PREFIX = "iceberg."
+ICEBERG_CATALOG_PREFIX = "datalake.iceberg."
 
 SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("data-dir", "str", "./data", "Directory holding the catalog, logs and KV stores."),
@@ -141,6 +156,87 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,
                  "Largest record batch sent in one Flight message."),
+    ConfigOption("zookeeper.address", "str", None,
+                 "ZooKeeper `HOST:PORT[,HOST:PORT...][/chroot]` of the cluster this server joins; "
+                 "unset runs one server alone, with no coordination."),
+    ConfigOption("server.id", "int", None,
+                 "This server's id in its cluster: unique among live servers and kept across "
+                 "restarts (its buckets follow the id).", minimum=0),
+    ConfigOption("advertised-uri", "str", None,
+                 "The URI other servers and clients reach this server at; default "
+                 "`grpc://HOST:PORT` of the listening address."),
+    ConfigOption("zookeeper.session-timeout", "duration", 10_000,
+                 "How long ZooKeeper keeps a silent server registered: a killed server's buckets are "
+                 "reported unavailable, and a killed coordinator replaced, after about this long.",
+                 minimum=1000),
+    ConfigOption("cluster.ddl-timeout", "duration", 30_000,
+                 "How long a server waits for the coordinator to answer a DDL statement before "
+                 "answering UNAVAILABLE (having changed nothing).", minimum=100),
+    ConfigOption("datalake.format", "str", "iceberg",
+                 "Table format of the lake that datalake-enabled tables are tiered into.",
+                 choices=("iceberg",)),
+    ConfigOption("datalake.iceberg.uri", "str", None,
+                 "SQLAlchemy URI of the Iceberg SQL catalog (sqlite, PostgreSQL...); default "
+                 "`sqlite:///DATA_DIR/lake/catalog.db`, which needs no other process."),
+    ConfigOption("datalake.iceberg.warehouse", "str", None,
+                 "Where the lake's data and metadata files go: a local path or `file://` URI, or "
+                 "`s3://bucket/prefix` on S3-compatible storage; default `DATA_DIR/lake/warehouse`."),
+    ConfigOption("datalake.iceberg.s3.endpoint", "str", None,
+                 "Endpoint URI of the S3-compatible object storage (MinIO, Ceph...); unset: AWS."),
+    ConfigOption("datalake.iceberg.s3.access-key-id", "str", None,
+                 "Access key of the object storage; unset: the AWS_ACCESS_KEY_ID environment."),
+    ConfigOption("datalake.iceberg.s3.secret-access-key", "str", None,
+                 "Secret key of the object storage; unset: the AWS_SECRET_ACCESS_KEY environment."),
+    ConfigOption("datalake.iceberg.s3.region", "str", None, "Region of the object storage bucket."),
+    ConfigOption("datalake.tiering.enabled", "bool", True,
+                 "The server tiers datalake-enabled tables itself; `false` leaves them to an "
+                 "external tiering job."),
+    ConfigOption("datalake.tiering.lease", "duration", 60_000,
+                 "How long a tierer's lease on a table lasts without renewal: a crashed tierer's "
+                 "table is free for another after this long.", minimum=1000),
+    ConfigOption("datalake.tiering.retry-backoff.max", "duration", 60_000,
+                 "Longest wait between tiering retries while the lake is unavailable (the wait "
+                 "doubles from 1 s up to this).", minimum=10),
+    ConfigOption("datalake.tiering.max-round-rows", "int", 8_000_000,
+                 "Most rows one tiering round reads into memory and commits; a longer backlog takes "
+                 "several rounds.", minimum=1),
+    ConfigOption("tls.cert", "str", None,
+                 "PEM certificate chain of the server; with `tls.key` the server speaks "
+                 "`grpc+tls://` only."),
+    ConfigOption("tls.key", "str", None, "PEM private key of `tls.cert`."),
+    ConfigOption("tls.client-ca", "str", None,
+                 "PEM CA certificates for mutual TLS: a client must present a certificate signed by "
+                 "one of them, or its connection is refused."),
+    ConfigOption("auth.users-file", "str", None,
+                 "Users file of salted password hashes (`flightstore user add`); set, every call must "
+                 "authenticate (HTTP Basic, then a bearer token) and is authorized by grants. Unset, "
+                 "the server is open and every caller is a super user."),
+    ConfigOption("auth.token-ttl", "duration", 3_600_000,
+                 "A bearer token expires this long after it was minted; the client authenticates "
+                 "again (flightstore's Python client does so by itself).", minimum=1000),
+    ConfigOption("auth.max-tokens", "int", 10_000,
+                 "Most bearer tokens held at once; minting one more forgets the oldest.", minimum=1),
+    ConfigOption("authorizer.super-users", "list", (),
+                 "Users allowed every operation on every resource, grants or not (they run the "
+                 "first GRANTs)."),
+    ConfigOption("metrics.port", "int", None,
+                 "Port of the Prometheus metrics endpoint (`http://HOST:PORT/metrics`); unset, no "
+                 "endpoint.", minimum=0),
+)
+
+# Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.
+# "catalog" and "schema" are the keys the ADBC Flight SQL driver uses for adbc_current_catalog and
+# adbc_current_db_schema; "schema" is the connection's default database, the one USE sets.
+SESSION_OPTIONS: dict[str, ConfigOption] = _registry(
+    ConfigOption("catalog", "str", "flightstore",
+                 "Current catalog; flightstore has one, `flightstore` (ADBC `adbc_current_catalog`)."),
+    ConfigOption("schema", "str", "default",
+                 "Current database of the connection: what unqualified table names resolve in; `USE db` "
+                 "sets it too (ADBC `adbc_current_db_schema`)."),
+    ConfigOption("flightstore.per-bucket-endpoints", "bool", False,
+                 "Answer a scan with one Flight endpoint per bucket (parallel readers such as Spark); by "
+                 "default every query has one endpoint that streams all buckets, so clients that read "
+                 "only the first endpoint still get every row."),
 )
 
 
@@ -159,9 +255,29 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, str]:
                 normalized[key] = value
         elif FIELD_OPTION_PATTERN.match(key):
             normalized[key] = str(raw)
+        elif key.startswith(ICEBERG_TABLE_PREFIX) and len(key) > len(ICEBERG_TABLE_PREFIX):
+            normalized[key] = str(raw)
         else:
             raise InvalidOption(f"unknown table option '{key}'")
     return normalized
+
+
+def validate_server_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Check server options given as ``key=value`` (``serve --option``); return them typed.
+
+    Keys under ``datalake.iceberg.`` that the registry does not list pass through to the Iceberg
+    catalog as strings. Raises :class:`InvalidOption` naming the first unknown or ill-typed option.
+    """
+    typed: dict[str, Any] = {}
+    for key, raw in options.items():
+        key = str(key)
+        if key in SERVER_OPTIONS:
+            typed[key] = SERVER_OPTIONS[key].parse(raw)
+        elif key.startswith(ICEBERG_CATALOG_PREFIX) and len(key) > len(ICEBERG_CATALOG_PREFIX):
+            typed[key] = str(raw)
+        else:
+            raise InvalidOption(f"unknown server option '{key}'")
+    return typed
 
 
 def table_option(options: Mapping[str, str], key: str) -> Any:
@@ -183,11 +299,16 @@ def server_option(options: Mapping[str, Any], key: str) -> Any:
 def options_markdown() -> str:
     """The README option table, generated from the registry."""
     lines = ["| option | scope | type | default | description |", "|---|---|---|---|---|"]
-    for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS)):
+    for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS),
+                            ("session", SESSION_OPTIONS)):
         for option in registry.values():
             default = ",".join(option.default) if isinstance(option.default, tuple) else option.default
             kind = "|".join(option.choices) if option.choices else option.type
             lines.append(f"| `{option.key}` | {scope} | {kind} | {default} | {option.doc} |")
     lines.append("| `fields.<field>.agg` | table | str | last_value_ignore_nulls | Aggregate function of "
                  "a field under the aggregation merge engine. |")
+    lines.append("| `iceberg.<property>` | table | str |  | Iceberg table property `<property>` of the "
+                 "table's lake table (e.g. `iceberg.write.parquet.compression-codec`). |")
+    lines.append("| `datalake.iceberg.<property>` | server | str |  | Iceberg catalog property "
+                 "`<property>` (pyiceberg's names, e.g. `datalake.iceberg.s3.path-style-access`). |")
     return "\n".join(lines)

@@ -27,6 +27,12 @@ __all__ = [
     "DataLoss",
     "Cancelled",
     "DataDirectoryInUse",
+    "Unavailable",
+    "BucketUnavailable",
+    "CoordinatorUnavailable",
+    "LakeUnavailable",
+    "TieringLeaseHeld",
+    "ServerIdInUse",
 ]
 
 
@@ -130,3 +136,36 @@ class Cancelled(FlightstoreError):
 
 class DataDirectoryInUse(FlightstoreError):
     """Another open Store (in this or another process) holds the data directory."""
+
+
+class Unavailable(FlightstoreError):
+    """A part of the cluster needed for the request is not reachable now; the same request may
+    succeed later (maps to UNAVAILABLE)."""
+
+    flight_status = "unavailable"
+
+
+class BucketUnavailable(Unavailable):
+    """The server that leads a bucket is down; the message names the table, bucket and server."""
+
+
+class CoordinatorUnavailable(Unavailable):
+    """No coordinator answered a DDL request in time (or ZooKeeper is unreachable)."""
+
+
+class LakeUnavailable(Unavailable):
+    """The lake (its Iceberg catalog or warehouse) cannot be reached or written now. Tiering
+    retries with backoff; the log keeps every untiered record meanwhile."""
+
+
+class TieringLeaseHeld(FlightstoreError):
+    """Another tierer (the server or a tiering job) holds the table's tiering lease; the message
+    names the holder and when its lease expires (maps to ALREADY_EXISTS)."""
+
+    flight_status = "already_exists"
+
+
+class ServerIdInUse(FlightstoreError):
+    """Another live server registered the same ``--server-id`` (maps to ALREADY_EXISTS)."""
+
+    flight_status = "already_exists"

@@ -15,10 +15,10 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from flightstore.config import table_option, validate_table_options
-from flightstore.errors import InvalidInput
+from flightstore.errors import InvalidInput, SchemaMismatch
 
 __all__ = ["TablePath", "TableDescriptor", "sql_type_to_arrow", "arrow_type_to_sql", "IDENTIFIER", "as_table",
-           "Projections"]
+           "Projections", "storage_type", "storage_schema"]
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -65,6 +65,7 @@ class TableDescriptor:
         if isinstance(path, str):
             path = TablePath.parse(path)
         opts = validate_table_options(options or {})
+        schema = storage_schema(schema)
         names = schema.names
         if len(set(names)) != len(names):
             raise InvalidInput(f"table {path}: duplicate column names")
@@ -201,6 +202,42 @@ def as_table(data: Any) -> pa.Table:
         return pa.Table.from_pylist(data)
     raise InvalidInput(f"expected an Arrow table, record batch, dict of columns or list of rows, "
                        f"got {type(data).__name__}")
+
+
+def storage_type(arrow_type: pa.DataType) -> pa.DataType:
+    """The type a column of ``arrow_type`` is stored as: view and large layouts (``string_view``,
+    ``large_string``, ``binary_view``, ``large_list``, ``list_view`` ... as polars and DuckDB send
+    them) become their plain types, dictionaries their value type, recursively. Values are the
+    same; the log, the KV encoding and every client then see one layout per SQL type."""
+    t = pa.types
+    if t.is_string_view(arrow_type) or t.is_large_string(arrow_type):
+        return pa.string()
+    if t.is_binary_view(arrow_type) or t.is_large_binary(arrow_type):
+        return pa.binary()
+    if t.is_dictionary(arrow_type):
+        return storage_type(arrow_type.value_type)
+    if t.is_run_end_encoded(arrow_type):
+        return storage_type(arrow_type.value_type)
+    if t.is_list_view(arrow_type) or t.is_large_list_view(arrow_type):
+        # pyarrow (26) casts list views to lists wrongly (an invalid array): refuse them clearly.
+        raise SchemaMismatch(f"list view columns ({arrow_type}) are not supported; send them as lists")
+    if t.is_list(arrow_type) or t.is_large_list(arrow_type):
+        return pa.list_(arrow_type.value_field.with_type(storage_type(arrow_type.value_type)))
+    if t.is_fixed_size_list(arrow_type):
+        return pa.list_(arrow_type.value_field.with_type(storage_type(arrow_type.value_type)),
+                        arrow_type.list_size)
+    if t.is_struct(arrow_type):
+        return pa.struct([f.with_type(storage_type(f.type)) for f in arrow_type])
+    if t.is_map(arrow_type):
+        return pa.map_(arrow_type.key_field.with_type(storage_type(arrow_type.key_type)),
+                       arrow_type.item_field.with_type(storage_type(arrow_type.item_type)),
+                       arrow_type.keys_sorted)
+    return arrow_type
+
+
+def storage_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every field of its :func:`storage_type` (metadata kept)."""
+    return pa.schema([f.with_type(storage_type(f.type)) for f in schema], metadata=schema.metadata)
 
 
 def _has_order(arrow_type: pa.DataType) -> bool:

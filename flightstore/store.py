@@ -33,12 +33,26 @@ from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.ranges import KeyRange
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
-from flightstore.schema import Projections, TableDescriptor, TablePath, as_table
+from flightstore.schema import Projections, TableDescriptor, TablePath, as_table, storage_type
 from flightstore.writers import WriterRegistry, system_clock_ms
 
-__all__ = ["Store", "Table", "WriteResult"]
+__all__ = ["Store", "Table", "WriteResult", "new_table_descriptor"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
+
+
+def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` without run-end or dictionary encoding, values in their storage type: pyarrow's
+    cast decodes neither runs nor dictionaries of view types (``array_take`` has no view kernel)."""
+    kind = column.type
+    if pa.types.is_run_end_encoded(kind):
+        return _decoded(pa.chunked_array([pc.run_end_decode(c) for c in column.chunks], kind.value_type))
+    if pa.types.is_dictionary(kind):
+        values = storage_type(kind.value_type)
+        chunks = [pa.DictionaryArray.from_arrays(c.indices, pc.cast(c.dictionary, values)).dictionary_decode()
+                  for c in column.chunks]
+        return pa.chunked_array(chunks, values)
+    return column
 
 
 def _widens(source: pa.DataType, target: pa.DataType) -> bool:
@@ -51,13 +65,18 @@ def _widens(source: pa.DataType, target: pa.DataType) -> bool:
     t = pa.types
     if t.is_null(source) or source == target:
         return True
+    if t.is_dictionary(source) or t.is_run_end_encoded(source):
+        return _widens(source.value_type, target)
+    if t.is_nested(source):  # lists, structs, maps: the same shape in another layout
+        return storage_type(source) == storage_type(target)
     kinds = (
         (t.is_integer, lambda x: t.is_integer(x) or t.is_floating(x) or t.is_decimal(x)),
         (t.is_floating, t.is_floating),
         (t.is_decimal, lambda x: t.is_decimal(x) or t.is_floating(x)),
         (lambda x: t.is_string(x) or t.is_large_string(x) or t.is_string_view(x),
          lambda x: t.is_string(x) or t.is_large_string(x)),
-        (lambda x: t.is_binary(x) or t.is_large_binary(x) or t.is_fixed_size_binary(x),
+        (lambda x: t.is_binary(x) or t.is_large_binary(x) or t.is_fixed_size_binary(x)
+         or t.is_binary_view(x),
          lambda x: t.is_binary(x) or t.is_large_binary(x)),
         (t.is_boolean, t.is_boolean),
         (t.is_date, t.is_date),
@@ -105,6 +124,9 @@ class Table:
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
                                          bucket=bucket))
+        # Per-bucket offsets below which the lake holds the log's records (set by the lake's
+        # tierer from its last committed snapshot); see enforce_retention.
+        self.retention_floor: dict[int, int] | None = None
         self.ownership = ColumnOwnership()
         self._clock = clock
         self._writers = WriterRegistry(str(self.path), descriptor.option("table.writer-id.expiration"),
@@ -163,7 +185,7 @@ class Table:
                         raise SchemaMismatch(f"column {field.name!r} of {self.path} is {field.type}; "
                                              f"data of type {column.type} does not fit it")
                     try:
-                        column = pc.cast(column, field.type)
+                        column = pc.cast(_decoded(column), field.type)
                     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                         raise SchemaMismatch(f"column {field.name!r} of {self.path}: cannot convert "
                                              f"{column.type} to {field.type}: {exc}") from None
@@ -502,13 +524,14 @@ class Table:
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None,
-             key_range: KeyRange | None = None) -> Iterator[pa.RecordBatch]:
+             key_range: KeyRange | None = None, *, exact: bool = True) -> Iterator[pa.RecordBatch]:
         """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs).
 
         On a primary-key table the filter's primary-key range (``key_range``, derived from the
         filter when not given; :mod:`flightstore.kv.ranges`) becomes one RocksDB seek range per
-        bucket, and equalities on the whole bucket key read only their bucket.
-        """
+        bucket, and equalities on the whole bucket key read only their bucket. ``exact=False``
+        lets a log table's rows through unfiltered in batches the statistics could not rule out:
+        for callers that apply ``filter`` again themselves (residual SQL)."""
         columns = self._check_columns(columns)
         if filter is not None:
             filter = filter.bind(self.schema)
@@ -526,7 +549,8 @@ class Table:
             if self.has_primary_key:
                 source = self.kvs[bucket].scan(columns, filter, remaining, key_range)
             else:
-                source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter))
+                source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter,
+                                                                     exact=exact))
             for batch in source:
                 if remaining is not None:
                     batch = batch.slice(0, remaining)
@@ -537,10 +561,10 @@ class Table:
                     return
 
     def scan_table(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-                   limit: int | None = None) -> pa.Table:
+                   limit: int | None = None, *, exact: bool = True) -> pa.Table:
         columns = self._check_columns(columns)
         schema = pa.schema([self.schema.field(c) for c in columns])
-        return pa.Table.from_batches(list(self.scan(columns, filter, limit)), schema=schema)
+        return pa.Table.from_batches(list(self.scan(columns, filter, limit, exact=exact)), schema=schema)
 
     def row_count(self) -> int:
         """Rows in the table without a scan: maintained KV counts, or log offsets."""
@@ -551,11 +575,16 @@ class Table:
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Delete log segments older than ``table.log.ttl`` (log tables); returns rows dropped.
 
-        Primary-key tables keep their whole log: it is what their KV is recovered from.
+        Primary-key tables keep their whole log: it is what their KV is recovered from. On a
+        datalake-enabled table only records below :attr:`retention_floor` (tiered) may go; while
+        no tierer has told the floor, nothing is deleted.
         """
         before = self.start_offsets()
-        for log in self.logs:
-            log.enforce_retention(now_ms)
+        floor = None
+        if self.descriptor.option("table.datalake.enabled"):
+            floor = dict(self.retention_floor or before)
+        for bucket, log in enumerate(self.logs):
+            log.enforce_retention(now_ms, None if floor is None else floor.get(bucket, before[bucket]))
         return sum(self.start_offsets()[b] - offset for b, offset in before.items())
 
     # ---- changelog ----------------------------------------------------------------------------
@@ -675,6 +704,26 @@ class Table:
             raise Unsupported(f"{what} needs a primary-key table; {self.path} is a log table")
 
 
+def new_table_descriptor(path: TablePath | str, schema: pa.Schema | None = None, *,
+                         primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
+                         options: Mapping[str, Any] | None = None,
+                         descriptor: TableDescriptor | None = None) -> TableDescriptor:
+    """The validated descriptor of a table to create (every check :meth:`Store.create_table`
+    makes before touching the catalog), so a cluster can refuse bad DDL before it is committed."""
+    if descriptor is None:
+        if schema is None:
+            raise InvalidInput("create_table needs a schema")
+        descriptor = TableDescriptor.create(path, schema, primary_key, partition_keys, options)
+    if descriptor.merge_engine in ("first_row", "versioned") and \
+            descriptor.options.get("table.delete.behavior") == "allow":
+        raise InvalidInput(f"table {descriptor.path}: the {descriptor.merge_engine} merge engine "
+                           "cannot allow deletes; use 'ignore' or 'disable'")
+    if descriptor.merge_engine == "aggregation":
+        from flightstore.kv.merge.aggregation import validate_aggregation
+        validate_aggregation(descriptor)
+    return descriptor
+
+
 def _lock_data_dir(data_dir: Path) -> int:
     """An exclusive lock on ``data_dir/LOCK`` for one Store's life, as a file descriptor.
 
@@ -737,17 +786,9 @@ class Store:
                      options: Mapping[str, Any] | None = None, if_not_exists: bool = False,
                      descriptor: TableDescriptor | None = None) -> Table:
         """Create a table (or pass a prepared ``descriptor``) and return its handle."""
-        if descriptor is None:
-            if schema is None:
-                raise InvalidInput("create_table needs a schema")
-            descriptor = TableDescriptor.create(path, schema, primary_key, partition_keys, options)
-        if descriptor.merge_engine in ("first_row", "versioned") and \
-                descriptor.options.get("table.delete.behavior") == "allow":
-            raise InvalidInput(f"table {descriptor.path}: the {descriptor.merge_engine} merge engine "
-                               "cannot allow deletes; use 'ignore' or 'disable'")
-        if descriptor.merge_engine == "aggregation":
-            from flightstore.kv.merge.aggregation import validate_aggregation
-            validate_aggregation(descriptor)
+        descriptor = new_table_descriptor(path, schema, primary_key=primary_key,
+                                          partition_keys=partition_keys, options=options,
+                                          descriptor=descriptor)
         with self._lock:
             self.catalog.create_table(descriptor, if_not_exists)
             return self.table(descriptor.path)
@@ -778,6 +819,11 @@ class Store:
 
     def list_databases(self) -> list[str]:
         return self.catalog.list_databases()
+
+    def open_tables(self) -> list[Table]:
+        """The tables opened so far (for monitoring: no table is opened by asking)."""
+        with self._lock:
+            return list(self._tables.values())
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Apply ``table.log.ttl`` to every table and forget writers past

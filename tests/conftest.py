@@ -1,10 +1,14 @@
-"""Shared fixtures: a fresh embedded store per test."""
+"""Shared fixtures: a fresh embedded store per test, and a real server (tests/server/conftest.py)
+for any test module."""
 
 from __future__ import annotations
 
 import pytest
 
 from flightstore.store import Store
+from tests.server.conftest import server  # noqa: F401
+
+__all__ = ["server", "store"]
 
 
 @pytest.fixture

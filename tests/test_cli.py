@@ -62,3 +62,31 @@ def test_options_command_prints_the_registry():
     out = subprocess.run([sys.executable, "-m", "flightstore", "options"], capture_output=True, text=True,
                          check=True).stdout
     assert "`table.merge-engine`" in out and "`bucket.num`" in out
+
+
+def test_sql_command_prints_tables_and_exits_1_with_the_message(server):
+    def sql(*statements: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "flightstore", "sql", "--uri", server.uri, *statements],
+                              capture_output=True, text=True, timeout=60)
+
+    done = sql("CREATE TABLE t (id BIGINT, name STRING, amount DECIMAL(10, 2))",
+               "INSERT INTO t VALUES (1, 'ann', 1.5), (20, NULL, 300.25)", "SELECT * FROM t ORDER BY id")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-5:] == [
+        "id | name | amount",
+        "---+------+-------",
+        " 1 | ann  |   1.50",
+        "20 | NULL | 300.25",
+        "(2 rows)",
+    ]
+    assert "pyarrow.Table" not in done.stdout
+    bad = sql("SELECT nope FROM t", "SELECT 1")
+    assert bad.returncode == 1
+    assert bad.stdout == ""
+    assert bad.stderr.strip().startswith("flightstore sql: ")
+    assert "unknown column 'nope'" in bad.stderr and "columns are id, name, amount" in bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    down = subprocess.run([sys.executable, "-m", "flightstore", "sql", "--uri", f"grpc://127.0.0.1:{_free_port()}",
+                           "SELECT 1"], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 1 and "Traceback" not in down.stderr
+    assert down.stderr.startswith("flightstore sql: ")

@@ -205,7 +205,8 @@ class LogTablet:
 
     def read(self, from_offset: int = 0, *, columns: Sequence[str] | None = None,
              filter: Predicate | None = None, to_offset: int | None = None,
-             max_bytes: int | None = None, max_rows: int | None = None) -> Iterator[LogBatch]:
+             max_bytes: int | None = None, max_rows: int | None = None,
+             exact: bool = True) -> Iterator[LogBatch]:
         """Records overlapping ``[from_offset, to_offset)``, in offset order.
 
         ``from_offset`` below :attr:`start_offset` is clamped to it; ``to_offset`` defaults to the
@@ -214,7 +215,8 @@ class LogTablet:
         must be bound to the log schema: records whose statistics rule it out are not read, the
         others are filtered row by row; records left with no rows are not yielded. ``max_rows`` /
         ``max_bytes`` (of the returned batches) stop the read after the record that reaches them.
-        Unknown columns raise :class:`InvalidInput` at call time.
+        ``exact=False`` skips records by statistics only and returns the others whole (for callers
+        that filter the rows again). Unknown columns raise :class:`InvalidInput` at call time.
         """
         self._check_open()
         names = list(self.schema.names if columns is None else columns)
@@ -229,15 +231,15 @@ class LogTablet:
             segments, end = self._segments, self._end_offset
         upper = end if to_offset is None else min(int(to_offset), end)
         lower = max(int(from_offset), segments[0].base_offset)
-        return self._read(segments, lower, upper, names, filter, max_bytes, max_rows)
+        return self._read(segments, lower, upper, names, filter, max_bytes, max_rows, exact)
 
     def _read(self, segments: list[Segment], lower: int, upper: int, names: list[str],
               filter: Predicate | None, max_bytes: int | None,
-              max_rows: int | None) -> Iterator[LogBatch]:
-        needed = set(names) | (filter.columns() if filter is not None else set())
+              max_rows: int | None, exact: bool = True) -> Iterator[LogBatch]:
+        needed = set(names) | (filter.columns() if filter is not None and exact else set())
         included = [i for i, name in enumerate(self.schema.names) if name in needed]
         include_all = len(included) == len(self.schema)
-        expression = filter.to_arrow() if filter is not None else None
+        expression = filter.to_arrow() if filter is not None and exact else None
         rows_out = bytes_out = 0
         if upper <= lower:
             return
@@ -315,11 +317,12 @@ class LogTablet:
                     return record.base_offset
         return end
 
-    def enforce_retention(self, now_ms: int | None = None) -> int:
+    def enforce_retention(self, now_ms: int | None = None, floor: int | None = None) -> int:
         """Delete the oldest closed segments whose newest record is older than ``ttl_ms``.
 
-        Only a contiguous run from the start is deleted (no holes), never the active segment.
-        Returns the new :attr:`start_offset`.
+        Only a contiguous run from the start is deleted (no holes), never the active segment, and
+        never a segment holding an offset at or above ``floor`` (the lake's tiered offset of a
+        datalake-enabled table: untiered records stay). Returns the new :attr:`start_offset`.
         """
         if self.ttl_ms is None:
             return self.start_offset
@@ -329,6 +332,8 @@ class LogTablet:
             while keep < len(self._segments) - 1:
                 newest = self._segments[keep].max_timestamp_ms
                 if newest is not None and newest >= now - self.ttl_ms:
+                    break
+                if floor is not None and self._segments[keep].next_offset > floor:
                     break
                 keep += 1
             expired, self._segments = self._segments[:keep], self._segments[keep:]

@@ -1,7 +1,8 @@
 """The Flight SQL server: Flight RPCs -> planner/executor/store, errors -> Flight status codes.
 
-GetFlightInfo plans a query and answers its exact schema with one endpoint per partition (bucket)
-for scans; statements (DDL, writes) arriving on the query path run once and answer a
+GetFlightInfo plans a query and answers its exact schema with one endpoint that streams every
+bucket (one endpoint per bucket when the session sets ``flightstore.per-bucket-endpoints``, as the
+Spark connector does); statements (DDL, writes) arriving on the query path run once and answer a
 ``rows_affected`` row. DoGet re-plans from the stateless ticket and streams Arrow batches kept well
 below gRPC's message limit. DoPut handles Flight SQL updates, prepared-statement parameter binding,
 bulk ingest and flightstore's own write commands. Errors are translated in exactly one place,
@@ -10,6 +11,7 @@ bulk ingest and flightstore's own write commands. Errors are translated in exact
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import signal
@@ -24,14 +26,23 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightstore import changetype
-from flightstore.config import SERVER_OPTIONS
+from flightstore.config import server_option, validate_server_options
 from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
                                Unsupported)
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
+from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.server import metadata, protocol, tickets
-from flightstore.server.auth import BasicAuthMiddlewareFactory, NoAuthHandler
+from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler,
+                                     principal_of)
+from flightstore.server.authz import Authorizer
+from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
+from flightstore.server.session import Session, apply_options, option_values
+from flightstore.server.tls import TlsConfig
+from flightstore.server.users import UserStore
 from flightstore.sql import nodes
+from flightstore.sql.privileges import plan_tables, required_permissions, table_resource
+from flightstore.sql.resolve import resolve_database
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
 from flightstore.sql.plan import parameter_schema
 from flightstore.store import Store
@@ -47,6 +58,8 @@ MAX_BATCH_ROWS = 65_536
 MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()  # built once: the default reads os.environ each time
 RESULT_TTL_S = 600
+# The authenticated user of the RPC being served (set by _rpc; None without authentication).
+_CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("flightstore_caller", default=None)
 
 
 def _translate(exc: BaseException) -> BaseException:
@@ -68,6 +81,8 @@ def _translate(exc: BaseException) -> BaseException:
             return flight.FlightUnauthorizedError(message)
         if status == "cancelled":
             return flight.FlightCancelledError(message)
+        if status == "unavailable":
+            return flight.FlightUnavailableError(message)
         if status == "data_loss":
             return flight.FlightInternalError(f"DATA_LOSS: {message}")
         return flight.FlightInternalError(message)
@@ -79,11 +94,14 @@ def _translate(exc: BaseException) -> BaseException:
 
 def _rpc(method: Callable) -> Callable:
     @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
+        caller = _CALLER.set(principal_of(context))
         try:
-            return method(*args, **kwargs)
+            return method(self, context, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - every error leaves through _translate
             raise _translate(exc) from None
+        finally:
+            _CALLER.reset(caller)
     return wrapper
 
 
@@ -123,14 +141,6 @@ def _peer(context: flight.ServerCallContext | None) -> str:
 
 
 @dataclass
-class Session:
-    """What one client connection set: its default database (``USE``) and Flight session options."""
-
-    database: str = "default"
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class PreparedStatement:
     sql: str
     database: str
@@ -143,19 +153,44 @@ class FlightSqlServer(flight.FlightServerBase):
     """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
-                 users: dict[str, str] | None = None, **kwargs: Any) -> None:
-        if users:
-            kwargs.setdefault("middleware", {})["auth"] = BasicAuthMiddlewareFactory(users)
+                 users: UserStore | dict[str, str] | None = None, super_users: tuple[str, ...] = (),
+                 tls: TlsConfig | None = None, token_ttl_ms: int | None = None,
+                 max_tokens: int | None = None, lake: Any = None, **kwargs: Any) -> None:
+        """``users`` (a UserStore, or a dict of plain passwords for tests and embedded use) turns
+        on authentication and authorization; ``tls`` serves ``grpc+tls://`` (``location`` may say
+        ``grpc://``: the scheme follows ``tls``). ``lake`` (a :class:`flightstore.lake.LakeSettings`)
+        starts the background tierer of datalake-enabled tables unless its ``tiering_enabled`` is off."""
+        self.metrics = ServerMetrics(store)
+        middleware = kwargs.setdefault("middleware", {})
+        middleware[METRICS_MIDDLEWARE] = self.metrics.middleware()  # first: it times every call
+        if isinstance(users, dict):
+            users = UserStore.from_passwords(users)
+        self.authenticator = None
+        if users is not None:
+            self.authenticator = BasicAuthMiddlewareFactory(users, token_ttl_ms=token_ttl_ms,
+                                                            max_tokens=max_tokens,
+                                                            on_refused=self.metrics.refused)
+            middleware[AUTH_MIDDLEWARE] = self.authenticator
+        self.tls = tls
+        if tls is not None:
+            location = location.replace("grpc://", "grpc+tls://", 1).replace("grpc+tcp://", "grpc+tls://", 1)
+            kwargs.update(tls.server_kwargs())
         super().__init__(location, auth_handler=NoAuthHandler(), **kwargs)
         self.store = store
+        self.authz = Authorizer(store.data_dir, enabled=users is not None, super_users=super_users)
         self.executor = Executor(store)
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # by gRPC peer, least recent first
         self._prepared: dict[bytes, PreparedStatement] = {}
         self._prepare_cache: dict[tuple, tuple[pa.Schema | None, pa.Schema]] = {}
-        self._results: dict[str, tuple[float, pa.Table]] = {}
+        self._results: dict[str, tuple[float, pa.Table, str | None]] = {}  # (kept at, rows, owner)
         self._cancelled: set[bytes] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
+        self.tierer: Any = None  # the lake's LakeTierer when this server tiers (flightstore.lake)
+        if lake is not None and lake.tiering_enabled:
+            from flightstore.lake.tierer import LakeTierer
+            self.tierer = LakeTierer(store, lake).start()
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -175,11 +210,24 @@ class FlightSqlServer(flight.FlightServerBase):
 
     @property
     def uri(self) -> str:
-        return f"grpc://127.0.0.1:{self.port}"
+        return f"{'grpc+tls' if self.tls is not None else 'grpc'}://127.0.0.1:{self.port}"
 
     def shutdown(self) -> None:
         self._stop.set()
         super().shutdown()
+        if self.tierer is not None:
+            self.tierer.stop()
+        self.metrics.close()
+
+    # ---- authorization: the one check, fed by the plan's resources ----------------------------
+    def _authorize(self, permissions: Any) -> None:
+        """Raise Unauthorized unless the caller holds every permission (a plan's, or a list)."""
+        if isinstance(permissions, nodes.PlanNode):
+            permissions = required_permissions(permissions)
+        self.authz.check(_CALLER.get(), permissions)
+
+    def _authorize_table(self, operation: Operation, table: Any) -> None:
+        self._authorize([Permission(operation, table_resource(table.path))])
 
     # ---- GetFlightInfo ------------------------------------------------------------------------
     @_rpc
@@ -208,6 +256,7 @@ class FlightSqlServer(flight.FlightServerBase):
     def _query_info(self, descriptor: flight.FlightDescriptor, sql: str, params: list | None,
                     database: str, session: Session) -> flight.FlightInfo:
         plan = self.executor.plan(sql, params, database)
+        self._authorize(plan)
         if not is_query(plan):
             rows = self._run_statement(plan, session)
             result = pa.table({"rows_affected": pa.array([rows], pa.int64())}, schema=ROWS_AFFECTED_SCHEMA)
@@ -218,20 +267,36 @@ class FlightSqlServer(flight.FlightServerBase):
         if self.executor.answers_at_once(plan):
             # Point lookups and counts cost less than the round trip: answer now, ship the result
             # in the ticket, and DoGet streams it without planning or looking up again.
-            result = self.executor.execute_table(plan, schema)
+            result = self._answer_now(plan, schema)
             ticket = tickets.result_ticket(result) or self._keep_result(result)
             return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])],
                                      result.num_rows, -1)
+        # One endpoint streaming every bucket unless the session asked for one per bucket: clients
+        # that read only endpoints[0] (flightsql-dbapi, Superset over it) must get whole answers.
+        partitions = self.executor.partitions(plan) if session.per_bucket_endpoints else [None]
         endpoints = []
         query_id = uuid.uuid4().hex  # tickets of one FlightInfo only: CancelFlightInfo cancels just these
-        for partition in self.executor.partitions(plan):
+        for partition in partitions:
             payload = {"sql": sql, "params": tickets.encode_params(params), "db": database,
                        "partition": partition, "query": query_id}
             endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
         return flight.FlightInfo(schema, descriptor, endpoints, -1, -1)
 
+    def _answer_now(self, plan: nodes.PlanNode, schema: pa.Schema) -> pa.Table:
+        """The whole result of a small query (GetFlightInfo ships it in the ticket): grants come
+        from the authorizer, listings are cut to what the caller may describe."""
+        if isinstance(plan, nodes.ShowGrants):
+            return self.authz.show(_CALLER.get(), plan)
+        result = self.authz.filter_listing(_CALLER.get(), plan, self.executor.execute_table(plan, schema))
+        self.metrics.sent(_result_label(plan), result)
+        return result
+
     def _run_statement(self, plan: nodes.PlanNode, session: Session) -> int:
+        if isinstance(plan, (nodes.Grant, nodes.Revoke)):
+            return self.authz.apply(plan)
         rows = self.executor.run_statement(plan)
+        if isinstance(plan, nodes.Insert):
+            self.metrics.written(plan.table, plan.data)
         if isinstance(plan, nodes.UseDatabase):  # checked by run_statement: it exists
             session.database = plan.name
         return rows
@@ -240,9 +305,9 @@ class FlightSqlServer(flight.FlightServerBase):
         result_id = uuid.uuid4().hex
         now = time.monotonic()
         with self._lock:
-            for key in [k for k, (t, _) in self._results.items() if now - t > RESULT_TTL_S]:
+            for key in [k for k, (t, _, _) in self._results.items() if now - t > RESULT_TTL_S]:
                 del self._results[key]
-            self._results[result_id] = (now, table)
+            self._results[result_id] = (now, table, _CALLER.get())
         return tickets.encode_custom({"op": "result", "id": result_id})
 
     # ---- DoGet --------------------------------------------------------------------------------
@@ -263,8 +328,10 @@ class FlightSqlServer(flight.FlightServerBase):
                                           payload.get("db", "default"))
                 if not is_query(plan):
                     raise InvalidInput("statements run when their FlightInfo is requested")
+                self._authorize(plan)  # tickets are bearer data: check whoever presents one
                 schema = self.executor.output_schema(plan)
-                batches = self.executor.execute(plan, payload.get("partition"), schema)
+                batches = self.metrics.metered(_result_label(plan),
+                                               self.executor.execute(plan, payload.get("partition"), schema))
             else:
                 table = self._metadata_table(command, self.session(context))
                 schema, batches = table.schema, table
@@ -291,7 +358,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _descriptors(self) -> list[TableDescriptor]:
         found = []
-        for path in self.store.catalog.all_tables():
+        for path in self.authz.visible_tables(_CALLER.get(), self.store.catalog.all_tables()):
             try:
                 found.append(self.store.catalog.get_table(path))
             except FlightstoreError:
@@ -304,7 +371,8 @@ class FlightSqlServer(flight.FlightServerBase):
         if name == "CommandGetCatalogs":
             return metadata.catalogs_table()
         if name == "CommandGetDbSchemas":
-            return metadata.db_schemas_table(self.store.list_databases(), optional("catalog"),
+            databases = self.authz.visible_databases(_CALLER.get(), self.store.list_databases())
+            return metadata.db_schemas_table(databases, optional("catalog"),
                                              optional("db_schema_filter_pattern"))
         if name == "CommandGetTables":
             return metadata.tables_table(
@@ -320,6 +388,8 @@ class FlightSqlServer(flight.FlightServerBase):
                 descriptor = self.store.catalog.get_table(TablePath(database, command.table))
             except NotFound:
                 descriptor = None
+            if descriptor is not None and not self.authz.visible_tables(_CALLER.get(), [descriptor.path]):
+                descriptor = None  # what the caller may not describe does not exist for it
             return metadata.primary_keys_table(descriptor)
         if name in ("CommandGetImportedKeys", "CommandGetExportedKeys", "CommandGetCrossReference"):
             return metadata.IMPORTED_KEYS_SCHEMA.empty_table()
@@ -351,15 +421,18 @@ class FlightSqlServer(flight.FlightServerBase):
             result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
         elif kind == protocol.SET_SESSION_OPTIONS:
             session = self.session(context)
+            catalog = StoreCatalog(self.store)
             with self._lock:
-                for key, value in request.session_options.items():
-                    session.options[key] = value
+                errors = apply_options(session, request.session_options,
+                                       lambda name: resolve_database(catalog, name))
             result = protocol.SetSessionOptionsResult()
+            for key, value in errors.items():
+                result.errors[key].value = value
         elif kind == protocol.GET_SESSION_OPTIONS:
             session = self.session(context)
             result = protocol.GetSessionOptionsResult()
             with self._lock:
-                for key, value in session.options.items():
+                for key, value in option_values(session).items():
                     result.session_options[key].CopyFrom(value)
         elif kind == protocol.CLOSE_SESSION:
             with self._lock:
@@ -378,6 +451,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 (protocol.GET_SESSION_OPTIONS, "get session options"),
                 (protocol.CLOSE_SESSION, "close the session"),
                 ("flightstore.offsets", "log offsets of a table's buckets"),
+                ("flightstore.cluster", "this server's view of its cluster (servers, bucket leaders)"),
                 ("flightstore.writer", "the last batch sequence a writer applied"),
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
                 ("flightstore.release", "release the columns a writer owns")]
@@ -391,13 +465,16 @@ class FlightSqlServer(flight.FlightServerBase):
                 if "?" in sql or "$" in sql else pa.schema([])  # no placeholder: skip a parse
             probe = [_probe_value(f.type) for f in params_schema] if len(params_schema) else None
             plan = self.executor.plan(sql, probe, database)
+            permissions = required_permissions(plan)
+            self._authorize(permissions)  # before the schema (it describes the tables)
             dataset_schema = self.executor.output_schema(plan) if is_query(plan) else None
             with self._lock:
                 if len(self._prepare_cache) >= 1024:
                     self._prepare_cache.pop(next(iter(self._prepare_cache)))
-                self._prepare_cache[key] = (dataset_schema, params_schema)
+                self._prepare_cache[key] = (dataset_schema, params_schema, permissions)
         else:
-            dataset_schema, params_schema = schemas
+            dataset_schema, params_schema, permissions = schemas
+            self._authorize(permissions)
         handle = uuid.uuid4().hex.encode()
         with self._lock:
             self._prepared[handle] = PreparedStatement(sql, database, dataset_schema, params_schema)
@@ -448,6 +525,7 @@ class FlightSqlServer(flight.FlightServerBase):
         plan = self.executor.plan(sql, params, session.database)
         if is_query(plan):
             raise InvalidInput("a query was sent as an update; use a query command for SELECT")
+        self._authorize(plan)
         return self._run_statement(plan, session)
 
     def _run_updates(self, sql: str, rows: list, database: str) -> int:
@@ -455,15 +533,24 @@ class FlightSqlServer(flight.FlightServerBase):
         and INSERT rows are written as one batch, so a bad row means nothing is written."""
         bulk = self._bulk_insert(sql, rows, database)
         if bulk is not None:
-            return self.executor.run_statement(bulk)
+            self._authorize(bulk)
+            count = self.executor.run_statement(bulk)
+            self.metrics.written(bulk.table, bulk.data)
+            return count
         plans = [self.executor.plan(sql, row, database) for row in rows]
         if any(is_query(plan) for plan in plans):
             raise InvalidInput("a query was sent as an update; use a query command for SELECT")
+        for plan in plans:
+            self._authorize(plan)
         if len(plans) > 1 and all(isinstance(p, nodes.Insert) and p.table == plans[0].table
                                   and p.columns == plans[0].columns for p in plans):
             data = pa.concat_tables([p.data for p in plans], promote_options="permissive")
             plans = [nodes.Insert(table=plans[0].table, data=data, columns=plans[0].columns)]
-        return sum(self.executor.run_statement(plan) for plan in plans)
+        count = sum(self.executor.run_statement(plan) for plan in plans)
+        for plan in plans:
+            if isinstance(plan, nodes.Insert):
+                self.metrics.written(plan.table, plan.data)
+        return count
 
     def _bulk_insert(self, sql: str, rows: list, database: str) -> nodes.Insert | None:
         """One Insert of every parameter row when ``sql`` is ``INSERT ... VALUES (?, ?, ...)``.
@@ -496,21 +583,32 @@ class FlightSqlServer(flight.FlightServerBase):
         path = TablePath(database, command.table)
         create = options.if_not_exist  # 0 unspecified, 1 CREATE, 2 FAIL
         exists = options.if_exists      # 0 unspecified, 1 FAIL, 2 APPEND, 3 REPLACE
+        self._authorize(_ingest_permissions(path, self.store.catalog.database_exists(path.database)
+                                            and path.table in self.store.list_tables(path.database),
+                                            exists))
+        created = False
         try:
             table = self.store.table(path)
             if exists in (0, 1):
                 raise InvalidInput(f"table {path} already exists (ingest mode 'create' fails on it)")
             if exists == 3:
+                TableDescriptor.create(path, data.schema)  # a schema that cannot be stored fails first
                 self.store.drop_table(path)
-                table = self.store.create_table(path, data.schema)
+                table, created = self.store.create_table(path, data.schema), True
         except TableNotFound:
             if create == 2:
                 raise TableNotFound(f"table {path} does not exist (ingest mode 'append' fails)") from None
-            table = self.store.create_table(path, data.schema)
-        if table.has_primary_key:
-            table.upsert(data)
-        else:
-            table.append(data)
+            table, created = self.store.create_table(path, data.schema), True
+        try:
+            if table.has_primary_key:
+                table.upsert(data)
+            else:
+                table.append(data)
+        except BaseException:
+            if created:  # create-then-ingest is one step: a failed ingest leaves no empty table
+                self.store.drop_table(path, if_exists=True)
+            raise
+        self.metrics.written(path, data)
         return data.num_rows
 
     # ---- flightstore's own commands (Python client) -------------------------------------------
@@ -529,29 +627,36 @@ class FlightSqlServer(flight.FlightServerBase):
                 entry = self._results.get(payload["id"])
             if entry is None:
                 raise InvalidInput("this result expired or was already read")
+            if entry[2] is not None and entry[2] != _CALLER.get() and not self.authz.is_super(_CALLER.get()):
+                raise InvalidInput("this result expired or was already read")  # another user's
             return entry[1].schema, entry[1]
         table = self.store.table(payload["table"])
+        self._authorize_table(Operation.READ, table)
         columns = payload.get("columns")
         if op in ("lookup", "prefix_lookup"):
             keys = pa.table(payload["keys"])
             schema = table.projection(columns or table.schema.names)
             if plan_only:
                 return schema, iter(())
-            if op == "lookup":
-                return schema, table.lookup(keys, columns)
-            return schema, table.prefix_lookup(keys, columns, payload.get("limit"))
+            found = table.lookup(keys, columns) if op == "lookup" else \
+                table.prefix_lookup(keys, columns, payload.get("limit"))
+            self.metrics.sent(str(table.path), found)
+            return schema, found
         if op == "scan":
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = table.projection(columns or table.schema.names)
             buckets = payload.get("buckets")
-            return schema, table.scan(columns, filter, payload.get("limit"), buckets)
+            return schema, self.metrics.metered(str(table.path),
+                                                table.scan(columns, filter, payload.get("limit"), buckets))
         if op == "subscribe":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
             stop = threading.Event() if context is None else _CallStop(context, self._stop)
-            return schema, table.subscribe(payload.get("start", "earliest"), columns=columns,
-                                           stop=stop, heartbeat_s=payload.get("heartbeat_s", 1.0),
-                                           until=payload.get("until"))
+            if not plan_only:
+                self.metrics.mark_subscription(context)
+            return schema, self.metrics.metered(str(table.path), table.subscribe(
+                payload.get("start", "earliest"), columns=columns, stop=stop,
+                heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until")))
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
             return schema, pa.table({"count": [table.row_count()]}, schema=schema)
@@ -560,6 +665,7 @@ class FlightSqlServer(flight.FlightServerBase):
     def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader) -> dict:
         op = payload["op"]
         table = self.store.table(payload["table"])
+        self._authorize_table(Operation.WRITE, table)
         data = reader.read_all()
         writer_id, sequence = payload.get("writer_id"), payload.get("sequence")
         columns = payload.get("columns")
@@ -580,12 +686,14 @@ class FlightSqlServer(flight.FlightServerBase):
                 result = table.append(rows, writer_id=writer_id, sequence=sequence)
         else:
             raise InvalidInput(f"unknown flightstore write command {op!r}")
+        self.metrics.written(table.path, data)
         return {"op": "written", "rows": data.num_rows, "duplicate": bool(result.duplicate),
                 "offsets": {str(k): v for k, v in result.items()}}
 
     def _custom_action(self, kind: str, payload: dict) -> bytes:
         if kind == "flightstore.offsets":
             table = self.store.table(payload["table"])
+            self._authorize_table(Operation.DESCRIBE, table)  # as Fluss's LIST_OFFSETS
             which = payload.get("which", "end")
             if which == "end":
                 offsets = table.end_offsets()
@@ -596,15 +704,35 @@ class FlightSqlServer(flight.FlightServerBase):
             return tickets.encode_custom({"op": "offsets", "offsets": {str(k): v for k, v in offsets.items()}})
         if kind == "flightstore.undo":
             table = self.store.table(payload["table"])
+            self._authorize_table(Operation.WRITE, table)
             restored = table.undo(payload["writer_id"], int(payload["after_sequence"]))
             return tickets.encode_custom({"op": "undone", "rows": restored})
         if kind == "flightstore.release":
-            self.store.table(payload["table"]).ownership.release(payload["writer_id"])
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.WRITE, table)
+            table.ownership.release(payload["writer_id"])
             return tickets.encode_custom({"op": "released"})
         if kind == "flightstore.writer":
             table = self.store.table(payload["table"])
+            self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
+        if kind == "flightstore.lake-status":
+            if payload.get("table"):
+                self._authorize_table(Operation.DESCRIBE, self.store.table(payload["table"]))
+            else:
+                self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
+            if self.tierer is None:
+                raise Unsupported("this server does not tier tables into the lake "
+                                  "(datalake.tiering.enabled is off)")
+            statuses = ([self.tierer.status(payload["table"])] if payload.get("table")
+                        else self.tierer.statuses())
+            return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})
+        if kind == "flightstore.cluster":
+            self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
+            if self.cluster is None:
+                raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
+            return tickets.encode_custom({"op": "cluster", **self.cluster.describe(payload.get("table"))})
         raise Unsupported(f"action {kind} is not supported by flightstore")
 
 
@@ -629,6 +757,23 @@ def _is_query_ticket(data: bytes) -> bool:
         return protocol.unpack_any(data).DESCRIPTOR.name == "TicketStatementQuery"
     except FlightstoreError:
         return False
+
+
+def _result_label(plan: nodes.PlanNode) -> str:
+    """The ``table`` label of a query's rows in the metrics: the tables it reads."""
+    return ",".join(str(path) for path in plan_tables(plan))
+
+
+def _ingest_permissions(path: TablePath, exists: bool, if_exists: int) -> list[Permission]:
+    """What a bulk ingest needs: WRITE on the table, plus CREATE on its database when it creates
+    the table, and DROP on the table when it replaces it."""
+    needs = [Permission(Operation.WRITE, Resource.of_table(path.database, path.table))]
+    if not exists:
+        needs.append(Permission(Operation.CREATE, Resource.of_database(path.database)))
+    elif if_exists == 3:
+        needs += [Permission(Operation.DROP, Resource.of_table(path.database, path.table)),
+                  Permission(Operation.CREATE, Resource.of_database(path.database))]
+    return needs
 
 
 def _probe_value(arrow_type: pa.DataType) -> Any:
@@ -656,26 +801,61 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
 
 
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bool = False,
-          users: dict[str, str] | None = None) -> None:
-    """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store."""
+          users: UserStore | dict[str, str] | None = None, cluster: Any = None,
+          super_users: tuple[str, ...] = (), tls: TlsConfig | None = None,
+          token_ttl_ms: int | None = None, max_tokens: int | None = None,
+          metrics_port: int | None = None, options: dict[str, Any] | None = None) -> None:
+    """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store.
+    ``cluster`` (a :class:`flightstore.cluster.member.ClusterConfig`) joins a cluster first;
+    ``metrics_port`` serves Prometheus metrics on ``host``; ``options`` are further server options
+    (``serve --option``): retention and the lake."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from flightstore.lake.settings import LakeSettings
     try:
-        store = Store(data_dir, fsync=fsync)
+        options = validate_server_options(options or {})
+        # Cluster mode tiers nothing yet: each server would have to tier only the buckets it leads.
+        lake = None if cluster is not None else LakeSettings.from_options(data_dir, options)
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore: {exc}") from None
+    if cluster is not None:
+        from flightstore.cluster.store import ClusterStore as store_class
+    else:
+        store_class = Store
+    try:
+        store = store_class(data_dir, fsync=fsync)
     except DataDirectoryInUse as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     try:
-        server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users)
+        server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users, super_users=super_users,
+                                 tls=tls, token_ttl_ms=token_ttl_ms, max_tokens=max_tokens, lake=lake)
     except pa.ArrowException as exc:
         store.close()
         raise SystemExit(f"flightstore: cannot listen on {host}:{port} ({exc}); is the port in use?")
-    print(f"flightstore serving {data_dir} at grpc://{host}:{server.port}", flush=True)
+    if cluster is not None:
+        from flightstore.cluster.member import join
+        try:
+            server.cluster = join(cluster, store, host, server.port)
+        except FlightstoreError as exc:
+            server.shutdown()
+            store.close()
+            raise SystemExit(f"flightstore: {exc}") from None
+    scheme = "grpc+tls" if tls is not None else "grpc"
+    print(f"flightstore serving {data_dir} at {scheme}://{host}:{server.port}", flush=True)
+    if metrics_port is not None:
+        try:
+            bound = server.metrics.serve(host, metrics_port)
+        except OSError as exc:
+            server.shutdown()
+            store.close()
+            raise SystemExit(f"flightstore: cannot serve metrics on {host}:{metrics_port} ({exc})") from None
+        print(f"flightstore metrics at http://{host}:{bound}/metrics", flush=True)
 
     def stop(signum: int, frame: Any) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    interval_s = SERVER_OPTIONS["log.retention.check-interval"].default / 1000
+    interval_s = server_option(options, "log.retention.check-interval") / 1000
 
     def retention() -> None:
         while not server._stop.wait(interval_s):
@@ -690,5 +870,9 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
     try:
         server.serve()
     finally:
+        if server.cluster is not None:
+            server.cluster.stop()
+        if server.tierer is not None:
+            server.tierer.stop()
         store.close()
         print("flightstore stopped", flush=True)

@@ -15,6 +15,7 @@ import datetime as _dt
 import decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
@@ -155,7 +156,10 @@ def cast_value(value: Any, arrow_type: pa.DataType, column: str) -> Any:
             if isinstance(value, (float, decimal.Decimal)) and value == int(value):
                 value = int(value)
             if isinstance(value, int):
-                return pa.scalar(value, t).as_py()
+                info = np.iinfo(t.to_pandas_dtype())
+                if not info.min <= value <= info.max:
+                    raise _mismatch(value, t, column, f"out of range {info.min} to {info.max}")
+                return value
         elif pa.types.is_floating(t):
             if isinstance(value, (int, float, decimal.Decimal)):
                 return pa.scalar(float(value), t).as_py()
@@ -165,6 +169,9 @@ def cast_value(value: Any, arrow_type: pa.DataType, column: str) -> Any:
                 scaled = number.quantize(decimal.Decimal(1).scaleb(-t.scale))
                 if scaled != number:
                     raise _mismatch(value, t, column, f"more than {t.scale} decimal places")
+                if abs(scaled) >= decimal.Decimal(10) ** (t.precision - t.scale):
+                    raise _mismatch(value, t, column, f"more than {t.precision - t.scale} digits "
+                                    "before the decimal point")
                 return pa.scalar(scaled, t).as_py()
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
             if isinstance(value, str):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from flightstore.acl import Operation, Resource
 from flightstore.expressions import (AlwaysTrue, And, Comparison, In, IsNotNull, IsNull, Not, Or,
                                      Predicate, StartsWith)
 from flightstore.kv.ranges import KeyRange
@@ -23,7 +24,7 @@ __all__ = [
     "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "RangeScan", "Count", "Changelog", "Residual",
     "ResidualInput", "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
     "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain", "UseDatabase",
-    "render_predicate",
+    "Grant", "Revoke", "ShowGrants", "render_predicate",
 ]
 
 
@@ -59,8 +60,10 @@ def _render(value: Any) -> str:
         return value.explain()
     if isinstance(value, Predicate):
         return render_predicate(value)
-    if isinstance(value, TablePath):
+    if isinstance(value, (TablePath, Resource)):
         return str(value)
+    if isinstance(value, Operation):
+        return value.value
     if isinstance(value, TableDescriptor):
         return _render_descriptor(value)
     if isinstance(value, KeyRange):
@@ -291,3 +294,30 @@ class Explain(PlanNode):
 @dataclass(frozen=True)
 class UseDatabase(PlanNode):
     name: str
+
+
+# ---- access control -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Grant(PlanNode):
+    """``GRANT operations ON resource TO principals`` (run by the server's authorizer)."""
+
+    principals: tuple[str, ...]
+    operations: tuple[Operation, ...]
+    resource: Resource
+
+
+@dataclass(frozen=True)
+class Revoke(PlanNode):
+    """``REVOKE operations ON resource FROM principals``."""
+
+    principals: tuple[str, ...]
+    operations: tuple[Operation, ...]
+    resource: Resource
+
+
+@dataclass(frozen=True)
+class ShowGrants(PlanNode):
+    """``SHOW GRANTS [FOR principal] [ON resource]``: the grants the caller may describe."""
+
+    principal: str | None = None
+    resource: Resource | None = None

@@ -3,7 +3,8 @@
 The dialect is sqlglot's default (ANSI-ish) dialect plus backtick-quoted identifiers, which parses
 Flink DDL (``STRING``, ``BYTES``, ``TIMESTAMP_LTZ(3)``, ``PRIMARY KEY (..) NOT ENFORCED``,
 ``PARTITIONED BY``, ``WITH ('k' = 'v')``) as is. Statements sqlglot only knows as opaque commands
-(``SHOW ...``, ``EXPLAIN ...``) are recognised from the token stream before parsing.
+(``SHOW ...``, ``EXPLAIN ...``) and the access-control statements (``GRANT``, ``REVOKE``,
+``SHOW GRANTS``: :mod:`flightstore.sql.grants`) are recognised from the token stream before parsing.
 
 Every failure is a :class:`~flightstore.errors.SqlError` whose message carries sqlglot's description
 with the line, column and offending text; a well-formed statement flightstore does not implement is
@@ -28,6 +29,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from flightstore.errors import SqlError, Unsupported
+from flightstore.sql.grants import parse_grant, parse_show_grants
 
 __all__ = [
     "FlinkSql", "DIALECT", "Show", "Explain", "Statement", "parse_statement", "placeholders",
@@ -36,7 +38,14 @@ __all__ = [
 
 
 class FlinkSql(Dialect):
-    """sqlglot's default dialect with Flink's backtick identifiers and ``X'..'`` bytes."""
+    """sqlglot's default dialect with Flink's backtick identifiers and ``X'..'`` bytes.
+
+    NULLs sort last in both directions unless the query says ``NULLS FIRST``: DuckDB's rule, which
+    the server advertises as SqlInfo ``SQL_NULL_ORDERING`` = sorted at end. (sqlglot's default,
+    "NULLs are small", would rewrite ``ORDER BY x`` to ``NULLS FIRST`` on the way to DuckDB.)
+    """
+
+    NULL_ORDERING = "nulls_are_last"
 
     class Tokenizer(tokens.Tokenizer):
         IDENTIFIERS = ['"', "`"]
@@ -63,7 +72,7 @@ class Explain:
     statement: "Statement"
 
 
-Statement = Any  # exp.Expression | Show | Explain
+Statement = Any  # exp.Expression | Show | Explain | GrantStatement | ShowGrantsStatement
 
 
 def _tokenize(sql: str) -> list[tokens.Token]:
@@ -99,14 +108,45 @@ def literal_shape(sql: str) -> tuple[str, list[int | str]] | None:
     return "".join(pieces), values
 
 
+# sqlglot names what is missing by its expression classes; say it in SQL words.
+_OPERATORS = {
+    "Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Mod": "%", "DPipe": "||", "EQ": "=", "NEQ": "<>",
+    "GT": ">", "GTE": ">=", "LT": "<", "LTE": "<=", "And": "AND", "Or": "OR", "Like": "LIKE",
+    "ILike": "ILIKE", "Is": "IS", "In": "IN", "Between": "BETWEEN", "NullSafeEQ": "<=>",
+}
+_MISSING = re.compile(r"Required keyword: '(\w+)' missing for <class '[\w.]*\.(\w+)'>")
+_DESCRIPTIONS = {
+    "Invalid expression / Unexpected token": "unexpected text",
+    "Expecting )": "a ')' is missing",
+    "Expecting (": "a '(' is missing",
+}
+
+
+def _describe(description: str) -> str:
+    """A sqlglot error description in the user's terms (no sqlglot class names)."""
+    match = _MISSING.search(description)
+    if match:
+        keyword, node = match.groups()
+        if node in _OPERATORS:
+            side = "left" if keyword == "this" else "right"
+            return f"the operator {_OPERATORS[node]} has no {side}-hand operand"
+        name = re.sub(r"(?<!^)(?=[A-Z])", " ", node).upper()
+        if keyword in ("this", "expression", "expressions"):
+            return f"{name} needs an expression after it"
+        return f"{name} is incomplete ({keyword.replace('_', ' ')} missing)"
+    if "sqlglot" in description or "<class" in description:
+        return "the statement is incomplete or malformed"
+    return _DESCRIPTIONS.get(description, description)
+
+
 def _syntax_error(exc: ParseError) -> SqlError:
     if not exc.errors:
-        return SqlError(f"syntax error: {exc}")
+        return SqlError(f"syntax error: {_describe(str(exc))}")
     first = exc.errors[0]
     near = (first.get("highlight") or "").strip()
     where = f"line {first.get('line')}, column {first.get('col')}"
     context = f" near {near!r}" if near else " at the end of the statement"
-    return SqlError(f"syntax error at {where}{context}: {first.get('description')}")
+    return SqlError(f"syntax error at {where}{context}: {_describe(first.get('description') or '')}")
 
 
 def _split_statements(sql: str, toks: list[tokens.Token]) -> list[tuple[str, list[tokens.Token]]]:
@@ -125,13 +165,15 @@ def _split_statements(sql: str, toks: list[tokens.Token]) -> list[tuple[str, lis
     return parts
 
 
-def _parse_show(text: str) -> Show:
+def _parse_show(text: str) -> Any:
     # The tokenizer keeps everything after SHOW as one opaque string: re-tokenize that text.
     toks = _tokenize(text[4:].strip())
     words = ["SHOW"] + [t.text.upper() for t in toks]
     toks = [None] + toks  # type: ignore[list-item]
     if words[1:] == ["DATABASES"] or words[1:] == ["SCHEMAS"]:
         return Show("databases")
+    if len(words) >= 2 and words[1] == "GRANTS":
+        return parse_show_grants(toks[2:])  # type: ignore[arg-type]
     if len(words) >= 2 and words[1] == "TABLES":
         if len(words) == 2:
             return Show("tables")
@@ -158,6 +200,8 @@ def parse_statement(sql: str) -> Statement:
     head = toks[0].text.upper()
     if head == "SHOW":
         return _parse_show(text)
+    if head in ("GRANT", "REVOKE"):
+        return parse_grant(toks)
     if head == "EXPLAIN":
         inner = re.sub(r"^PLAN\s+FOR\b", "", text[len(toks[0].text):].strip(), flags=re.I).strip()
         if not inner:

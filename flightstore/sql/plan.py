@@ -25,7 +25,7 @@ from sqlglot import exp
 
 from flightstore.errors import InvalidInput, SqlError
 from flightstore.expressions import Predicate, and_all
-from flightstore.sql import ddl, dml
+from flightstore.sql import ddl, dml, grants
 from flightstore.sql import nodes
 from flightstore.sql.literals import NotALiteral, literal_value
 from flightstore.sql.nodes import *  # noqa: F401,F403 - the nodes are part of this module's API
@@ -73,6 +73,10 @@ def plan_statement(statement: Any, catalog: CatalogView) -> Plan:
         return nodes.Explain(plan_statement(statement.statement, catalog))
     if isinstance(statement, Show):
         return ddl.plan_show(statement, catalog)
+    if isinstance(statement, grants.GrantStatement):
+        return grants.plan_grant(statement, catalog)
+    if isinstance(statement, grants.ShowGrantsStatement):
+        return grants.plan_show_grants(statement, catalog)
     if isinstance(statement, exp.Query):
         return plan_query(statement, catalog)
     if isinstance(statement, exp.Insert):

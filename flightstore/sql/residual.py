@@ -26,7 +26,9 @@ from flightstore.sql.resolve import CatalogView, ResolvedTable, resolve_column, 
 __all__ = ["plan_residual", "INPUT_PREFIX"]
 
 INPUT_PREFIX = "__t"
-_UNRESOLVED = re.compile(r"Column '(?:\"?[^\"']*\"?\.)?\"?([^\"']+)\"?' could not be resolved")
+_UNRESOLVED = re.compile(r"Column '(?:\"?[^\"']*\"?\.)?\"?([^\"']+)\"?' could not be resolved"
+                         r"(?: for table: '([^']+)')?|Unknown column: (\w+)")
+_POSITION = re.compile(r"Line: (\d+), Col: (\d+)")
 
 
 def _cte_names(ast: exp.Expression) -> set[str]:
@@ -56,8 +58,10 @@ def _has_outer_join(ast: exp.Expression) -> bool:
 def plan_residual(ast: exp.Expression, catalog: CatalogView) -> Residual:
     """Plan ``ast`` (a query) as DuckDB SQL over pruned, pre-filtered inputs."""
     ast = ast.copy()
+    refs = _table_refs(ast)
+    _unqualify_columns(ast, refs)
     resolved: list[ResolvedTable] = []
-    for index, node in enumerate(_table_refs(ast)):
+    for index, node in enumerate(refs):
         resolved.append(resolve_table_node(catalog, node))
         alias = node.args.get("alias")
         if alias is None:
@@ -97,6 +101,22 @@ def plan_residual(ast: exp.Expression, catalog: CatalogView) -> Residual:
     return Residual(sql=sql, inputs=tuple(inputs))
 
 
+def _unqualify_columns(ast: exp.Expression, refs: list[exp.Table]) -> None:
+    """Rewrite schema-qualified columns (``bi.sales.cust_id``, as SQLAlchemy writes with
+    ``schema=``) to the table's own name (``sales.cust_id``): each table reference becomes a named
+    input aliased by that name, which the embedded engine would not find under ``bi.sales``."""
+    by_path = {(ref.db.lower(), ref.name.lower()) for ref in refs if ref.db and not ref.alias}
+    for column in ast.find_all(exp.Column):
+        if not column.args.get("db"):
+            continue
+        key = (column.db.lower(), column.table.lower())
+        if key not in by_path:
+            raise SqlError(f"column {column.sql()} names table {column.db}.{column.table}, which is not "
+                           "in the FROM clause (or has an alias there: use the alias)")
+        column.set("catalog", None)
+        column.set("db", None)
+
+
 def _qualified(ast: exp.Expression, resolved: list[ResolvedTable]) -> exp.Expression:
     """A lower-cased, fully qualified copy of ``ast`` (stars expanded) for analysis only."""
     mapping = {f"{INPUT_PREFIX}{i}": {name.lower(): "TEXT" for name in table.schema.names}
@@ -110,14 +130,33 @@ def _qualified(ast: exp.Expression, resolved: list[ResolvedTable]) -> exp.Expres
         return qualify(analysis, schema=mapping, dialect="duckdb", quote_identifiers=False,
                        validate_qualify_columns=True)
     except OptimizeError as exc:
-        match = _UNRESOLVED.search(str(exc))
-        tables = ", ".join(sorted({str(t.path) + ("" if t.source == "table" else f"${t.source}")
-                                   for t in resolved}))
-        if match:
-            raise SqlError(f"unknown column {match.group(1)!r} in table {tables}") from None
-        raise SqlError(f"cannot resolve the query over {tables}: {exc}") from None
+        raise _unresolved(str(exc), resolved) from None
     except SqlglotError as exc:
         raise SqlError(f"cannot analyse the query: {exc}") from None
+
+
+def _unresolved(message: str, resolved: list[ResolvedTable]) -> SqlError:
+    """The user's-terms error for a name the analysis could not resolve: which column (or table
+    alias), where in the SQL, and the columns that do exist."""
+    names = [str(t.path) + ("" if t.source == "table" else f"${t.source}") for t in resolved]
+    position = _POSITION.search(message)
+    match = _UNRESOLVED.search(message)
+    column = (match.group(1) or match.group(3)) if match else ""
+    qualifier = match.group(2) if match else None
+    where = ""
+    if position:  # sqlglot points at the name's last character: report where it starts
+        shown = f"{qualifier}.{column}" if qualifier else column
+        where = f" at line {position.group(1)}, column {max(1, int(position.group(2)) - len(shown) + 1)}"
+    if match is None:
+        return SqlError(f"cannot resolve the names of the query over {', '.join(names)}{where}")
+    if qualifier is not None and not qualifier.startswith(INPUT_PREFIX):
+        return SqlError(f"unknown table or alias {qualifier!r} in {qualifier}.{column}{where}; "
+                        f"the query reads {', '.join(names)}")
+    if len(resolved) == 1:
+        return SqlError(f"unknown column {column!r}{where} in table {names[0]}; columns are "
+                        f"{', '.join(resolved[0].schema.names)}")
+    listing = "; ".join(f"{name}: {', '.join(t.schema.names)}" for name, t in zip(names, resolved))
+    return SqlError(f"unknown column {column!r}{where}; the query reads {listing}")
 
 
 def _input_of(scope: Scope | None, alias: str) -> int | None:

@@ -22,20 +22,29 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_and_kill(data_dir: Path, first: int, rng: random.Random) -> int | None:
-    """Start the writer, kill -9 it after a random delay; return the last acknowledged sequence."""
+    """Start the writer, kill -9 it once it acknowledged a random number of new batches (plus a
+    random few milliseconds, to land anywhere inside a batch); return the last acknowledged
+    sequence. Tied to progress, not to a clock: a busy machine only makes the run slower."""
     child = subprocess.Popen([sys.executable, "-m", "tests.kv.crash_writer", str(data_dir), str(first)],
                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
     acked: list[int] = []
+    progressed = threading.Condition()
+    wanted = rng.randint(1, 6)
 
     def reader() -> None:
         for line in child.stdout:
             if line.strip().isdigit():
-                acked.append(int(line))
+                with progressed:
+                    acked.append(int(line))
+                    progressed.notify_all()
 
     assert child.stdout.readline().strip() == "ready"
     thread = threading.Thread(target=reader)
     thread.start()
-    time.sleep(rng.uniform(0.05, 0.6))
+    with progressed:
+        assert progressed.wait_for(lambda: len(acked) >= wanted or child.poll() is not None, timeout=120), \
+            "the writer acknowledged nothing within 120 s"
+    time.sleep(rng.uniform(0, 0.02))  # where inside the next batch the kill lands, not a wait
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     thread.join()

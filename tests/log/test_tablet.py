@@ -136,6 +136,23 @@ def test_filter_skips_records_by_statistics_and_filters_rows_exactly(tmp_path: P
         assert [b.row_offsets.to_pylist() for b in tablet.read(filter=in_list)] == [[5], [1999]]
 
 
+def test_inexact_read_skips_by_statistics_only(tmp_path: Path) -> None:
+    """``exact=False`` (residual SQL filters again): ruled-out records are skipped, the others
+    come whole, without reading the filter's columns."""
+    with LogTablet(tmp_path, SCHEMA, statistics_columns=["id"]) as tablet:
+        for i in range(20):
+            tablet.append(_batch(i * 100, 100))
+        predicate = (Comparison("id", ">=", 1050) & Comparison("id", "<", 1230)).bind(SCHEMA)
+        base = tablet.io_stats()
+        batches = list(tablet.read(columns=["name"], filter=predicate, exact=False))
+        stats = tablet.io_stats()
+        assert stats["records_skipped"] - base["records_skipped"] == 17
+        assert [b.batch.num_rows for b in batches] == [100, 100, 100]
+        assert [b.batch.column_names for b in batches] == [["name"]] * 3
+        assert [b.row_offsets.to_pylist() for b in batches] == \
+            [list(range(s, s + 100)) for s in (1000, 1100, 1200)]
+
+
 def test_filter_without_statistics_still_exact(tmp_path: Path) -> None:
     with LogTablet(tmp_path, SCHEMA) as tablet:
         tablet.append(_batch(0, 50))

@@ -284,3 +284,83 @@ def test_use_is_per_connection(server, conn) -> None:
         assert _rows(conn, "SELECT a FROM t WHERE a = ?", (1,)) == [{"a": 1}]  # prepared: shop
     finally:
         other.close()
+
+
+# ---- current catalog / schema and endpoints through session options ----------------------------
+def test_current_db_schema_is_the_session_database(server, conn) -> None:
+    """``adbc_current_db_schema`` gets and sets the database unqualified names resolve in (the
+    ``schema`` session option), and agrees with ``USE`` both ways."""
+    _users(conn)
+    assert conn.adbc_current_catalog == "flightstore"
+    assert conn.adbc_current_db_schema == "default"
+    conn.adbc_current_db_schema = "shop"
+    assert conn.adbc_current_db_schema == "shop"
+    assert _rows(conn, "SELECT name FROM users WHERE id = 2") == [{"name": "b"}]
+    assert _rows(conn, "SELECT COUNT(*) AS n FROM users") == [{"n": 3}]
+    _rows(conn, "USE `default`")
+    assert conn.adbc_current_db_schema == "default"
+    _rows(conn, "USE shop")
+    assert conn.adbc_current_db_schema == "shop"
+    with pytest.raises(Exception, match="schema"):
+        conn.adbc_current_db_schema = "no_such_db"
+    assert conn.adbc_current_db_schema == "shop"   # a refused setting changes nothing
+    with pytest.raises(Exception, match="catalog"):
+        conn.adbc_current_catalog = "elsewhere"
+    assert conn.adbc_current_catalog == "flightstore"
+
+
+def test_per_bucket_endpoints_are_a_session_option(conn) -> None:
+    """One partition by default; ADBC can ask for one per bucket (``adbc_execute_partitions``)."""
+    _users(conn)
+    with conn.cursor() as cur:
+        partitions, _ = cur.adbc_execute_partitions("SELECT * FROM shop.users")
+        assert len(partitions) == 1
+        conn.adbc_connection.set_options(
+            **{"adbc.flight.sql.session.optionbool.flightstore.per-bucket-endpoints": "true"})
+        partitions, _ = cur.adbc_execute_partitions("SELECT * FROM shop.users")
+        assert len(partitions) == 4
+        rows = []
+        for partition in partitions:
+            cur.adbc_read_partition(partition)
+            rows += cur.fetch_arrow_table().column("id").to_pylist()
+        assert sorted(rows) == [1, 2, 3]
+
+
+# ---- NULL ordering: what SqlInfo advertises is what ORDER BY does ------------------------------
+def test_null_ordering_is_the_advertised_one(conn) -> None:
+    """SQL_NULL_ORDERING (507) says "sorted at end": NULLs last in both directions, as in DuckDB,
+    unless the query asks for NULLS FIRST."""
+    _rows(conn, "CREATE TABLE notes (id BIGINT, note STRING) WITH ('bucket.num' = '2')")
+    _rows(conn, "INSERT INTO notes VALUES (1, 'b'), (2, NULL), (3, 'a'), (4, NULL), (5, 'c')")
+    local = duckdb.connect()
+    local.execute("CREATE TABLE notes AS SELECT * FROM (VALUES (1, 'b'), (2, NULL), (3, 'a'), "
+                  "(4, NULL), (5, 'c')) v(id, note)")
+    cases = {
+        "ORDER BY note, id": [3, 1, 5, 2, 4],
+        "ORDER BY note DESC, id": [5, 1, 3, 2, 4],
+        "ORDER BY note NULLS FIRST, id": [2, 4, 3, 1, 5],
+        "ORDER BY note DESC NULLS FIRST, id": [2, 4, 5, 1, 3],
+        "ORDER BY note ASC NULLS LAST, id": [3, 1, 5, 2, 4],
+    }
+    for order, expected in cases.items():
+        got = [r["id"] for r in _rows(conn, f"SELECT id, note FROM notes {order}")]
+        assert got == expected, order
+        assert got == [r[0] for r in local.execute(f"SELECT id, note FROM notes {order}").fetchall()], order
+    ranked = _rows(conn, "SELECT id, ROW_NUMBER() OVER (ORDER BY note, id) AS r FROM notes ORDER BY r")
+    assert [r["id"] for r in ranked] == [3, 1, 5, 2, 4]
+
+
+def test_sql_null_ordering_sql_info(server) -> None:
+    from pyarrow import flight
+
+    from flightstore.server import protocol
+    client = flight.FlightClient(server.uri)
+    try:
+        command = protocol.pack_any(protocol.CommandGetSqlInfo(info=[507]))
+        info = client.get_flight_info(flight.FlightDescriptor.for_command(command))
+        table = client.do_get(info.endpoints[0].ticket).read_all()
+        [row] = table.to_pylist()
+        assert row["info_name"] == 507
+        assert row["value"] == 3  # SQL_NULLS_SORTED_AT_END
+    finally:
+        client.close()

@@ -9,10 +9,11 @@ import pytest
 
 import flightstore
 from flightstore.expressions import Comparison
+from tests.waiting import distinct_millisecond
 
 
 def test_client_round_trip(server):
-    with flightstore.connect(server.uri) as conn:
+    with flightstore.connect(server.uri, timeout=120) as conn:
         conn.sql("CREATE TABLE users (id BIGINT, name STRING, score DOUBLE, PRIMARY KEY (id) NOT ENFORCED) "
                  "WITH ('bucket.num' = '3')")
         users = conn.table("users")
@@ -31,7 +32,7 @@ def test_client_round_trip(server):
 
 
 def test_retried_write_is_applied_once(server):
-    with flightstore.connect(server.uri) as conn:
+    with flightstore.connect(server.uri, timeout=120) as conn:
         conn.sql("CREATE TABLE events (id BIGINT, v STRING)")
         events = conn.table("events", writer_id="job-1")
         events.append({"id": [1, 2], "v": ["a", "b"]})
@@ -47,14 +48,14 @@ def test_retried_write_is_applied_once(server):
 
 
 def test_subscriber_sees_every_change_once_in_order(server):
-    with flightstore.connect(server.uri) as conn:
+    with flightstore.connect(server.uri, timeout=120) as conn:
         conn.sql("CREATE TABLE kv (k BIGINT, v BIGINT, PRIMARY KEY (k) NOT ENFORCED) WITH ('bucket.num'='2')")
         kv = conn.table("kv")
         seen: list[pa.RecordBatch] = []
         total_changes = []
 
         def writer() -> None:
-            with flightstore.connect(server.uri) as wconn:
+            with flightstore.connect(server.uri, timeout=120) as wconn:
                 t = wconn.table("kv")
                 for i in range(30):
                     t.upsert({"k": [i % 7, (i + 3) % 7], "v": [i, i]})
@@ -100,15 +101,11 @@ def _drain(subscription, rows):
 
 
 def test_subscription_start_modes_and_column_pruning(server):
-    import time
-
-    with flightstore.connect(server.uri) as conn:
+    with flightstore.connect(server.uri, timeout=120) as conn:
         conn.sql("CREATE TABLE ev (id BIGINT, payload STRING, n DOUBLE)")
         ev = conn.table("ev")
         ev.append({"id": [1, 2], "payload": ["a", "b"], "n": [1.0, 2.0]})
-        time.sleep(0.05)
-        middle_ms = int(time.time() * 1000)
-        time.sleep(0.05)
+        middle_ms = distinct_millisecond()
         ev.append({"id": [3], "payload": ["c"], "n": [3.0]})
         ends = ev.offsets()
         # earliest, pruned to two columns (+ offsets)
@@ -132,7 +129,7 @@ def test_subscription_start_modes_and_column_pruning(server):
 def test_wide_writes_are_sent_in_messages_below_the_grpc_limit(server):
     import numpy as np
 
-    with flightstore.connect(server.uri) as conn:
+    with flightstore.connect(server.uri, timeout=120) as conn:
         columns = ", ".join(f"c{i} DOUBLE" for i in range(100))
         conn.sql(f"CREATE TABLE wide ({columns})")
         rows = 60_000  # 48 MB in one table: several times the 16 MiB message limit
@@ -143,7 +140,7 @@ def test_wide_writes_are_sent_in_messages_below_the_grpc_limit(server):
 
 
 def test_use_database_sets_the_default_and_refuses_unknown_ones(server):
-    with flightstore.connect(server.uri) as conn:
+    with flightstore.connect(server.uri, timeout=120) as conn:
         conn.sql("CREATE DATABASE shop")
         conn.sql("USE shop")
         conn.sql("CREATE TABLE t (a BIGINT)")
@@ -155,7 +152,7 @@ def test_use_database_sets_the_default_and_refuses_unknown_ones(server):
 
 
 def test_use_holds_for_its_own_connection_only(server):
-    with flightstore.connect(server.uri) as shop, flightstore.connect(server.uri) as other:
+    with flightstore.connect(server.uri, timeout=120) as shop, flightstore.connect(server.uri, timeout=120) as other:
         shop.sql("CREATE DATABASE shop")
         shop.sql("USE shop")
         other.sql("CREATE TABLE t (a BIGINT)")  # still in default

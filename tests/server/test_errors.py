@@ -81,7 +81,8 @@ SQL_CASES = [
     ("INSERT INTO lg VALUES (5, 'x'), ('y', 'z')", INVALID, ["id", "BIGINT", "'y'"]),
     ("CREATE TABLE t (id BIGINT)", INVALID, ["t", "already exists"]),
     ("CREATE DATABASE default", INVALID, ["default", "already exists"]),
-    ("GRANT SELECT ON t TO bob", UNIMPLEMENTED, ["unsupported", "GRANT"]),
+    ("GRANT SELECT ON t TO bob", INVALID, ["GRANT", "unknown operation", "SELECT"]),
+    ("CALL sys.add_acl('cluster')", UNIMPLEMENTED, ["unsupported", "CALL"]),
     ("ALTER TABLE t ADD COLUMN z INT", UNIMPLEMENTED, ["unsupported", "ALTER"]),
     ("DELETE FROM lg WHERE id = 1", UNIMPLEMENTED, ["lg", "append-only"]),
 ]
@@ -281,3 +282,51 @@ def test_prepared_update_batch_is_all_or_nothing(env) -> None:
         writer.done_writing()
         reader.read()
         writer.close()
+
+
+# (sql, words the message must contain): what is wrong and where, in the user's terms
+MESSAGE_CASES = [
+    ("SELECT 2 * FROM t", ["syntax error", "line 1, column", "operator *", "right-hand operand"]),
+    ("SELECT id FROM t WHERE name = ", ["syntax error", "operator =", "right-hand operand"]),
+    ("SELECT name, COUNT(*) FROM t GROUP BY nme",
+     ["unknown column 'nme'", "line 1, column 39", "columns are id, name, score"]),
+    ("SELECT SUM(nope) FROM t",
+     ["unknown column 'nope'", "line 1, column 12", "columns are id, name, score"]),
+    ("SELECT id FROM t ORDER BY nme", ["unknown column 'nme'", "columns are id, name, score"]),
+    ("SELECT x.id, COUNT(*) FROM t GROUP BY 1", ["unknown table or alias 'x'", "x.id", "line 1, column 8"]),
+    ("SELECT t.id, lg.nope FROM t JOIN lg ON t.id = lg.id",
+     ["unknown column 'nope'", "default.t: id, name, score", "default.lg: id, name"]),
+    ("SELECT CAST(name AS INT) FROM t", ["Could not convert string 'a'"]),
+    ("CREATE TABLE d (id BIGINT, price DECIMAL(6, 2))", []),
+    ("INSERT INTO d VALUES (1, 123456.5)", ["price", "DECIMAL(6, 2)", "123456.5",
+                                            "more than 4 digits before the decimal point"]),
+    ("INSERT INTO d VALUES (1, 1.125)", ["price", "more than 2 decimal places"]),
+    ("CREATE TABLE s (id TINYINT)", []),
+    ("INSERT INTO s VALUES (300)", ["id", "TINYINT", "300", "out of range -128 to 127"]),
+]
+INTERNALS = ("sqlglot", "<class", "precision inferred", "__t", "LINE 1", "Required keyword")
+
+
+def test_messages_say_what_and_where_in_the_users_terms(server) -> None:
+    with flightstore.connect(server.uri) as conn:
+        conn.sql("CREATE TABLE t (id BIGINT, name STRING, score DOUBLE)")
+        conn.sql("CREATE TABLE lg (id BIGINT, name STRING)")
+        conn.sql("INSERT INTO t VALUES (1, 'a', 1.0)")
+    conn = _adbc_connect(server.uri)
+    try:
+        for sql, words in MESSAGE_CASES:
+            with conn.cursor() as cur:
+                if not words:
+                    cur.execute(sql)
+                    continue
+                with pytest.raises(dbapi.Error) as raised:
+                    cur.execute(sql)
+                    cur.fetch_arrow_table()
+            # pyarrow's server appends "Detail: Python exception: Traceback": not our message
+            message = _first_line(raised.value).split(". Detail: Python exception")[0]
+            for word in words:
+                assert word in message, (sql, word, message)
+            for internal in INTERNALS:
+                assert internal not in message, (sql, internal, message)
+    finally:
+        conn.close()

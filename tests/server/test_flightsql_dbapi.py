@@ -16,9 +16,9 @@ What this client does differently from ADBC (and so what these tests cover):
   and GetPrimaryKeys.
 
 Client limitations found (not server bugs; worked around, not hidden):
-* the DB-API cursor reads only ``endpoints[0]``: a full scan of a table with ``bucket.num`` > 1
-  (one endpoint per bucket) would come back partial through it. The tables here have one bucket;
-  aggregates over the 4-bucket table are single-endpoint results and are exact;
+* the DB-API cursor reads only ``endpoints[0]``: the server therefore answers every query with
+  one endpoint that streams all buckets (per-bucket endpoints are a session option this client
+  never sets), so scans of multi-bucket tables are whole (``test_multi_bucket_scans_are_whole``);
 * rows come through ``DataFrame.values.tolist()``, so a row mixing BIGINT and DOUBLE columns has
   its integers as floats (``1.0``); the comparisons below are numeric, so they hold either way;
 * the SQLAlchemy dialect's default "literal binds" compiler renders ``text(":x")`` parameters as
@@ -282,3 +282,60 @@ def test_flightsql_dbapi_sqlalchemy(server, dbapi_python, tmp_path):
     assert out["text_params"] == [[12]]
     assert server.store.table("orders").row_count() == 4
     assert pa.types.is_int64(server.store.table("users").schema.field("id").type)
+
+
+PARTIAL_SCRIPT = PRELUDE + r'''
+from flightsql import FlightSQLClient, connect
+
+conn = connect(FlightSQLClient(host="127.0.0.1", port=PORT, insecure=True))
+cur = conn.cursor()
+for sql in ("CREATE DATABASE bi",
+            "CREATE TABLE bi.customers (id BIGINT, name STRING) WITH ('bucket.num' = '3')",
+            # a log table without bucket key: each batch goes to the next bucket (round robin)
+            "INSERT INTO bi.customers VALUES (1, 'ann')", "INSERT INTO bi.customers VALUES (2, 'bob')",
+            "INSERT INTO bi.customers VALUES (3, 'cid')",
+            "CREATE TABLE bi.sales (id BIGINT, cust_id BIGINT, amount DOUBLE, "
+            "PRIMARY KEY (id) NOT ENFORCED) WITH ('bucket.num' = '4')",
+            "INSERT INTO bi.sales VALUES " + ", ".join(f"({i}, {i % 7}, {i * 0.5})" for i in range(1000))):
+    cur.execute(sql)
+    cur.fetchall()
+cur.execute("SELECT * FROM bi.customers")
+out["customers"] = sorted(plain(cur.fetchall()))
+cur.execute("SELECT id FROM bi.sales WHERE cust_id < 3")
+out["filtered"] = sorted(r[0] for r in plain(cur.fetchall()))
+print(json.dumps(out))
+'''
+
+
+def test_multi_bucket_scans_are_whole(server, dbapi_python, tmp_path):
+    """flightsql-dbapi reads only ``endpoints[0]``: a scan of a multi-bucket table must still return
+    every row (one endpoint by default, the server streams every bucket in it)."""
+    out = run_client(dbapi_python, tmp_path, PARTIAL_SCRIPT, port_of(server))
+    assert out["customers"] == [[1, "ann"], [2, "bob"], [3, "cid"]]
+    assert out["filtered"] == [i for i in range(1000) if i % 7 < 3]
+
+
+SCHEMA_CORE_SCRIPT = PRELUDE + r'''
+import flightsql.sqlalchemy  # registers the datafusion+flightsql dialect
+from sqlalchemy import BigInteger, Column, Float, MetaData, Table, create_engine, func, select
+
+engine = create_engine(f"datafusion+flightsql://127.0.0.1:{PORT}?insecure=True")
+with engine.connect() as c:
+    c.exec_driver_sql("CREATE DATABASE bi")
+    c.exec_driver_sql("CREATE TABLE bi.sales (id BIGINT, cust_id BIGINT, amount DOUBLE)")
+    c.exec_driver_sql("INSERT INTO bi.sales VALUES (1, 10, 1.5), (2, 10, 2.5), (3, 20, 4.0)")
+    sales = Table("sales", MetaData(), Column("id", BigInteger), Column("cust_id", BigInteger),
+                  Column("amount", Float), schema="bi")
+    query = (select(sales.c.cust_id, func.sum(sales.c.amount).label("total"))
+             .group_by(sales.c.cust_id).order_by(sales.c.cust_id))
+    out["sql"] = str(query.compile(engine))
+    out["rows"] = plain(c.execute(query).fetchall())
+print(json.dumps(out))
+'''
+
+
+def test_sqlalchemy_core_schema_qualified_columns(server, dbapi_python, tmp_path):
+    """SQLAlchemy Core with ``schema=`` writes ``bi.sales.cust_id``: the residual engine resolves it."""
+    out = run_client(dbapi_python, tmp_path, SCHEMA_CORE_SCRIPT, port_of(server))
+    assert "bi.sales.cust_id" in out["sql"]
+    assert out["rows"] == [[10, 4.0], [20, 4.0]]

@@ -56,14 +56,15 @@ class Screen:
 
     def capture(self) -> str:
         return subprocess.run([*self.base, "capture-pane", "-p", "-t", "hq"], capture_output=True,
-                              text=True, timeout=10).stdout
+                              text=True, timeout=30).stdout
 
     def keys(self, *keys: str, literal: bool = False) -> None:
+        """Type ``keys``; the app reads its terminal input in order, so the next wait_for is the
+        only synchronisation needed."""
         subprocess.run([*self.base, "send-keys", "-t", "hq", *(["-l"] if literal else []), *keys],
-                       check=True, timeout=10)
-        time.sleep(0.3)
+                       check=True, timeout=30)
 
-    def wait_for(self, *texts: str, timeout: float = 30) -> str:
+    def wait_for(self, *texts: str, timeout: float = 120) -> str:
         deadline = time.monotonic() + timeout
         while True:
             screen = self.capture()
@@ -71,9 +72,11 @@ class Screen:
                 return screen
             if time.monotonic() > deadline:
                 raise AssertionError(f"{texts} never appeared; the screen was:\n{screen}")
-            time.sleep(0.25)
+            time.sleep(0.25)  # poll interval of the condition above
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the first run builds harlequin's virtualenv (pip) inside this budget
 def test_harlequin_catalog_and_query(server, harlequin_bin, tmp_path):
     tmux = _tmux()
     with flightstore.connect(server.uri) as conn:
@@ -89,12 +92,12 @@ def test_harlequin_catalog_and_query(server, harlequin_bin, tmp_path):
     env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_CACHE_HOME": str(home / ".cache"),
            "XDG_DATA_HOME": str(home / ".local"), "TERM": "xterm-256color", "LANG": "C.UTF-8",
            "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    command = f"{harlequin_bin} --locale C -a adbc --driver-type flightsql {server.uri}; sleep 30"
+    command = f"{harlequin_bin} --locale C -a adbc --driver-type flightsql {server.uri}; sleep 600"
     subprocess.run([tmux, "-L", socket, "-f", "/dev/null", "new-session", "-d", "-s", "hq", "-x", "160",
                     "-y", "45", command], check=True, env=env, timeout=30)
     screen = Screen(tmux, socket)
     try:
-        screen.wait_for("Data Catalog", "flightstore db", timeout=40)
+        screen.wait_for("Data Catalog", "flightstore db", timeout=240)
         screen.keys("F6")           # focus the data catalog
         screen.keys("Enter")        # expand the catalog "flightstore"
         screen.wait_for("default s")

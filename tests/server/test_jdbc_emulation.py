@@ -259,6 +259,9 @@ def test_table_types_catalogs_db_schemas_and_type_info(server, client) -> None:
 
 # ---- endpoints, cancel, session -----------------------------------------------------------------
 def test_endpoints_without_locations_are_read_on_the_same_connection(client, users) -> None:
+    request = protocol.SetSessionOptionsRequest()
+    request.session_options["flightstore.per-bucket-endpoints"].bool_value = True
+    list(client.do_action(flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString())))
     info = _info(client, protocol.CommandStatementQuery(query="SELECT * FROM users"))
     assert len(info.endpoints) == 3
     assert all(e.locations == [] for e in info.endpoints)
@@ -286,35 +289,55 @@ def test_cancel_flight_info_cancels_its_tickets(client, users) -> None:
     assert _fetch(client, protocol.CommandGetTables()).num_rows == 1
 
 
+def _set_session(client, **values) -> dict:
+    request = protocol.SetSessionOptionsRequest()
+    for key, value in values.items():
+        if isinstance(value, bool):
+            request.session_options[key].bool_value = value
+        else:
+            request.session_options[key].string_value = value
+    action = flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString())
+    [answer] = list(client.do_action(action))
+    errors = protocol.parse("SetSessionOptionsResult", answer.body.to_pybytes()).errors
+    return {key: error.value for key, error in errors.items()}
+
+
 def test_session_actions(client) -> None:
-    value = protocol.SessionOptionValue(string_value="shop")
-    request = protocol.SetSessionOptionsRequest(session_options={"catalog": value})
-    [answer] = list(client.do_action(flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString())))
-    assert not protocol.parse("SetSessionOptionsResult", answer.body.to_pybytes()).errors
-    [answer] = list(client.do_action(flight.Action(
-        protocol.GET_SESSION_OPTIONS, protocol.GetSessionOptionsRequest().SerializeToString())))
-    options = protocol.parse("GetSessionOptionsResult", answer.body.to_pybytes()).session_options
-    assert options["catalog"].string_value == "shop"
+    _update(client, "CREATE DATABASE shop")
+    assert _set_session(client, schema="shop") == {}
+    assert _session_options(client)["schema"] == "shop"
+    assert _session_options(client)["catalog"] == "flightstore"
     [answer] = list(client.do_action(flight.Action(
         protocol.CLOSE_SESSION, protocol.CloseSessionRequest().SerializeToString())))
     assert protocol.parse("CloseSessionResult", answer.body.to_pybytes()).status == 1  # CLOSED
-    assert _session_options(client) == {}  # a closed session starts over
+    assert _session_options(client)["schema"] == "default"  # a closed session starts over
+
+
+def test_session_options_refused_change_nothing(client) -> None:
+    """An unknown name (INVALID_NAME = 1) or bad value (INVALID_VALUE = 2) is refused, and none of
+    the request's options is applied."""
+    _update(client, "CREATE DATABASE shop")
+    assert _set_session(client, schema="shop", nope="x") == {"nope": 1}
+    assert _set_session(client, schema="no_such_db") == {"schema": 2}
+    assert _set_session(client, catalog="other") == {"catalog": 2}
+    assert _session_options(client)["schema"] == "default"
+    assert _set_session(client, catalog="flightstore", schema="SHOP") == {}
+    assert _session_options(client)["schema"] == "shop"
 
 
 def _session_options(client) -> dict:
     [answer] = list(client.do_action(flight.Action(
         protocol.GET_SESSION_OPTIONS, protocol.GetSessionOptionsRequest().SerializeToString())))
     options = protocol.parse("GetSessionOptionsResult", answer.body.to_pybytes()).session_options
-    return {key: value.string_value for key, value in options.items()}
+    return {key: getattr(value, value.WhichOneof("option_value")) for key, value in options.items()}
 
 
 def test_session_options_belong_to_their_connection(client, server) -> None:
-    request = protocol.SetSessionOptionsRequest(
-        session_options={"catalog": protocol.SessionOptionValue(string_value="shop")})
-    list(client.do_action(flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString())))
+    _update(client, "CREATE DATABASE shop")
+    assert _set_session(client, schema="shop") == {}
     other = flight.FlightClient(server.uri)
     try:
-        assert _session_options(other) == {}
-        assert _session_options(client) == {"catalog": "shop"}
+        assert _session_options(other)["schema"] == "default"
+        assert _session_options(client)["schema"] == "shop"
     finally:
         other.close()

@@ -1,4 +1,6 @@
-"""Raw pyarrow.flight: one endpoint per bucket, each ticket readable alone, in any order, anywhere."""
+"""Raw pyarrow.flight: one endpoint by default; with the session option
+``flightstore.per-bucket-endpoints`` one endpoint per bucket, each ticket readable alone, in any
+order, anywhere."""
 
 from __future__ import annotations
 
@@ -35,6 +37,14 @@ def _info(client: flight.FlightClient, sql: str) -> flight.FlightInfo:
     return client.get_flight_info(flight.FlightDescriptor.for_command(command))
 
 
+def _per_bucket(client: flight.FlightClient, on: bool = True) -> None:
+    """Ask this connection's session for one endpoint per bucket (as the Spark connector does)."""
+    request = protocol.SetSessionOptionsRequest()
+    request.session_options["flightstore.per-bucket-endpoints"].bool_value = on
+    [answer] = client.do_action(flight.Action(protocol.SET_SESSION_OPTIONS, request.SerializeToString()))
+    assert not protocol.parse("SetSessionOptionsResult", answer.body.to_pybytes()).errors
+
+
 def _sorted(table: pa.Table) -> pa.Table:
     return table.sort_by([(name, "ascending") for name in table.column_names]).combine_chunks()
 
@@ -47,6 +57,7 @@ def _sorted(table: pa.Table) -> pa.Table:
 def test_scan_has_one_endpoint_per_bucket_readable_alone(loaded, sql, table, columns) -> None:
     server, data = loaded
     client = flight.FlightClient(server.uri)
+    _per_bucket(client)
     info = _info(client, sql)
     buckets = server.store.table(table).num_buckets
     assert len(info.endpoints) == buckets
@@ -74,9 +85,34 @@ def test_scan_has_one_endpoint_per_bucket_readable_alone(loaded, sql, table, col
     assert _sorted(whole).equals(_sorted(expected))
 
 
+@pytest.mark.parametrize("sql", ["SELECT * FROM m", "SELECT id FROM lg WHERE v > 0.5",
+                                 "SELECT id, _change_type FROM m$changelog"])
+def test_scan_has_one_endpoint_streaming_every_bucket_by_default(loaded, sql) -> None:
+    """Clients that read only ``endpoints[0]`` get every row; switching the option off again (or
+    another connection) brings the single endpoint back."""
+    server, data = loaded
+    client = flight.FlightClient(server.uri)
+    other = flight.FlightClient(server.uri)
+    try:
+        _per_bucket(other)
+        assert len(_info(other, sql).endpoints) > 1
+        for _ in range(2):
+            info = _info(client, sql)
+            assert len(info.endpoints) == 1
+            table = client.do_get(info.endpoints[0].ticket).read_all()
+            expected = data.filter(pa.compute.greater(data["v"], 0.5)) if "WHERE" in sql else data
+            assert sorted(table.column("id").to_pylist()) == sorted(expected.column("id").to_pylist())
+            _per_bucket(other, False)
+            client, other = other, client
+    finally:
+        client.close()
+        other.close()
+
+
 def test_pieces_are_disjoint_buckets(loaded) -> None:
     server, _ = loaded
     client = flight.FlightClient(server.uri)
+    _per_bucket(client)
     info = _info(client, "SELECT id FROM m")
     seen: set[int] = set()
     for endpoint in info.endpoints:

@@ -28,9 +28,25 @@ def spark():
                .config("spark.python.worker.reuse", "true")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
+    _start_python_workers(session)
     flightstore_spark.register(session)
     yield session
     session.stop()
+
+
+def _start_python_workers(session, attempts: int = 5) -> None:
+    """Start Spark's Python worker daemon before any test needs it.
+
+    Spark gives a starting Python worker (daemon) a fixed 10 s to connect back to the JVM; on a
+    loaded 2-core machine the first start, which imports pyspark, can miss that. The daemon then
+    stays up for the session (``spark.python.worker.reuse``), so the retry is needed only here."""
+    for attempt in range(attempts):
+        try:
+            assert session.sparkContext.parallelize([1, 2], 2).map(lambda x: x + 1).collect() == [2, 3]
+            return
+        except Exception:  # noqa: BLE001 - Py4JJavaError "Python worker failed to connect back"
+            if attempt == attempts - 1:
+                raise
 
 
 @pytest.fixture

@@ -91,6 +91,10 @@ def test_pushed_query_and_filter_translation(spark, server, tables):
     assert point.rdd.getNumPartitions() == 1 and _spark_rows(point) == [(42, 420)]
     limited = _load(spark, server, query="SELECT id FROM db.lg LIMIT 7")
     assert limited.count() == 7
+    # a pushed scan asks for one endpoint per bucket (a session option): one partition each
+    scan = _load(spark, server, query="SELECT k FROM db.kv WHERE v >= 0")
+    assert scan.rdd.getNumPartitions() == 2
+    assert sorted(r[0] for r in _spark_rows(scan)) == [k for k in range(100) if k not in (5, 6, 7, 8)]
 
     schema = _load(spark, server, table="db.lg").schema
     reader = FlightstoreReader({"uri": server.uri, "table": "db.lg"}, schema)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from flightstore.client import connect
+from tests.waiting import distinct_millisecond, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -54,9 +55,7 @@ def test_changelog_stream_with_concurrent_writer_and_restart(spark, server, tmp_
              .writeStream.foreachBatch(_collect_into(seen)).option("checkpointLocation", checkpoint)
              .trigger(processingTime="100 milliseconds").start())
     writer.join()
-    deadline = time.time() + 60
-    while sum(len(rows) for _, rows in seen) < 40 and time.time() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: sum(len(rows) for _, rows in seen) >= 40, "the stream delivering 40 rows")
     query.stop()
     assert query.exception() is None
     write(5, 15)
@@ -88,9 +87,7 @@ def test_startup_modes(spark, server, tmp_path):
     kv.upsert({"k": [2], "v": ["b2"]})
     kv.delete({"k": [4]})
     middle = kv.offsets("end")
-    time.sleep(0.01)
-    stamp = int(time.time() * 1000)
-    time.sleep(0.01)
+    stamp = distinct_millisecond()
     kv.upsert({"k": [5, 1], "v": ["e", "a2"]})
 
     def run(name: str, **options) -> list[dict]:

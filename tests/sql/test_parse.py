@@ -76,7 +76,8 @@ def test_syntax_error_points_at_the_text() -> None:
         parse_statement("SELECT * FROM t WHERE")
     message = str(info.value)
     assert "line 1, column 21" in message and "'WHERE'" in message
-    assert "Required keyword" in message
+    assert "WHERE needs an expression after it" in message
+    assert "sqlglot" not in message and "Required keyword" not in message
     with pytest.raises(errors.SqlError, match="line 2"):
         parse_statement("SELECT a\nFROM t WHERE (b = 1")
 
@@ -95,7 +96,7 @@ def test_one_statement_only() -> None:
 
 
 @pytest.mark.parametrize("sql, kind", [
-    ("GRANT SELECT ON t TO u", "GRANT"), ("ALTER TABLE t ADD COLUMN x INT", "ALTER"),
+    ("CREATE VIEW v AS SELECT 1", "CREATE"), ("ALTER TABLE t ADD COLUMN x INT", "ALTER"),
     ("TRUNCATE TABLE t", "TRUNCATE"), ("SET 'a' = 'b'", "SET"), ("CALL proc()", "CALL"),
 ])
 def test_unsupported_statements_name_their_kind(sql: str, kind: str) -> None:

@@ -289,3 +289,10 @@ def test_pushdown_filter_in_residual_is_bound() -> None:
 def test_in_filter_values_cast() -> None:
     result = plan("SELECT * FROM items WHERE qty IN (1, 2.0)", sample_catalog())
     assert result.filter == In("qty", (1, 2))
+
+
+def test_schema_qualified_column_of_a_table_not_in_from_is_an_error() -> None:
+    with pytest.raises(errors.SqlError, match=r"analytics\.orders.*not in the FROM clause"):
+        plan("SELECT analytics.orders.amount, COUNT(*) FROM shop.orders GROUP BY 1", sample_catalog())
+    with pytest.raises(errors.SqlError, match="use the alias"):
+        plan("SELECT shop.orders.amount, COUNT(*) FROM shop.orders o GROUP BY 1", sample_catalog())

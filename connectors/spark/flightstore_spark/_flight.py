@@ -39,6 +39,11 @@ class Options:
         self.query = options.get("query")
         self.username = options.get("username")
         self.password = options.get("password")
+        # TLS: PEM file paths readable on the driver and every executor.
+        self.tls = {key: options.get(name) for key, name in (("tls_root_certs", "tls.root.certs"),
+                                                             ("cert_chain", "tls.cert.chain"),
+                                                             ("private_key", "tls.private.key"))
+                    if options.get(name)}
         columns = options.get("columns")
         self.columns = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
         if not self.table and not self.query:
@@ -49,11 +54,13 @@ class Options:
         return self.raw.get(name.lower(), default)
 
     def connect(self) -> Connection:
-        return open_connection(self.uri, self.username, self.password)
+        return open_connection(self.uri, self.username, self.password, **self.tls)
 
 
-def open_connection(uri: str, username: str | None = None, password: str | None = None) -> Connection:
-    return connect(uri, username=username, password=password)
+def open_connection(uri: str, username: str | None = None, password: str | None = None,
+                    **tls: str) -> Connection:
+    """A client connection; ``tls`` holds :func:`flightstore.connect`'s TLS arguments (PEM paths)."""
+    return connect(uri, username=username, password=password, **tls)
 
 
 class TableInfo:
@@ -104,6 +111,9 @@ def table_info(conn: Connection, name: str) -> TableInfo:
 
 
 def query_endpoints(conn: Connection, query: str) -> flight.FlightInfo:
+    """The FlightInfo of a pushed query with one endpoint per bucket for scans: Spark reads each
+    endpoint as its own partition, in parallel (the server's default is a single endpoint)."""
+    conn.set_session_options({"flightstore.per-bucket-endpoints": True})
     command = protocol.pack_any(protocol.CommandStatementQuery(query=query))
     return conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
 

@@ -1,9 +1,10 @@
 """``spark.read.format("flightstore")``: schema from the server, one Spark partition per bucket
 (Flight endpoint), Arrow record batches straight from DoGet, filters and columns pushed to the server.
 
-Options: ``uri`` (grpc://host:port), ``table`` (``db.t``) or ``query`` (a whole SELECT pushed to the
-server; its Flight endpoints become the partitions), ``columns`` (``a,b``: pruned on the server),
-``username``/``password``; streaming options are in :mod:`flightstore_spark.stream`, write options
+Options: ``uri`` (grpc://host:port, grpc+tls://host:port), ``table`` (``db.t``) or ``query`` (a whole
+SELECT pushed to the server; its Flight endpoints become the partitions), ``columns`` (``a,b``:
+pruned on the server), ``username``/``password``, ``tls.root.certs`` (PEM file of the CA that signed
+the server's certificate) and, for mutual TLS, ``tls.cert.chain``/``tls.private.key``; streaming options are in :mod:`flightstore_spark.stream`, write options
 in :mod:`flightstore_spark.writer`.
 """
 

@@ -1,0 +1,133 @@
+"""Where the cluster keeps its state in ZooKeeper: the znode layout and its JSON payloads.
+
+Every znode flightstore writes sits under one root: the chroot of ``--zookeeper HOST:PORT/chroot``,
+or ``/flightstore`` without one, so several clusters (and tests) share one ZooKeeper::
+
+    <root>/cluster-id                        persistent  {"cluster_id"}: a data directory remembers it
+    <root>/servers/<id>                      ephemeral   ServerInfo: uri, pid, catalog_version
+    <root>/coordinator/election/...          kazoo Election (Lock) contenders
+    <root>/coordinator/active                ephemeral   {"id", "uri", "epoch"} of the coordinator
+    <root>/coordinator/epoch                 persistent  {"epoch"}; its znode version fences writes
+    <root>/metadata/version                  persistent  {"version", "assigned"}: bumped by each DDL
+    <root>/metadata/databases/<db>           persistent  {}
+    <root>/metadata/databases/<db>/<table>   persistent  {"table_id", "descriptor"}
+    <root>/metadata/assignments/<table_id>   persistent  {"path", "buckets": [{leader, leader_epoch,
+                                                          replicas}], "coordinator_epoch"}
+    <root>/ddl/requests/r-<seq>              persistent sequential: a DDL request
+    <root>/ddl/responses/r-<seq>             persistent  its answer, read and deleted by the requester
+
+Payloads are UTF-8 JSON objects (:func:`encode` / :func:`decode`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from flightstore.errors import InvalidInput
+
+__all__ = ["ZkAddress", "ZkPaths", "decode", "encode"]
+
+_HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+@dataclass(frozen=True)
+class ZkAddress:
+    """A parsed ``HOST:PORT[,HOST:PORT...][/chroot]``: the ensemble to connect to and the root."""
+
+    hosts: str
+    root: str
+
+    @classmethod
+    def parse(cls, text: str) -> ZkAddress:
+        text = str(text).strip()
+        hosts, slash, chroot = text.partition("/")
+        if not hosts or not all(_HOST_PORT.match(part) for part in hosts.split(",")):
+            raise InvalidInput(f"--zookeeper expects HOST:PORT[,HOST:PORT...][/chroot], got {text!r}")
+        root = "/" + chroot.strip("/") if slash and chroot.strip("/") else "/flightstore"
+        if "//" in root or any(part in (".", "..") for part in root.split("/")):
+            raise InvalidInput(f"invalid ZooKeeper chroot {root!r}")
+        return cls(hosts, root)
+
+    def __str__(self) -> str:
+        return f"{self.hosts}{self.root}"
+
+
+@dataclass(frozen=True)
+class ZkPaths:
+    """The znode paths of one cluster root."""
+
+    root: str
+
+    @property
+    def cluster_id(self) -> str:
+        return f"{self.root}/cluster-id"
+
+    @property
+    def servers(self) -> str:
+        return f"{self.root}/servers"
+
+    def server(self, server_id: int) -> str:
+        return f"{self.servers}/{server_id}"
+
+    @property
+    def election(self) -> str:
+        return f"{self.root}/coordinator/election"
+
+    @property
+    def active_coordinator(self) -> str:
+        return f"{self.root}/coordinator/active"
+
+    @property
+    def coordinator_epoch(self) -> str:
+        return f"{self.root}/coordinator/epoch"
+
+    @property
+    def version(self) -> str:
+        return f"{self.root}/metadata/version"
+
+    @property
+    def databases(self) -> str:
+        return f"{self.root}/metadata/databases"
+
+    def database(self, name: str) -> str:
+        return f"{self.databases}/{name}"
+
+    def table(self, database: str, table: str) -> str:
+        return f"{self.databases}/{database}/{table}"
+
+    @property
+    def assignments(self) -> str:
+        return f"{self.root}/metadata/assignments"
+
+    def assignment(self, table_id: str) -> str:
+        return f"{self.assignments}/{table_id}"
+
+    @property
+    def requests(self) -> str:
+        return f"{self.root}/ddl/requests"
+
+    @property
+    def responses(self) -> str:
+        return f"{self.root}/ddl/responses"
+
+    def response(self, request_name: str) -> str:
+        return f"{self.responses}/{request_name}"
+
+    def persistent_parents(self) -> list[str]:
+        """The parents every member makes sure exist before using the layout."""
+        return [self.servers, self.election, self.databases, self.assignments, self.requests,
+                self.responses]
+
+
+def encode(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode(data: bytes | None) -> dict[str, Any]:
+    """The JSON object in ``data``; an empty dict for an empty or missing payload."""
+    if not data:
+        return {}
+    return json.loads(data.decode())

@@ -1,0 +1,253 @@
+"""One server's membership in a cluster: session, registration, metadata, mirror, coordinator role.
+
+``ClusterMember.start`` joins in this order:
+
+1. connect to ZooKeeper (session timeout ``zookeeper.session-timeout``) and create the layout;
+2. check the data directory belongs here (:meth:`CatalogMirror.check`);
+3. start following the metadata (:class:`MetadataCache`) and campaigning to coordinate;
+4. wait until the catalog exists (a coordinator bootstrapped it) and the local mirror applied it;
+5. register ``servers/<id>`` (ephemeral, with the advertised URI): from then on the server is live
+   and counted when new tables' buckets are assigned.
+
+A server killed with -9 keeps its registration until ZooKeeper expires its session; restarted
+before that, it waits for the stale registration to expire (a live server with the same id makes
+start fail with :class:`ServerIdInUse`). After a lost session (a long pause, a ZooKeeper outage)
+kazoo opens a new one: the member registers again and the cache re-reads everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from flightstore.cluster.coordinator import Coordinator
+from flightstore.cluster.ddl import DdlClient
+from flightstore.cluster.layout import ZkAddress, ZkPaths, decode, encode
+from flightstore.cluster.metadata import MetadataCache
+from flightstore.cluster.mirror import CatalogMirror
+from flightstore.cluster.store import ClusterStore
+from flightstore.cluster.view import ClusterView, ServerInfo
+from flightstore.config import SERVER_OPTIONS
+from flightstore.errors import CoordinatorUnavailable, ServerIdInUse, Unavailable
+from flightstore.schema import TablePath
+
+__all__ = ["ClusterConfig", "ClusterMember", "join"]
+
+log = logging.getLogger("flightstore.cluster")
+
+_ZK_ERRORS = (KazooException, KazooTimeoutError)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How a server joins: ZooKeeper address, its id, the URI it is reached at, timeouts (ms)."""
+
+    zookeeper: ZkAddress
+    server_id: int
+    advertised_uri: str | None = None  # None: grpc://HOST:PORT of the listening address
+    session_timeout_ms: int = SERVER_OPTIONS["zookeeper.session-timeout"].default
+    ddl_timeout_ms: int = SERVER_OPTIONS["cluster.ddl-timeout"].default
+
+
+def join(config: ClusterConfig, store: ClusterStore, host: str, port: int) -> ClusterMember:
+    """Start the membership of a server listening on ``host:port`` (the server's one hook)."""
+    if config.advertised_uri is None:
+        config = replace(config, advertised_uri=f"grpc://{host}:{port}")
+    member = ClusterMember(config, store)
+    member.start()
+    return member
+
+
+class ClusterMember:
+    """Joins ``store`` to the cluster of ``config``; :meth:`start`, then :meth:`stop`."""
+
+    def __init__(self, config: ClusterConfig, store: ClusterStore) -> None:
+        if config.advertised_uri is None:
+            raise ValueError("ClusterMember needs the advertised URI (see join())")
+        self.config = config
+        self.store = store
+        self.paths = ZkPaths(config.zookeeper.root)
+        self.client = KazooClient(hosts=config.zookeeper.hosts,
+                                  timeout=config.session_timeout_ms / 1000,
+                                  connection_retry={"max_tries": -1, "max_delay": 1.0},
+                                  command_retry={"max_tries": 3, "max_delay": 1.0})
+        self.metadata = MetadataCache(self.client, self.paths)
+        self.mirror = CatalogMirror(store, config.server_id)
+        self.coordinator = Coordinator(self.client, self.paths, config.server_id, config.advertised_uri)
+        self.ddl = DdlClient(self.client, self.paths, config.server_id)
+        self._registered = threading.Event()
+        self._reregister = threading.Event()
+        self._stop = threading.Event()
+        self._keeper = threading.Thread(target=self._keep_registered, name="cluster-registration",
+                                        daemon=True)
+
+    @property
+    def server_id(self) -> int:
+        return self.config.server_id
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.coordinator.leading.is_set()
+
+    def view(self) -> ClusterView:
+        return self.metadata.view()
+
+    # ---- joining and leaving ------------------------------------------------------------------
+    def start(self, timeout: float | None = None) -> None:
+        """Join the cluster; raises a :class:`FlightstoreError` (and leaves nothing behind) when
+        ZooKeeper is unreachable, the data directory belongs elsewhere or the id is taken."""
+        timeout = timeout if timeout is not None else max(30.0, 3 * self.config.session_timeout_ms / 1000)
+        deadline = time.monotonic() + timeout
+        try:
+            self.client.start(timeout=timeout)
+        except KazooTimeoutError:
+            self.client.stop()
+            self.client.close()
+            raise Unavailable(f"cannot connect to ZooKeeper at {self.config.zookeeper.hosts} within "
+                              f"{timeout:g} s") from None
+        try:
+            for parent in self.paths.persistent_parents():
+                self.client.ensure_path(parent)
+            cluster_id = self._cluster_id()
+            self.mirror.check(cluster_id)
+            self.mirror.on_applied = self._publish_applied
+            self.metadata.add_listener(self.mirror.apply)
+            self.metadata.start()
+            self.client.add_listener(self._on_state)
+            self.coordinator.start()
+            view = self.metadata.wait_for(lambda v: v.version > 0, max(0.0, deadline - time.monotonic()))
+            if view is None:
+                raise CoordinatorUnavailable("no coordinator bootstrapped the cluster catalog in time")
+            self.mirror.check(view.cluster_id)
+            if not self.mirror.wait_applied(view.version, max(0.0, deadline - time.monotonic())):
+                raise Unavailable(f"could not apply the cluster catalog locally: {self.mirror.last_error}")
+            self._register(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        self.store.member = self
+        self._keeper.start()
+        log.info("server %d joined the cluster at %s as %s", self.server_id, self.config.zookeeper,
+                 self.config.advertised_uri)
+
+    def stop(self) -> None:
+        """Leave: stop coordinating and following, close the session (the registration goes with
+        it at once, so the others see this server down without waiting for a timeout)."""
+        self._stop.set()
+        self._reregister.set()
+        self.store.member = None
+        self.coordinator.stop()
+        self.metadata.stop()
+        if self._keeper.is_alive():
+            self._keeper.join(10)
+        try:
+            self.client.stop()
+        finally:
+            self.client.close()
+
+    def _cluster_id(self) -> str | None:
+        try:
+            return decode(self.client.get(self.paths.cluster_id)[0])["cluster_id"]
+        except NoNodeError:
+            return None
+
+    # ---- registration -------------------------------------------------------------------------
+    def _info(self) -> bytes:
+        return encode(ServerInfo(self.server_id, self.config.advertised_uri, os.getpid(),
+                                 self.mirror.applied_version).to_json())
+
+    def _register(self, deadline: float) -> None:
+        path = self.paths.server(self.server_id)
+        gone = threading.Event()
+        while True:
+            try:
+                self.client.create(path, self._info(), ephemeral=True)
+                self._registered.set()
+                return
+            except NodeExistsError:
+                pass
+            try:
+                data, stat = self.client.get(path, watch=lambda event: gone.set())
+            except NoNodeError:
+                continue
+            if stat.ephemeralOwner == self.client.client_id[0]:
+                self.client.set(path, self._info())
+                self._registered.set()
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                holder = ServerInfo.from_json(decode(data))
+                raise ServerIdInUse(f"server id {self.server_id} is registered by a live server at "
+                                    f"{holder.uri} (pid {holder.pid}); give each server its own "
+                                    "--server-id")
+            log.info("waiting for the previous registration of server %d to expire", self.server_id)
+            gone.wait(remaining)
+            gone.clear()
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self._registered.clear()
+        elif state == KazooState.CONNECTED and not self._registered.is_set():
+            self._reregister.set()
+
+    def _keep_registered(self) -> None:
+        """Register again after a lost session (the ephemeral znode went with it)."""
+        while not self._stop.is_set():
+            self._reregister.wait()
+            self._reregister.clear()
+            if self._stop.is_set() or self._registered.is_set():
+                continue
+            try:
+                self._register(time.monotonic() + 2 * self.config.session_timeout_ms / 1000 + 10)
+                log.info("server %d registered again after a lost ZooKeeper session", self.server_id)
+            except _ZK_ERRORS + (ServerIdInUse,) as exc:
+                log.warning("registering again failed (%s); retrying", exc)
+                self._stop.wait(1.0)
+                self._reregister.set()
+
+    def _publish_applied(self, version: int) -> None:
+        """Tell the others (and DDL requesters) which catalog version this server has applied."""
+        if not self._registered.is_set():
+            return
+        try:
+            self.client.set(self.paths.server(self.server_id), self._info())
+        except _ZK_ERRORS:
+            pass  # registering again writes the current version
+
+    # ---- DDL ----------------------------------------------------------------------------------
+    def run_ddl(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run ``request`` through the coordinator; return once this server applied it (and, for
+        up to the DDL timeout, once every live server did, so the table is usable everywhere)."""
+        timeout = self.config.ddl_timeout_ms / 1000
+        deadline = time.monotonic() + timeout
+        response = self.ddl.submit(request, timeout)
+        version = int(response["version"])
+        self.metadata.refresh(max(0.0, deadline - time.monotonic()))
+        if not self.mirror.wait_applied(version, max(0.0, deadline - time.monotonic())):
+            raise Unavailable(f"{request['op']} was committed (catalog version {version}) but this server "
+                              f"has not applied it yet: {self.mirror.last_error or 'still applying'}")
+        lagging = self.metadata.wait_for(
+            lambda view: all(s.catalog_version >= version for s in view.servers.values()),
+            max(0.0, deadline - time.monotonic()))
+        if lagging is None:
+            behind = sorted(i for i, s in self.view().servers.items() if s.catalog_version < version)
+            log.warning("catalog version %d not yet applied by servers %s", version, behind)
+        return response
+
+    # ---- the metadata API over Flight ---------------------------------------------------------
+    def describe(self, table: str | None = None) -> dict[str, Any]:
+        """This server's view as JSON: servers, coordinator, catalog version and, per table,
+        each bucket's leader, URI and availability (the ``flightstore.cluster`` action)."""
+        view = self.view()
+        path = TablePath.parse(table) if table else None
+        return {"server_id": self.server_id, "uri": self.config.advertised_uri,
+                "is_coordinator": self.is_coordinator, "applied_version": self.mirror.applied_version,
+                **view.to_json(path)}

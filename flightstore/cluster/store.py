@@ -1,0 +1,74 @@
+"""A :class:`~flightstore.store.Store` whose DDL the cluster's coordinator decides.
+
+In cluster mode the server runs on a ``ClusterStore``: every DDL path of the server (SQL DDL, bulk
+ingest that creates or replaces a table, the Python client) calls ``create_table`` & co., which
+here validate locally, send the request to the coordinator and return once this server's catalog
+mirror has applied the committed change (so the caller can use the table at once). The mirror
+applies the coordinator's decisions to this data directory with the ``local_*`` methods: the
+single-server operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from flightstore.errors import CoordinatorUnavailable
+from flightstore.schema import TableDescriptor, TablePath
+from flightstore.store import Store, Table, new_table_descriptor
+
+if TYPE_CHECKING:
+    from flightstore.cluster.member import ClusterMember
+
+__all__ = ["ClusterStore"]
+
+
+class ClusterStore(Store):
+    """A data directory of one cluster member; DDL goes through :attr:`member`'s coordinator."""
+
+    def __init__(self, data_dir: Any, *, fsync: bool = False) -> None:
+        super().__init__(data_dir, fsync=fsync)
+        self.member: ClusterMember | None = None
+
+    def _ddl(self, request: dict[str, Any]) -> None:
+        member = self.member
+        if member is None:
+            raise CoordinatorUnavailable("this server has not joined its cluster yet; retry shortly")
+        member.run_ddl(request)
+
+    # ---- DDL, through the coordinator ----------------------------------------------------------
+    def create_database(self, name: str, if_not_exists: bool = False) -> None:
+        self._ddl({"op": "create_database", "name": name, "if_not_exists": if_not_exists})
+
+    def drop_database(self, name: str, if_exists: bool = False, cascade: bool = False) -> None:
+        self._ddl({"op": "drop_database", "name": name, "if_exists": if_exists, "cascade": cascade})
+
+    def create_table(self, path: TablePath | str, schema: pa.Schema | None = None, *,
+                     primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
+                     options: Mapping[str, Any] | None = None, if_not_exists: bool = False,
+                     descriptor: TableDescriptor | None = None) -> Table:
+        descriptor = new_table_descriptor(self._path(path) if descriptor is None else descriptor.path,
+                                          schema, primary_key=primary_key, partition_keys=partition_keys,
+                                          options=options, descriptor=descriptor)
+        self._ddl({"op": "create_table", "descriptor": descriptor.to_json(), "if_not_exists": if_not_exists})
+        return self.table(descriptor.path)
+
+    def drop_table(self, path: TablePath | str, if_exists: bool = False) -> None:
+        path = self._path(path)
+        self._ddl({"op": "drop_table", "database": path.database, "table": path.table,
+                   "if_exists": if_exists})
+
+    # ---- what the catalog mirror applies locally ----------------------------------------------
+    def local_create_database(self, name: str) -> None:
+        Store.create_database(self, name, if_not_exists=True)
+
+    def local_drop_database(self, name: str) -> None:
+        Store.drop_database(self, name, if_exists=True, cascade=True)
+
+    def local_create_table(self, descriptor: TableDescriptor) -> None:
+        Store.create_table(self, descriptor.path, descriptor=descriptor)
+
+    def local_drop_table(self, path: TablePath) -> None:
+        Store.drop_table(self, path, if_exists=True)

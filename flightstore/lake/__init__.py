@@ -1,0 +1,44 @@
+"""The lake tier: tables tiered from the log into Apache Iceberg (pyiceberg), read back by any engine.
+
+Modules, in the order data flows:
+
+* :mod:`~flightstore.lake.settings` - where the lake lives (catalog URI, warehouse, S3) and tiering
+  options, resolved from the server options;
+* :mod:`~flightstore.lake.catalog` - the Iceberg SQL catalog and one lake table per table;
+* :mod:`~flightstore.lake.layout` - the lake table's schema, partition spec (bucket-aligned) and rows;
+* :mod:`~flightstore.lake.offsets` - tiered offsets in the snapshot summaries;
+* :mod:`~flightstore.lake.tiering` - one crash-safe tiering round;
+* :mod:`~flightstore.lake.lease` - at most one tierer per table;
+* :mod:`~flightstore.lake.tierer` - the server's background tierer (freshness, backoff, retention);
+* :mod:`~flightstore.lake.status` - lag per table and bucket;
+* :mod:`~flightstore.lake.read` - reading the lake (time travel, pruning, filters).
+"""
+
+from flightstore.lake.catalog import LakeCatalog
+from flightstore.lake.layout import BUCKET_COLUMN, META_COLUMNS, OFFSET_COLUMN, TIMESTAMP_COLUMN
+from flightstore.lake.lease import Lease, LeaseStore
+from flightstore.lake.read import LakeSnapshot, lake_snapshots, plan_lake_files, read_lake
+from flightstore.lake.settings import LakeSettings
+from flightstore.lake.status import BucketStatus, TableStatus
+from flightstore.lake.tierer import LakeTierer
+from flightstore.lake.tiering import RoundResult, tier_log_round
+
+__all__ = [
+    "BUCKET_COLUMN",
+    "META_COLUMNS",
+    "OFFSET_COLUMN",
+    "TIMESTAMP_COLUMN",
+    "BucketStatus",
+    "LakeCatalog",
+    "LakeSettings",
+    "LakeSnapshot",
+    "LakeTierer",
+    "Lease",
+    "LeaseStore",
+    "RoundResult",
+    "TableStatus",
+    "lake_snapshots",
+    "plan_lake_files",
+    "read_lake",
+    "tier_log_round",
+]

@@ -1,0 +1,153 @@
+"""The lake's Iceberg catalog: one pyiceberg SqlCatalog, one Iceberg table per tiered table.
+
+A flightstore table ``db.t`` is the Iceberg table ``db.t`` (namespace = database), so any engine
+that knows the catalog finds it by the same name. The Iceberg table remembers which incarnation
+of the flightstore table it holds (``flightstore.table-id``, the table's data directory name): a
+table dropped and created again under the same name starts a new lake table, and the old one is
+kept, renamed ``<table>__replaced_<id>``, never silently mixed with the new rows.
+
+Everything the catalog or warehouse can throw (I/O, SQL, commit conflicts) leaves this package as
+:class:`~flightstore.errors.LakeUnavailable`; :meth:`LakeCatalog.reset` drops the connection so the
+next call reconnects (a restarted catalog database, a restored warehouse).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.table import Table as IcebergTable
+from sqlalchemy import create_engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from flightstore.config import ICEBERG_TABLE_PREFIX
+from flightstore.errors import FlightstoreError, LakeUnavailable, TableNotFound, Unsupported
+from flightstore.lake.layout import iceberg_schema, partition_spec, sort_order
+from flightstore.lake.offsets import TABLE_ID_PROPERTY
+from flightstore.lake.settings import CATALOG_NAME, LakeSettings
+from flightstore.schema import TableDescriptor, TablePath
+
+__all__ = ["LAKE_FAILURES", "LakeCatalog", "lake_failures"]
+
+# What an unreachable catalog database or an unwritable warehouse raises.
+LAKE_FAILURES = (OSError, pa.ArrowException, SQLAlchemyError, CommitFailedException,
+                 CommitStateUnknownException)
+
+
+@contextlib.contextmanager
+def lake_failures(what: str) -> Iterator[None]:
+    """Translate the lake's own failures inside the block into :class:`LakeUnavailable`."""
+    try:
+        yield
+    except FlightstoreError:
+        raise
+    except LAKE_FAILURES as exc:
+        raise LakeUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def table_properties(descriptor: TableDescriptor, table_id: str) -> dict[str, str]:
+    """Iceberg table properties: the ``iceberg.*`` table options and the incarnation id."""
+    properties = {key[len(ICEBERG_TABLE_PREFIX):]: value for key, value in descriptor.options.items()
+                  if key.startswith(ICEBERG_TABLE_PREFIX)}
+    properties[TABLE_ID_PROPERTY] = table_id
+    return properties
+
+
+class LakeCatalog:
+    """Opens the Iceberg catalog lazily and maps flightstore tables to Iceberg tables. Thread-safe."""
+
+    def __init__(self, settings: LakeSettings) -> None:
+        if settings.format != "iceberg":
+            raise Unsupported(f"datalake.format {settings.format!r} is not supported; use iceberg")
+        self.settings = settings
+        self._catalog: SqlCatalog | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def catalog(self) -> SqlCatalog:
+        """The pyiceberg catalog, connected on first use (LakeUnavailable if it cannot be)."""
+        with self._lock:
+            if self._catalog is None:
+                local = self.settings.local_warehouse
+                with lake_failures(f"opening the lake catalog {self.settings.catalog_uri}"):
+                    if self.settings.catalog_uri.startswith("sqlite:///"):
+                        Path(self.settings.catalog_uri[len("sqlite:///"):]).parent.mkdir(
+                            parents=True, exist_ok=True)
+                    if local is not None:
+                        local.mkdir(parents=True, exist_ok=True)
+                    catalog = SqlCatalog(CATALOG_NAME, **self.settings.pyiceberg_properties())
+                    if self.settings.catalog_uri.startswith("sqlite"):
+                        # No pooled connection across rounds: sqlite connections are cheap, and a
+                        # catalog file that went away (unmounted, restored) is noticed at once
+                        # instead of being written through a stale handle.
+                        catalog.engine.dispose()
+                        catalog.engine = create_engine(self.settings.catalog_uri, poolclass=NullPool)
+                    self._catalog = catalog
+            return self._catalog
+
+    def reset(self) -> None:
+        """Forget the connection; the next use reconnects."""
+        with self._lock:
+            catalog, self._catalog = self._catalog, None
+        if catalog is not None:
+            with contextlib.suppress(Exception):
+                catalog.engine.dispose()
+
+    @staticmethod
+    def identifier(path: TablePath) -> tuple[str, str]:
+        """The Iceberg identifier of a flightstore table: (database, table)."""
+        return (path.database, path.table)
+
+    def load_table(self, path: TablePath) -> IcebergTable:
+        """The lake table of ``path``; TableNotFound if nothing was tiered for it yet."""
+        with lake_failures(f"loading the lake table of {path}"):
+            try:
+                return self.catalog.load_table(self.identifier(path))
+            except (NoSuchTableError, NoSuchNamespaceError):
+                raise TableNotFound(f"table {path} has no lake table (not tiered yet)") from None
+
+    def ensure_table(self, descriptor: TableDescriptor, table_id: str) -> IcebergTable:
+        """The lake table of this incarnation of a table, created with its layout if missing.
+
+        ``table_id`` names the incarnation (the table's data directory); a lake table of another
+        incarnation is renamed out of the way first. ``iceberg.*`` options are kept in sync.
+        """
+        identifier = self.identifier(descriptor.path)
+        properties = table_properties(descriptor, table_id)
+        with lake_failures(f"opening the lake table of {descriptor.path}"):
+            catalog = self.catalog
+            catalog.create_namespace_if_not_exists(descriptor.path.database)
+            try:
+                table = catalog.load_table(identifier)
+            except NoSuchTableError:
+                table = None
+            if table is not None and table.properties.get(TABLE_ID_PROPERTY) != table_id:
+                old = table.properties.get(TABLE_ID_PROPERTY, "unknown").replace("-", "_")
+                catalog.rename_table(identifier, (identifier[0], f"{identifier[1]}__replaced_{old}"))
+                table = None
+            if table is None:
+                schema = iceberg_schema(descriptor)
+                try:
+                    table = catalog.create_table(identifier, schema,
+                                                 partition_spec=partition_spec(descriptor, schema),
+                                                 sort_order=sort_order(schema), properties=properties)
+                except TableAlreadyExistsError:  # another tierer created it meanwhile
+                    table = catalog.load_table(identifier)
+            stale = {k: v for k, v in properties.items() if table.properties.get(k) != v}
+            if stale:
+                with table.transaction() as transaction:
+                    transaction.set_properties(stale)
+                table = catalog.load_table(identifier)
+            return table

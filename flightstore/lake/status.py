@@ -1,0 +1,72 @@
+"""Tiering status: how far the lake is behind the log, per table and bucket, and why.
+
+Computed from what the tierer last learned from the lake (its tiered offsets, commit time, error)
+and from the log as it is now, so it answers while the lake is unreachable: that is exactly when
+the lag matters. Phase 2 serves it as a virtual table and in the CLI.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+from flightstore.store import Table
+
+__all__ = ["BucketStatus", "TableStatus", "bucket_statuses"]
+
+
+@dataclass(frozen=True)
+class BucketStatus:
+    """One bucket: the lake holds offsets below ``tiered_offset`` (None: not known yet), the log
+    ends at ``log_end_offset``; ``lag_records`` rows wait, the oldest since ``lag_seconds``."""
+
+    bucket: int
+    tiered_offset: int | None
+    log_end_offset: int
+    lag_records: int
+    lag_seconds: float
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    """One datalake-enabled table. ``last_commit_ms`` is the wall-clock time of the last tiering
+    commit, ``last_error`` the error of the latest failed attempt (None once a round succeeds)."""
+
+    table: str
+    buckets: tuple[BucketStatus, ...]
+    last_commit_ms: int | None
+    last_snapshot_id: int | None
+    last_error: str | None
+    last_error_ms: int | None
+    consecutive_failures: int
+    tierer: str | None
+
+    @property
+    def lag_records(self) -> int:
+        return sum(b.lag_records for b in self.buckets)
+
+    @property
+    def lag_seconds(self) -> float:
+        return max((b.lag_seconds for b in self.buckets), default=0.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"lag_records": self.lag_records, "lag_seconds": self.lag_seconds}
+
+
+def bucket_statuses(table: Table, tiered: dict[int, int] | None,
+                    now_ms: int | None = None) -> tuple[BucketStatus, ...]:
+    """Per-bucket lag of ``table`` given the ``tiered`` offsets (None: unknown; the lag then counts
+    from the log's start). ``lag_seconds`` is the age of the oldest untiered record."""
+    now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    statuses = []
+    for bucket, log in enumerate(table.logs):
+        end = log.end_offset
+        known = None if tiered is None else tiered.get(bucket, log.start_offset)
+        first = log.start_offset if known is None else max(known, log.start_offset)
+        lag_seconds = 0.0
+        if first < end:
+            oldest = next(iter(log.read(first, columns=[], max_rows=1)), None)
+            if oldest is not None:
+                lag_seconds = max(0.0, (now - oldest.timestamp_ms) / 1000)
+        statuses.append(BucketStatus(bucket, known, end, max(0, end - first), lag_seconds))
+    return tuple(statuses)

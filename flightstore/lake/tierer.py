@@ -1,0 +1,222 @@
+"""The server's tierer: a background thread that tiers every datalake-enabled table on its own.
+
+Each table is tiered every ``table.datalake.freshness`` (at once again while a backlog is left).
+A round first takes the table's lease (:mod:`flightstore.lake.lease`), so a tiering job running
+elsewhere and this server never work on one table together; the loser sees
+:class:`~flightstore.errors.TieringLeaseHeld` in its status and retries later.
+
+When the lake is unavailable (catalog down, warehouse not writable) the round fails with
+:class:`~flightstore.errors.LakeUnavailable`: the tierer drops its connection, records the error and
+retries after a backoff that doubles from 1 s up to ``datalake.tiering.retry-backoff.max``.
+Writes and reads of the log go on meanwhile, and the log keeps every untiered record: the tierer
+tells each table the offsets the lake holds (:attr:`flightstore.store.Table.retention_floor`) only
+once a commit (or the lake's last snapshot) proves them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flightstore.errors import FlightstoreError, InvalidInput, LakeUnavailable
+from flightstore.lake.catalog import LakeCatalog
+from flightstore.lake.lease import LeaseStore
+from flightstore.lake.settings import LakeSettings
+from flightstore.lake.status import TableStatus, bucket_statuses
+from flightstore.lake.tiering import RoundResult, tier_log_round
+from flightstore.schema import TablePath
+from flightstore.store import Store, Table
+
+__all__ = ["INITIAL_BACKOFF_MS", "LakeTierer"]
+
+log = logging.getLogger("flightstore.lake")
+INITIAL_BACKOFF_MS = 1000
+_IDLE_RECHECK_S = 1.0  # how soon a new datalake-enabled table is noticed
+
+
+@dataclass
+class _TableState:
+    """What the tierer knows of one table (guarded by the tierer's lock)."""
+
+    due: float = 0.0  # monotonic time of the next round
+    tiered: dict[int, int] | None = None
+    last_commit_ms: int | None = None
+    last_snapshot_id: int | None = None
+    last_error: str | None = None
+    last_error_ms: int | None = None
+    failures: int = 0
+
+
+class LakeTierer:
+    """Tiers the datalake-enabled tables of ``store`` into the lake of ``settings``."""
+
+    def __init__(self, store: Store, settings: LakeSettings, *, holder: str | None = None,
+                 catalog: LakeCatalog | None = None, hook: Callable[[str], None] | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.catalog = catalog or LakeCatalog(settings)
+        self.holder = holder or f"server:{socket.gethostname()}:{settings.data_dir}"
+        self.hook = hook
+        self._leases: LeaseStore | None = None
+        self._states: dict[TablePath, _TableState] = {}
+        self._lock = threading.Lock()
+        self._round_lock = threading.Lock()  # one round at a time (thread or tier_now)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> LakeTierer:
+        """Start the background thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lake-tierer", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop after the round in progress, give the leases back, close the catalog connection."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._lock:
+            paths = list(self._states)
+        for path in paths:
+            try:
+                self._lease_store().release(str(path), self.holder)
+            except FlightstoreError:
+                break  # the lake is down: the leases expire by themselves
+        self.catalog.reset()
+
+    def wake(self) -> None:
+        """Check for due tables now (e.g. after a table was created)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_due()
+            except Exception:  # the thread must outlive a bad pass; the next one retries
+                log.exception("tiering pass failed")
+            with self._lock:
+                next_due = min((s.due for s in self._states.values()), default=float("inf"))
+            delay = min(_IDLE_RECHECK_S, max(0.0, next_due - time.monotonic()))
+            self._wake.wait(delay)
+            self._wake.clear()
+
+    # ---- rounds ---------------------------------------------------------------------------------
+    def enabled_tables(self) -> list[TablePath]:
+        """The tables of the store with ``table.datalake.enabled``."""
+        paths = []
+        for path in self.store.catalog.all_tables():
+            try:
+                if self.store.catalog.get_table(path).option("table.datalake.enabled"):
+                    paths.append(path)
+            except FlightstoreError:
+                continue  # dropped meanwhile, or unreadable: its owner reports that
+        return paths
+
+    def run_due(self) -> list[RoundResult]:
+        """One pass: a round for every datalake-enabled table that is due. Errors are recorded in
+        the table's status (and retried after a backoff), never raised."""
+        results = []
+        paths = self.enabled_tables()
+        with self._lock:
+            for gone in set(self._states) - set(paths):
+                del self._states[gone]
+            for path in paths:
+                self._states.setdefault(path, _TableState())
+        for path in paths:
+            if self._stop.is_set():
+                break
+            with self._lock:
+                due = self._states[path].due <= time.monotonic()
+            if due:
+                try:
+                    results.append(self.tier_now(path))
+                except FlightstoreError:
+                    continue  # recorded by tier_now
+        return results
+
+    def tier_now(self, path: TablePath | str) -> RoundResult:
+        """Run one round of ``path`` now, whatever its schedule; record the outcome; raise its
+        error (LakeUnavailable, TieringLeaseHeld, ...) after recording it."""
+        path = path if isinstance(path, TablePath) else TablePath.parse(path)
+        table = self.store.table(path)
+        if not table.descriptor.option("table.datalake.enabled"):
+            raise InvalidInput(f"table {path} is not datalake-enabled ('table.datalake.enabled')")
+        with self._round_lock:
+            try:
+                result = self._round(table)
+            except Exception as exc:
+                self._failed(path, exc)
+                if isinstance(exc, FlightstoreError):
+                    raise
+                raise FlightstoreError(f"tiering {path} failed: {type(exc).__name__}: {exc}") from exc
+        self._succeeded(table, result)
+        return result
+
+    def _lease_store(self) -> LeaseStore:
+        if self._leases is None or self._leases.engine is not self.catalog.catalog.engine:
+            self._leases = LeaseStore(self.catalog.catalog.engine)
+        return self._leases
+
+    def _round(self, table: Table) -> RoundResult:
+        name = str(table.path)
+        leases = self._lease_store()
+        leases.acquire(name, self.holder, self.settings.lease_ms)
+        lake_table = self.catalog.ensure_table(table.descriptor, table.directory.name)
+        return tier_log_round(
+            table, lake_table, max_rows=self.settings.max_round_rows, hook=self.hook,
+            before_commit=lambda: leases.acquire(name, self.holder, self.settings.lease_ms))
+
+    def _succeeded(self, table: Table, result: RoundResult) -> None:
+        table.retention_floor = dict(result.end_offsets)
+        freshness_s = table.descriptor.option("table.datalake.freshness") / 1000
+        with self._lock:
+            state = self._states.setdefault(table.path, _TableState())
+            state.tiered = dict(result.end_offsets)
+            if result.snapshot_id is not None:  # also after a restart: the lake's latest commit
+                state.last_snapshot_id = result.snapshot_id
+                state.last_commit_ms = result.committed_at_ms
+            state.last_error = state.last_error_ms = None
+            state.failures = 0
+            state.due = time.monotonic() + (0.0 if result.backlog_left else freshness_s)
+        if result.rows:
+            log.info("tiered %d rows of %s in %.2f s (snapshot %s)", result.rows, table.path,
+                     result.seconds, result.snapshot_id)
+
+    def _failed(self, path: TablePath, exc: BaseException) -> None:
+        if not isinstance(exc, FlightstoreError) or isinstance(exc, LakeUnavailable):
+            self.catalog.reset()  # reconnect next time: the catalog may have come back elsewhere
+        with self._lock:
+            state = self._states.setdefault(path, _TableState())
+            state.failures += 1
+            state.last_error = f"{type(exc).__name__}: {exc}"
+            state.last_error_ms = int(time.time() * 1000)
+            backoff_ms = min(self.settings.retry_backoff_max_ms,
+                             INITIAL_BACKOFF_MS * 2 ** min(state.failures - 1, 30))
+            state.due = time.monotonic() + backoff_ms / 1000
+        log.warning("tiering %s failed (attempt %d): %s", path, state.failures, state.last_error)
+
+    # ---- status ---------------------------------------------------------------------------------
+    def status(self, path: TablePath | str) -> TableStatus:
+        """The tiering status of one datalake-enabled table (answers while the lake is down)."""
+        path = path if isinstance(path, TablePath) else TablePath.parse(path)
+        table = self.store.table(path)
+        if not table.descriptor.option("table.datalake.enabled"):
+            raise InvalidInput(f"table {path} is not datalake-enabled ('table.datalake.enabled')")
+        with self._lock:
+            state = self._states.get(path) or _TableState()
+            tiered = None if state.tiered is None else dict(state.tiered)
+            snapshot = (state.last_commit_ms, state.last_snapshot_id, state.last_error,
+                        state.last_error_ms, state.failures)
+        return TableStatus(str(path), bucket_statuses(table, tiered), *snapshot, tierer=self.holder)
+
+    def statuses(self) -> list[TableStatus]:
+        """The status of every datalake-enabled table."""
+        return [self.status(path) for path in self.enabled_tables()]

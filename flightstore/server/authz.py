@@ -1,0 +1,160 @@
+"""Authorization: the grants of a data directory and the one check every RPC goes through.
+
+The model is Fluss's (:mod:`flightstore.acl`): a principal (the authenticated user) may do an
+operation on a resource (cluster, database, table) when it holds a grant of that operation, or of
+one implying it, on the resource or any resource above it. Super users (``authorizer.super-users``)
+may do everything. With no authentication configured there is no principal and the server stays
+open: everyone is a super user.
+
+Grants live in ``DATA_DIR/grants.json``, rewritten atomically on every GRANT / REVOKE, so they
+survive restarts. A denied call is :class:`~flightstore.errors.Unauthorized` (Flight UNAUTHORIZED,
+gRPC PERMISSION_DENIED) naming the user, the operation and the resource, and changes nothing.
+
+Listings (``SHOW DATABASES``/``TABLES``/``GRANTS``, Flight SQL GetDbSchemas/GetTables) are filtered
+to what the caller may DESCRIBE; a database is listed when the caller may describe it or holds a
+grant on one of its tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+
+from flightstore.acl import CLUSTER, Grant, Operation, Permission, Resource
+from flightstore.errors import CorruptData, Unauthorized
+from flightstore.schema import TablePath
+from flightstore.sql import nodes
+from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
+
+__all__ = ["GRANTS_FILE", "Authorizer"]
+
+GRANTS_FILE = "grants.json"
+
+
+class Authorizer:
+    """Grants of one data directory, checked for ``principal`` (None: no authentication)."""
+
+    def __init__(self, data_dir: str | os.PathLike | None, *, enabled: bool,
+                 super_users: Iterable[str] = ()) -> None:
+        self.enabled = enabled
+        self.super_users = frozenset(super_users)
+        self._file = Path(data_dir) / GRANTS_FILE if data_dir is not None else None
+        self._grants: set[Grant] = set()
+        self._lock = threading.Lock()
+        if self._file is not None and self._file.exists():
+            try:
+                state = json.loads(self._file.read_text(encoding="utf-8"))
+                self._grants = {Grant.from_json(item) for item in state["grants"]}
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptData(f"grants file {self._file} is corrupt: {exc}") from None
+
+    # ---- checks -------------------------------------------------------------------------------
+    def is_super(self, principal: str | None) -> bool:
+        return not self.enabled or principal is None or principal in self.super_users
+
+    def allowed(self, principal: str | None, permission: Permission) -> bool:
+        if self.is_super(principal):
+            return True
+        with self._lock:
+            return any(grant.allows(principal, permission) for grant in self._grants)  # type: ignore[arg-type]
+
+    def check(self, principal: str | None, permissions: Iterable[Permission]) -> None:
+        """Raise Unauthorized naming the first permission ``principal`` lacks."""
+        if self.is_super(principal):
+            return
+        for permission in permissions:
+            if not self.allowed(principal, permission):
+                raise Unauthorized(f"user {principal!r} may not {permission.operation.value} "
+                                   f"{permission.resource} (no grant of {permission.operation.value} "
+                                   f"on it or above it)")
+
+    # ---- listings -----------------------------------------------------------------------------
+    def visible_tables(self, principal: str | None, paths: Sequence[TablePath]) -> list[TablePath]:
+        if self.is_super(principal):
+            return list(paths)
+        return [p for p in paths
+                if self.allowed(principal, Permission(Operation.DESCRIBE, Resource.of_table(p.database, p.table)))]
+
+    def visible_databases(self, principal: str | None, databases: Sequence[str]) -> list[str]:
+        if self.is_super(principal):
+            return list(databases)
+        with self._lock:
+            holds_table = {g.resource.database for g in self._grants
+                           if g.principal == principal and g.resource.kind == "table"}
+        return [db for db in databases if db in holds_table
+                or self.allowed(principal, Permission(Operation.DESCRIBE, Resource.of_database(db)))]
+
+    def filter_listing(self, principal: str | None, plan: nodes.PlanNode, result: pa.Table) -> pa.Table:
+        """``result`` of SHOW DATABASES / SHOW TABLES without the rows ``principal`` may not see."""
+        if self.is_super(principal):
+            return result
+        if isinstance(plan, nodes.ShowDatabases):
+            names = result.column(0).to_pylist()
+            keep = set(self.visible_databases(principal, names))
+        elif isinstance(plan, nodes.ShowTables):
+            names = result.column(0).to_pylist()
+            keep = {p.table for p in self.visible_tables(principal, [TablePath(plan.database, t) for t in names])}
+        else:
+            return result
+        return result.filter(pa.array([name in keep for name in names], pa.bool_()))
+
+    # ---- GRANT / REVOKE / SHOW GRANTS ---------------------------------------------------------
+    def apply(self, plan: nodes.Grant | nodes.Revoke) -> int:
+        """Add (GRANT) or remove (REVOKE) the plan's grants and save; returns how many changed."""
+        wanted = {Grant(principal, plan.resource, operation)
+                  for principal in plan.principals for operation in plan.operations}
+        with self._lock:
+            before = set(self._grants)
+            if isinstance(plan, nodes.Grant):
+                self._grants |= wanted
+            else:
+                self._grants -= wanted
+            changed = len(self._grants ^ before)
+            if changed:
+                try:
+                    self._save()
+                except OSError:
+                    self._grants = before  # nothing half-done: the file and memory agree
+                    raise
+        return changed
+
+    def show(self, principal: str | None, plan: nodes.ShowGrants) -> pa.Table:
+        """The grants matching ``plan`` on resources ``principal`` may DESCRIBE (Fluss's LIST_ACLS)."""
+        with self._lock:
+            grants = sorted(self._grants, key=_sort_key)
+        rows = [g for g in grants
+                if (plan.principal is None or g.principal == plan.principal)
+                and (plan.resource is None or g.resource == plan.resource)
+                and self.allowed(principal, Permission(Operation.DESCRIBE, g.resource))]
+        return pa.table({
+            "principal": [g.principal for g in rows],
+            "resource_type": [g.resource.kind.upper() for g in rows],
+            "resource": [_resource_name(g.resource) for g in rows],
+            "operation": [g.operation.value for g in rows],
+        }, schema=SHOW_GRANTS_SCHEMA)
+
+    def _save(self) -> None:
+        if self._file is None:
+            return
+        tmp = self._file.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({"version": 1, "grants": [g.to_json() for g in sorted(self._grants, key=_sort_key)]},
+                      handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self._file)
+
+
+def _sort_key(grant: Grant) -> tuple:
+    return (grant.principal, grant.resource.database or "", grant.resource.table or "", grant.operation.value)
+
+
+def _resource_name(resource: Resource) -> str:
+    if resource == CLUSTER:
+        return "cluster"
+    return resource.database if resource.table is None else f"{resource.database}.{resource.table}"

@@ -1,0 +1,216 @@
+"""Prometheus metrics of one server (prometheus-client), served on ``--metrics-port``.
+
+Series (each server has its own registry, so several servers in one process do not mix):
+
+* ``flightstore_rpc_total{method,status}`` and ``flightstore_rpc_duration_seconds{method,status}``
+  (histogram): every Flight call, measured by :class:`MetricsMiddlewareFactory` from its start to
+  its completion (a DoGet stream's last message included); ``status`` is the gRPC status name
+  (``OK``, ``INVALID_ARGUMENT``, ``UNAUTHENTICATED``, ``PERMISSION_DENIED``, ...). Calls refused by
+  authentication are counted too.
+* ``flightstore_rows_in_total{table}``, ``flightstore_bytes_in_total{table}``: rows and Arrow bytes
+  written (DoPut, ingest, SQL INSERT); ``flightstore_rows_out_total{table}``,
+  ``flightstore_bytes_out_total{table}``: rows and bytes sent to clients, labelled with the table a
+  result comes from (the input tables, comma-separated, for joins and other residual SQL).
+* ``flightstore_log_end_offset{table,bucket}``, ``flightstore_kv_applied_offset{table,bucket}``:
+  read at scrape time from the tables this server has open.
+* ``flightstore_active_queries`` (GetFlightInfo and DoGet calls in flight, subscriptions excluded),
+  ``flightstore_active_subscriptions`` (changelog streams open).
+* Memory: ``process_resident_memory_bytes`` and the other ``process_*`` series of the process
+  collector, and ``flightstore_arrow_allocated_bytes`` (Arrow's default memory pool).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import start_http_server
+from prometheus_client.process_collector import ProcessCollector
+from pyarrow import flight
+
+if TYPE_CHECKING:
+    from flightstore.store import Store
+
+__all__ = ["METRICS_MIDDLEWARE", "MetricsMiddlewareFactory", "ServerMetrics", "status_name"]
+
+METRICS_MIDDLEWARE = "metrics"
+_log = logging.getLogger("flightstore.server.metrics")
+_QUERY_METHODS = (flight.FlightMethod.DO_GET, flight.FlightMethod.GET_FLIGHT_INFO)
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def method_name(method: flight.FlightMethod) -> str:
+    """``DO_GET`` -> ``DoGet``, the RPC's name in Flight.proto."""
+    return "".join(part.capitalize() for part in method.name.split("_"))
+
+
+def status_name(exc: BaseException | None) -> str:
+    """The gRPC status a call ended with, from the exception pyarrow turns into it."""
+    if exc is None:
+        return "OK"
+    for kind, name in ((flight.FlightUnauthenticatedError, "UNAUTHENTICATED"),
+                       (flight.FlightUnauthorizedError, "PERMISSION_DENIED"),
+                       (flight.FlightCancelledError, "CANCELLED"),
+                       (flight.FlightTimedOutError, "DEADLINE_EXCEEDED"),
+                       (flight.FlightUnavailableError, "UNAVAILABLE"),
+                       (flight.FlightError, "INTERNAL"),
+                       (pa.ArrowKeyError, "NOT_FOUND"),
+                       (pa.ArrowInvalid, "INVALID_ARGUMENT"),
+                       (pa.ArrowTypeError, "INVALID_ARGUMENT"),
+                       (NotImplementedError, "UNIMPLEMENTED")):
+        if isinstance(exc, kind):
+            return name
+    return "UNKNOWN"
+
+
+class _CallMetrics(flight.ServerMiddleware):
+    def __init__(self, metrics: ServerMetrics, method: flight.FlightMethod) -> None:
+        self.metrics = metrics
+        self.method = method
+        self.started = time.perf_counter()
+        self.gauge = metrics.active_queries if method in _QUERY_METHODS else None
+        if self.gauge is not None:
+            self.gauge.inc()
+
+    def subscription(self) -> None:
+        """This call is a changelog subscription: count it there, not among queries."""
+        if self.gauge is not None:
+            self.gauge.dec()
+        self.gauge = self.metrics.active_subscriptions
+        self.gauge.inc()
+
+    def call_completed(self, exception: BaseException | None) -> None:
+        if self.gauge is not None:
+            self.gauge.dec()
+            self.gauge = None
+        self.metrics.record(self.method, status_name(exception), time.perf_counter() - self.started)
+
+
+class MetricsMiddlewareFactory(flight.ServerMiddlewareFactory):
+    """Times every call; install it before the authentication middleware."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        super().__init__()
+        self.metrics = metrics
+
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> flight.ServerMiddleware:
+        return _CallMetrics(self.metrics, info.method)
+
+
+class _StoreCollector:
+    """Offsets of the open tables' buckets and Arrow's memory, read at each scrape."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        log_end = GaugeMetricFamily("flightstore_log_end_offset", "Next offset of each bucket's log",
+                                    labels=["table", "bucket"])
+        applied = GaugeMetricFamily("flightstore_kv_applied_offset",
+                                    "Log offset up to which each bucket's KV store is applied",
+                                    labels=["table", "bucket"])
+        for table in self.store.open_tables():
+            name = str(table.path)
+            try:
+                for bucket, log in enumerate(table.logs):
+                    log_end.add_metric([name, str(bucket)], log.end_offset)
+                for bucket, kv in enumerate(table.kvs):
+                    applied.add_metric([name, str(bucket)], kv.applied_offset)
+            except Exception:  # noqa: BLE001 - a table dropped or closed under the scrape
+                _log.debug("metrics: skipped table %s", name, exc_info=True)
+        yield log_end
+        yield applied
+        memory = GaugeMetricFamily("flightstore_arrow_allocated_bytes",
+                                   "Bytes allocated from Arrow's default memory pool")
+        memory.add_metric([], pa.total_allocated_bytes())
+        yield memory
+
+
+class ServerMetrics:
+    """The metrics of one server and, once :meth:`serve` ran, its HTTP endpoint."""
+
+    def __init__(self, store: Store) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rpcs = Counter("flightstore_rpc", "Flight calls by method and final status",
+                            ["method", "status"], registry=r)
+        self.latency = Histogram("flightstore_rpc_duration_seconds",
+                                 "Flight call duration, from its start to its last message",
+                                 ["method", "status"], buckets=_BUCKETS, registry=r)
+        self.rows_in = Counter("flightstore_rows_in", "Rows written, by table", ["table"], registry=r)
+        self.bytes_in = Counter("flightstore_bytes_in", "Arrow bytes written, by table", ["table"], registry=r)
+        self.rows_out = Counter("flightstore_rows_out", "Rows sent to clients, by table", ["table"], registry=r)
+        self.bytes_out = Counter("flightstore_bytes_out", "Arrow bytes sent to clients, by table",
+                                 ["table"], registry=r)
+        self.active_queries = Gauge("flightstore_active_queries",
+                                    "GetFlightInfo and DoGet calls in flight (subscriptions excluded)",
+                                    registry=r)
+        self.active_subscriptions = Gauge("flightstore_active_subscriptions",
+                                          "Changelog subscription streams open", registry=r)
+        ProcessCollector(registry=r)
+        r.register(_StoreCollector(store))
+        self._http: tuple | None = None
+        self._lock = threading.Lock()
+
+    # ---- recording ----------------------------------------------------------------------------
+    def middleware(self) -> MetricsMiddlewareFactory:
+        return MetricsMiddlewareFactory(self)
+
+    def record(self, method: flight.FlightMethod, status: str, seconds: float) -> None:
+        name = method_name(method)
+        self.rpcs.labels(name, status).inc()
+        self.latency.labels(name, status).observe(seconds)
+
+    def refused(self, method: flight.FlightMethod) -> None:
+        """A call authentication refused before it started."""
+        self.record(method, "UNAUTHENTICATED", 0.0)
+
+    def written(self, table: object, data: pa.Table | pa.RecordBatch) -> None:
+        self.rows_in.labels(str(table)).inc(data.num_rows)
+        self.bytes_in.labels(str(table)).inc(data.nbytes)
+
+    def sent(self, table: str, data: pa.Table | pa.RecordBatch) -> None:
+        self.rows_out.labels(table).inc(data.num_rows)
+        self.bytes_out.labels(table).inc(data.nbytes)
+
+    def metered(self, table: str, batches: Iterator[pa.RecordBatch | pa.Table]
+                ) -> Iterator[pa.RecordBatch | pa.Table]:
+        """``batches``, counting each as it is sent."""
+        rows, nbytes = self.rows_out.labels(table), self.bytes_out.labels(table)
+        for batch in batches:
+            rows.inc(batch.num_rows)
+            nbytes.inc(batch.nbytes)
+            yield batch
+
+    @staticmethod
+    def mark_subscription(context: flight.ServerCallContext | None) -> None:
+        middleware = context.get_middleware(METRICS_MIDDLEWARE) if context is not None else None
+        if middleware is not None:
+            middleware.subscription()
+
+    # ---- exposition ---------------------------------------------------------------------------
+    def exposition(self) -> str:
+        """The text a scrape gets (Prometheus text format)."""
+        return generate_latest(self.registry).decode()
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0: a free port) in a daemon thread; returns the port."""
+        with self._lock:
+            if self._http is None:
+                self._http = start_http_server(port, addr=host, registry=self.registry)
+            return self._http[0].server_port
+
+    def close(self) -> None:
+        with self._lock:
+            if self._http is not None:
+                server, thread = self._http
+                server.shutdown()
+                server.server_close()
+                thread.join(timeout=10)
+                self._http = None

@@ -1,0 +1,87 @@
+"""The permissions a plan needs, in Fluss's model (:mod:`flightstore.acl`). Pure: a plan in, a
+tuple of :class:`~flightstore.acl.Permission` out; the server's authorizer checks them.
+
+=====================================  ===========================================================
+plan                                   needs
+=====================================  ===========================================================
+lookups, scans, counts, changelogs     READ on the table
+residual SQL                           READ on every input table (joins, subqueries, CTE sources)
+INSERT ... VALUES                      WRITE on the table
+INSERT ... SELECT                      WRITE on the target, READ on every table the query reads
+DELETE / UPDATE                        WRITE on the table (and READ when a WHERE selects the rows:
+                                       the affected-row count tells what matched)
+CREATE DATABASE                        CREATE on the cluster
+DROP DATABASE                          DROP on the database
+CREATE TABLE                           CREATE on its database
+DROP TABLE                             DROP on the table
+DESCRIBE t                             DESCRIBE on the table
+USE db                                 DESCRIBE on the database
+EXPLAIN stmt                           DESCRIBE on everything ``stmt`` touches
+GRANT / REVOKE                         ALL on the resource (as Fluss's CREATE_ACLS / DROP_ACLS)
+SHOW DATABASES / TABLES / GRANTS       nothing: the server lists only what the caller may describe
+=====================================  ===========================================================
+"""
+
+from __future__ import annotations
+
+from flightstore.acl import CLUSTER, Operation, Permission, Resource
+from flightstore.schema import TablePath
+from flightstore.sql import nodes as n
+
+__all__ = ["plan_tables", "required_permissions", "table_resource"]
+
+
+def table_resource(path: TablePath) -> Resource:
+    return Resource.of_table(path.database, path.table)
+
+
+def _read(path: TablePath) -> Permission:
+    return Permission(Operation.READ, table_resource(path))
+
+
+def plan_tables(plan: n.PlanNode) -> tuple[TablePath, ...]:
+    """The tables a query plan reads (in order, once each); () for plans that read none."""
+    if isinstance(plan, n.Residual):
+        found = [item.table for item in plan.inputs]
+    elif isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.Count, n.Changelog)):
+        found = [plan.table]
+    else:
+        found = []
+    return tuple(dict.fromkeys(found))
+
+
+def required_permissions(plan: n.PlanNode) -> tuple[Permission, ...]:
+    """Every permission ``plan`` needs, without duplicates, in a stable order."""
+    return tuple(dict.fromkeys(_required(plan)))
+
+
+def _required(plan: n.PlanNode) -> list[Permission]:
+    if isinstance(plan, n.Explain):
+        return [Permission(Operation.DESCRIBE, p.resource) for p in _required(plan.plan)]
+    reads = plan_tables(plan)
+    if reads:
+        return [_read(path) for path in reads]
+    if isinstance(plan, n.Insert):
+        return [Permission(Operation.WRITE, table_resource(plan.table))]
+    if isinstance(plan, n.InsertSelect):
+        return [Permission(Operation.WRITE, table_resource(plan.table)), *_required(plan.query)]
+    if isinstance(plan, (n.Delete, n.Update)):
+        needs = [Permission(Operation.WRITE, table_resource(plan.table))]
+        if plan.keys is not None or plan.filter is not None:
+            needs.append(_read(plan.table))
+        return needs
+    if isinstance(plan, n.CreateDatabase):
+        return [Permission(Operation.CREATE, CLUSTER)]
+    if isinstance(plan, n.DropDatabase):
+        return [Permission(Operation.DROP, Resource.of_database(plan.name))]
+    if isinstance(plan, n.CreateTable):
+        return [Permission(Operation.CREATE, Resource.of_database(plan.descriptor.path.database))]
+    if isinstance(plan, n.DropTable):
+        return [Permission(Operation.DROP, table_resource(plan.table))]
+    if isinstance(plan, n.Describe):
+        return [Permission(Operation.DESCRIBE, table_resource(plan.table))]
+    if isinstance(plan, n.UseDatabase):
+        return [Permission(Operation.DESCRIBE, Resource.of_database(plan.name))]
+    if isinstance(plan, (n.Grant, n.Revoke)):
+        return [Permission(Operation.ALL, plan.resource)]
+    return []  # SHOW DATABASES / TABLES / GRANTS: filtered by the server

@@ -1,0 +1,184 @@
+"""kill -9 anywhere in a tiering round: the next round redoes it, no row doubled, none missing.
+
+Two kinds of kill: at the exact points of a round (before the data files are written, after they are
+written but before the catalog commit, after the commit) in a child process that tiers, with
+several seeds; and of a real server process tiering by itself while a client writes to it, at
+random moments tied to the server's progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import flightstore
+from flightstore.lake import LakeCatalog, LakeSettings, read_lake
+from flightstore.lake.offsets import committed_offsets
+from flightstore.lake.tiering import PHASES
+from flightstore.store import Store
+from tests.lake.conftest import EVENTS, create_events, events
+from tests.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lake_state(data_dir: Path, options: dict | None = None) -> tuple[list[int], dict[int, int], dict]:
+    """(sorted seqs in the lake, committed offsets, {bucket: sorted lake offsets}) read from the
+    lake alone (no Store: a server may hold the data directory)."""
+    settings = LakeSettings.from_options(data_dir, options)
+    catalog = LakeCatalog(settings)
+    from flightstore.schema import TableDescriptor
+    descriptor = TableDescriptor.create("default.events", EVENTS, options={"bucket.num": 1})
+    lake = read_lake(catalog, descriptor, columns=["seq", "__bucket", "__offset"])
+    try:
+        offsets = committed_offsets(catalog.load_table(descriptor.path))
+    except flightstore.errors.TableNotFound:
+        offsets = {}
+    per_bucket: dict = {}
+    for bucket, offset in zip(lake.column("__bucket").to_pylist(), lake.column("__offset").to_pylist()):
+        per_bucket.setdefault(bucket, []).append(offset)
+    catalog.reset()
+    return sorted(lake.column("seq").to_pylist()), offsets, {b: sorted(o) for b, o in per_bucket.items()}
+
+
+def _assert_consistent(data_dir: Path, options: dict | None = None) -> list[int]:
+    """The lake holds, per bucket, exactly the offsets below its committed offset, each once."""
+    seqs, offsets, per_bucket = _lake_state(data_dir, options)
+    assert len(seqs) == len(set(seqs)), "a row was tiered twice"
+    for bucket, got in per_bucket.items():
+        assert got == list(range(offsets[bucket])), f"bucket {bucket}: lake offsets have a gap or extra"
+    assert sum(offsets.values()) == len(seqs)
+    return seqs
+
+
+def _parquet_files(data_dir: Path, options: dict) -> int:
+    """Data files in the warehouse, referenced by a snapshot or not."""
+    warehouse = LakeSettings.from_options(data_dir, options).warehouse
+    if warehouse.startswith("s3://"):
+        import boto3
+        bucket, _, prefix = warehouse[len("s3://"):].partition("/")
+        client = boto3.client("s3", endpoint_url=options["datalake.iceberg.s3.endpoint"],
+                              aws_access_key_id="testing", aws_secret_access_key="testing",
+                              region_name="us-east-1")
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sum(1 for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".parquet"))
+    return sum(1 for _ in (data_dir / "lake" / "warehouse").rglob("*.parquet"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [11, 23, 37])
+def test_kill_at_every_point_of_a_round_loses_and_doubles_nothing(tmp_path, seed):
+    _kill_at_every_point(tmp_path / "data", random.Random(seed), {})
+
+
+@pytest.mark.slow
+def test_kill_at_every_point_of_a_round_with_the_warehouse_on_s3(tmp_path, s3_options):
+    _kill_at_every_point(tmp_path / "data", random.Random(99), s3_options)
+
+
+def _kill_at_every_point(data_dir: Path, rng: random.Random, options: dict) -> None:
+    written = 0
+    with Store(data_dir) as store:
+        create_events(store, bucket_num=rng.randint(1, 4))
+    phases = list(PHASES) * 2
+    rng.shuffle(phases)
+    for phase in phases:
+        with Store(data_dir) as store:
+            table = store.table("default.events")
+            for _ in range(rng.randint(2, 6)):
+                count = rng.randint(1, 400)
+                table.append(events(written, count))
+                written += count
+        files_before = _parquet_files(data_dir, options)
+        committed_before = _lake_state(data_dir, options)[1]
+        kill_round = rng.randint(1, 2)
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.lake.tier_child", str(data_dir), str(rng.randint(50, 600)),
+             str(kill_round), phase, json.dumps(options)], cwd=ROOT, check=False, capture_output=True, text=True,
+            timeout=300)
+        if child.returncode == 0:  # the backlog took fewer rounds than the kill round
+            assert child.stdout.startswith("done")
+        else:
+            assert child.returncode == -signal.SIGKILL, child.stderr
+            committed_after = _lake_state(data_dir, options)[1]
+            if phase == "after-write":  # data files were written, the commit never happened
+                assert _parquet_files(data_dir, options) > files_before
+            if phase == "after-commit":
+                assert committed_after != committed_before
+        _assert_consistent(data_dir, options)
+    finished = subprocess.run([sys.executable, "-m", "tests.lake.tier_child", str(data_dir), "1000000",
+                               "0", "none", json.dumps(options)], cwd=ROOT, check=False, capture_output=True, text=True,
+                              timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert _assert_consistent(data_dir, options) == list(range(written))
+
+
+class ServerProcess:
+    """``flightstore serve`` in a child process on a free port, tiering by itself."""
+
+    def __init__(self, data_dir: Path, options: dict[str, str]) -> None:
+        args = [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0"]
+        for key, value in options.items():
+            args += ["--option", f"{key}={value}"]
+        self.process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+        self.uri = None
+        for line in self.process.stdout:
+            if "serving" in line:
+                self.uri = line.split(" at ")[-1].strip()
+                break
+        assert self.uri, f"server did not start: {self.process.stderr.read()}"
+        self.log: list[str] = []
+        self._drain = threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True)
+        self._drain.start()
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed,warehouse", [(5, "local"), (8, "local"), (13, "s3")])
+def test_kill_minus_nine_of_a_tiering_server_loses_and_doubles_nothing(tmp_path, request, seed, warehouse):
+    rng = random.Random(seed)
+    data_dir = tmp_path / "data"
+    options = {"datalake.tiering.max-round-rows": "20000"}
+    if warehouse == "s3":
+        options.update(request.getfixturevalue("s3_options"))
+    server = ServerProcess(data_dir, options)
+    with flightstore.connect(server.uri, timeout=60) as conn:
+        conn.sql("CREATE TABLE events (k BIGINT, seq BIGINT, s STRING, ts TIMESTAMP(3)) WITH "
+                 "('bucket.num' = '3', 'bucket.key' = 'k', 'table.datalake.enabled' = 'true', "
+                 "'table.datalake.freshness' = '100ms')")
+    acked = 0
+    for _ in range(4):
+        commits_before = _lake_state(data_dir, options)[1]
+        with flightstore.connect(server.uri, timeout=60) as conn:
+            table = conn.table("default.events")
+            for _ in range(rng.randint(3, 8)):
+                count = rng.randint(2000, 9000)
+                table.append(events(acked, count))
+                acked += count
+        # Kill once the server tiered something new, then a little later: inside a round or not.
+        wait_until(lambda before=commits_before: _lake_state(data_dir, options)[1] != before,
+                   "the server tiering new rows")
+        threading.Event().wait(rng.uniform(0, 0.3))
+        server.kill()
+        _assert_consistent(data_dir, options)
+        server = ServerProcess(data_dir, options)
+    wait_until(lambda: _lake_state(data_dir, options)[0] == list(range(acked)),
+               "every written row in the lake", timeout=180)
+    _assert_consistent(data_dir, options)
+    server.stop()

@@ -1,0 +1,60 @@
+"""The README's first steps run as written: the tour (twice: it must be re-runnable), the ADBC,
+SQLAlchemy/pandas/polars snippets against a real server, and `make run` installs the runtime only."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
+
+
+def _block(marker: str) -> str:
+    found = [b for b in _python_blocks() if marker in b]
+    assert len(found) == 1, marker
+    return found[0]
+
+
+def test_tour_and_client_snippets_run_twice(server, capsys) -> None:
+    snippets = [_block("CREATE TABLE IF NOT EXISTS shop.orders"), _block("cur.fetch_arrow_table()"),
+                _block("sa.create_engine")]
+    address = server.uri.split("//")[1]
+    for _ in range(2):
+        for code in snippets:
+            code = code.replace("grpc://127.0.0.1:8815", server.uri)
+            exec(compile(code.replace("flightstore://127.0.0.1:8815", f"flightstore://{address}"),
+                         "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "'_change_type': '+I'" in printed
+    orders = server.store.table("shop.orders").scan_table().sort_by("order_id").to_pylist()
+    assert [(r["order_id"], r["status"]) for r in orders] == [(1, "paid"), (2, "shipped")]
+    assert server.store.table("people").row_count() == 2
+
+
+def test_sql_command_shown_in_the_readme_prints_that_table(server) -> None:
+    tour = _block("CREATE TABLE IF NOT EXISTS shop.orders").replace("grpc://127.0.0.1:8815", server.uri)
+    exec(compile(tour, "README.md", "exec"), {})
+    shown = re.search(r"```\n\.venv/bin/flightstore sql \"(.*?)\"\n(.*?)```", README, flags=re.S)
+    done = subprocess.run([sys.executable, "-m", "flightstore", "sql", "--uri", server.uri, shown.group(1)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == shown.group(2)
+
+
+def test_make_run_installs_the_runtime_only(tmp_path) -> None:
+    def plan(target: str) -> str:
+        return subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+
+    run = plan("run")
+    assert "pip install -q -e ." in run and "[test" not in run and "pyspark" not in run
+    assert "flightstore serve" in run
+    test = plan("test")
+    assert "pip install -q -e .\n" in test and "'.[test,sqlalchemy]'" in test
