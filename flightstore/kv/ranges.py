@@ -38,6 +38,7 @@ __all__ = [
     "key_range",
     "pinned_bucket",
     "prefix_successor",
+    "residual_predicates",
 ]
 
 
@@ -159,6 +160,41 @@ def key_range(predicates: Sequence[Predicate] | Predicate | None, descriptor: Ta
     bounded = lower is not None or upper is not None
     return KeyRange(columns=pk[: len(prefix) + bounded], prefix=tuple(prefix), lower=lower,
                     lower_inclusive=lower_inclusive, upper=upper, upper_inclusive=upper_inclusive)
+
+
+def _implied(predicate: Predicate, found: KeyRange) -> bool:
+    """Whether every key of the range satisfies ``predicate`` (so reading the range decides it)."""
+    pinned = dict(zip(found.columns, found.prefix))
+    if isinstance(predicate, Comparison) and predicate.column in pinned:
+        return predicate.op == "=" and predicate.value == pinned[predicate.column]
+    if isinstance(predicate, In) and predicate.column in pinned:
+        return {v for v in predicate.values if _usable(v)} == {pinned[predicate.column]}
+    if not found.bounded or not isinstance(predicate, Comparison) \
+            or predicate.column != found.columns[len(found.prefix)]:
+        return False
+    try:
+        if predicate.op in (">", ">=") and found.lower is not None:
+            if found.lower != predicate.value:
+                return found.lower > predicate.value
+            return predicate.op == ">=" or not found.lower_inclusive
+        if predicate.op in ("<", "<=") and found.upper is not None:
+            if found.upper != predicate.value:
+                return found.upper < predicate.value
+            return predicate.op == "<=" or not found.upper_inclusive
+    except TypeError:
+        return False
+    return False
+
+
+def residual_predicates(predicates: Sequence[Predicate] | Predicate | None, found: KeyRange,
+                        schema: pa.Schema) -> list[Predicate]:
+    """The conjuncts a read of the range ``found`` still has to check row by row: all but the
+    ``=``/bounds the range decides exactly. Floating-point key columns keep theirs (a NaN key
+    sorts inside a lower-bounded range but compares false)."""
+    floating = {c for c in found.columns if pa.types.is_floating(schema.field(c).type)}
+    return [p for p in conjuncts_of(predicates)
+            if not (p.columns() <= set(found.columns) and not p.columns() & floating
+                    and _implied(p, found))]
 
 
 def prefix_successor(key: bytes) -> bytes | None:

@@ -149,8 +149,9 @@ class Scan(PlanNode):
 @dataclass(frozen=True)
 class RangeScan(PlanNode):
     """A scan of one primary-key range: a RocksDB seek range in every bucket, or in ``bucket``
-    alone when equalities pin the whole bucket key. ``filter`` (the whole WHERE) is still applied
-    to the rows in the range, which is only a superset of the answer (NaN, -0.0 ...)."""
+    alone when equalities pin the whole bucket key. ``filter`` holds the part of the WHERE the
+    range does not decide exactly (other columns, bounds on floating-point keys: a NaN key sorts
+    inside a lower-bounded range), applied to every row read."""
 
     table: TablePath
     columns: tuple[str, ...]

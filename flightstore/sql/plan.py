@@ -25,12 +25,12 @@ from sqlglot import exp
 
 from flightstore.errors import InvalidInput, SqlError
 from flightstore.expressions import Predicate, and_all
+from flightstore.kv.ranges import key_range, pinned_bucket, residual_predicates
 from flightstore.sql import ddl, dml, grants
 from flightstore.sql import nodes
 from flightstore.sql.literals import NotALiteral, literal_value
 from flightstore.sql.nodes import *  # noqa: F401,F403 - the nodes are part of this module's API
 from flightstore.sql.nodes import __all__ as _NODES
-from flightstore.kv.ranges import key_range, pinned_bucket
 from flightstore.sql.nodes import Changelog, Count, Plan, PointLookup, PrefixLookup, RangeScan, Scan
 from flightstore.sql.parameters import parameter_schema
 from flightstore.sql.parse import Explain as ParsedExplain
@@ -230,7 +230,8 @@ def _route(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Pred
 
 def _range_scan(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Predicate],
                 limit: int | None, found_range) -> RangeScan:
-    """The whole WHERE stays the filter: the range only narrows what is read."""
+    """The filter keeps what the range does not decide exactly (other columns, float keys...)."""
     return RangeScan(table=table.path, columns=columns, range=found_range,
                      bucket=pinned_bucket(predicates, table.descriptor),
-                     filter=and_all(predicates), limit=limit)
+                     filter=and_all(residual_predicates(predicates, found_range, table.schema)),
+                     limit=limit)
