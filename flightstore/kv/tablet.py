@@ -48,15 +48,15 @@ from flightstore.kv.scan import FIRST_CHUNK_ROWS, RangeReader, storage_errors
 from flightstore.log import LogTablet
 from flightstore.schema import TableDescriptor
 
-__all__ = ["KvTablet", "ApplyResult", "changelog_schema"]
+__all__ = ["KvTablet", "ApplyResult", "changelog_schema", "UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES"]
 
 log = logging.getLogger("flightstore.kv")
 
 _APPLIED = b"applied_offset"
 _ROWS = b"row_count"
 _WRITER = b"writer:"  # + writer id: (last sequence, last write ms); 8-byte values predate the time
-_UNDO_FENCE = b"undo:"  # + writer id: its last undo (kv/undo.py)
-WRITER_META_PREFIXES = (_WRITER, _UNDO_FENCE)  # what a writer keeps in the meta column family
+UNDO_FENCE_PREFIX = b"undo:"  # + writer id: its last undo (kv/undo.py)
+WRITER_META_PREFIXES = (_WRITER, UNDO_FENCE_PREFIX)  # what a writer keeps in the meta column family
 _INT = struct.Struct(">q")
 _WRITER_STATE = struct.Struct(">qq")
 

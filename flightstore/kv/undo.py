@@ -43,7 +43,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -52,10 +51,8 @@ import pyarrow.compute as pc
 from flightstore import changetype
 from flightstore.errors import InvalidInput, Unsupported
 from flightstore.kv.encoding import encode_key_array
+from flightstore.kv.tablet import UNDO_FENCE_PREFIX, KvTablet
 from flightstore.log import LogBatch
-
-if TYPE_CHECKING:
-    from flightstore.kv.tablet import KvTablet
 
 __all__ = [
     "UNDO_WRITER_PREFIX",
@@ -67,7 +64,7 @@ __all__ = [
 ]
 
 UNDO_WRITER_PREFIX = "undo:"
-_FENCE = b"undo:"  # + writer id, in the KV meta column family (KvTablet.WRITER_META_PREFIXES)
+_FENCE = UNDO_FENCE_PREFIX  # + writer id, in the KV meta column family (dropped on expiry)
 _PAIR = struct.Struct(">qq")
 _MAX_NAMED = 5  # keys named in a refusal
 
