@@ -20,7 +20,7 @@ from flightstore.errors import (AlreadyExists, CorruptData, DatabaseNotFound, In
                                 TableNotFound)
 from flightstore.schema import IDENTIFIER, TableDescriptor, TablePath
 
-__all__ = ["Catalog", "DEFAULT_DATABASE"]
+__all__ = ["Catalog", "DEFAULT_DATABASE", "read_catalog_file"]
 
 DEFAULT_DATABASE = "default"
 
@@ -39,6 +39,17 @@ def _write_atomically(path: Path, text: str) -> None:
         os.close(dir_fd)
 
 
+def read_catalog_file(path: Path) -> tuple[int, dict[str, dict[str, dict]]]:
+    """``(version, {database: {table: entry}})`` of a catalog file (entries hold ``descriptor``
+    and ``dir``); CorruptData when it does not parse. Reading only: ``flightstore verify`` uses it
+    on a data directory it must not change."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        return int(state["version"]), {db: dict(tables) for db, tables in state["databases"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptData(f"catalog file {path} is corrupt: {exc}") from None
+
+
 class Catalog:
     """The databases and table descriptors of one data directory. Thread-safe."""
 
@@ -50,12 +61,7 @@ class Catalog:
         self._databases: dict[str, dict[str, dict]] = {}
         self.version = 0
         if self._file.exists():
-            try:
-                state = json.loads(self._file.read_text(encoding="utf-8"))
-                self.version = int(state["version"])
-                self._databases = {db: dict(tables) for db, tables in state["databases"].items()}
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CorruptData(f"catalog file {self._file} is corrupt: {exc}") from None
+            self.version, self._databases = read_catalog_file(self._file)
         else:
             self._databases = {DEFAULT_DATABASE: {}}
             self._save()

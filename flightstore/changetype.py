@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 __all__ = [
     "INSERT", "UPDATE_BEFORE", "UPDATE_AFTER", "DELETE", "APPEND_ONLY",
     "SHORT_STRINGS", "CHANGE_TYPE_COLUMN", "LOG_OFFSET_COLUMN", "COMMIT_TIMESTAMP_COLUMN",
-    "META_FIELDS", "META_COLUMNS", "changelog_schema", "to_strings", "from_strings",
+    "META_FIELDS", "META_COLUMNS", "changelog_schema", "snapshot_schema", "to_strings", "from_strings",
 ]
 
 INSERT = 0          # +I
@@ -38,6 +38,12 @@ META_COLUMNS = frozenset(f.name for f in META_FIELDS)
 def changelog_schema(schema: pa.Schema) -> pa.Schema:
     """Schema of ``t$changelog``: the table's columns, then the :data:`META_FIELDS`."""
     return pa.schema(list(schema) + list(META_FIELDS))
+
+
+def snapshot_schema(schema: pa.Schema) -> pa.Schema:
+    """Schema of a KV snapshot read as changelog rows: every row ``+I``, with a null offset and
+    commit time (a snapshot holds rows, not the changes that produced them)."""
+    return pa.schema(list(schema) + [META_FIELDS[0]] + [f.with_nullable(True) for f in META_FIELDS[1:]])
 
 _STRINGS = pa.array(SHORT_STRINGS, pa.string())
 

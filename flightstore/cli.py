@@ -1,5 +1,5 @@
-"""The ``flightstore`` command line: ``serve``, ``cluster``, ``sql``, ``user``, ``lake status``,
-``options``.
+"""The ``flightstore`` command line: ``serve``, ``cluster``, ``sql``, ``snapshot``, ``user``,
+``lake status``, ``verify``, ``repair``, ``options``.
 
 Passwords never appear on a command line (where ``ps`` and shell history would show them): ``user
 add`` and ``sql --user`` read them from the ``FLIGHTSTORE_PASSWORD`` environment variable, from
@@ -183,6 +183,77 @@ def _sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing is lost or unreadable, 1 when something is, 2 when it cannot run."""
+    from flightstore.errors import DataDirectoryInUse
+    from flightstore.maintenance import verify
+    try:
+        report = verify(args.data_dir)
+    except DataDirectoryInUse as exc:
+        print(f"flightstore verify: {exc}", file=sys.stderr)
+        return 2
+    return _print_report("verify", report)
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """Exit 0 when every table opens and reads again, 1 otherwise, 2 when it cannot run."""
+    from flightstore.errors import FlightstoreError
+    from flightstore.maintenance import repair
+    try:
+        report = repair(args.data_dir, args.table or None, fsync=args.fsync)
+    except FlightstoreError as exc:
+        print(f"flightstore repair: {exc}", file=sys.stderr)
+        return 2
+    return _print_report("repair", report)
+
+
+def _print_report(command: str, report) -> int:
+    for finding in report.findings:
+        print(finding)
+    print(f"flightstore {command}: {report.summary()}")
+    return 0 if report.ok else 1
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    """Take KV snapshots now: through a running server (``--uri``) or, with the server stopped,
+    directly in ``--data-dir``. Prints one line per bucket; on an error prints the message and
+    exits 1."""
+    import pyarrow as pa
+
+    import flightstore
+    from flightstore.errors import FlightstoreError
+    try:
+        if args.data_dir:
+            from flightstore.store import Store
+            with Store(args.data_dir) as store:
+                for name in args.tables:
+                    table = store.table(name)
+                    taken = table.snapshot(force=args.force)
+                    table.enforce_retention()
+                    for bucket, info in taken.items():
+                        _print_snapshot(name, bucket, None if info is None else
+                                        {"id": info.id, "offset": info.offset, "rows": info.rows})
+            return 0
+        password = _password(args, confirm=False) if args.user else None
+        with flightstore.connect(args.uri, username=args.user, password=password,
+                                 tls_root_certs=args.tls_root_certs) as conn:
+            for name in args.tables:
+                for bucket, info in conn.table(name).snapshot(force=args.force).items():
+                    _print_snapshot(name, bucket, info)
+    except (pa.ArrowException, FlightstoreError, OSError) as exc:
+        print(f"flightstore snapshot: {_message(exc)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_snapshot(table: str, bucket: int, info: dict | None) -> None:
+    if info is None:
+        print(f"{table} bucket {bucket}: empty, no snapshot", flush=True)
+    else:
+        print(f"{table} bucket {bucket}: snapshot {info['id']} at log offset {info['offset']} "
+              f"({info['rows']} rows)", flush=True)
+
+
 def _message(exc: BaseException) -> str:
     """The first line of a Flight error without gRPC's and pyarrow's decorations."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -203,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--host", default=SERVER_OPTIONS["host"].default, help=SERVER_OPTIONS["host"].doc)
     serve.add_argument("--port", type=int, default=SERVER_OPTIONS["port"].default,
                        help=SERVER_OPTIONS["port"].doc)
-    serve.add_argument("--fsync", action="store_true", help=SERVER_OPTIONS["log.fsync"].doc)
+    serve.add_argument("--fsync", action=argparse.BooleanOptionalAction,
+                       default=SERVER_OPTIONS["log.fsync"].default, help=SERVER_OPTIONS["log.fsync"].doc)
     serve.add_argument("--users-file", metavar="FILE", help=SERVER_OPTIONS["auth.users-file"].doc)
     serve.add_argument("--super-user", action="append", metavar="NAME",
                        help=SERVER_OPTIONS["authorizer.super-users"].doc + " Repeat for several.")
@@ -242,6 +314,16 @@ def main(argv: list[str] | None = None) -> None:
     sql.add_argument("--tls-root-certs", metavar="PEM", help="CA certificates to verify a grpc+tls:// server")
     sql.add_argument("statements", nargs="+")
     sql.set_defaults(func=_sql)
+    snapshot = commands.add_parser("snapshot", help="take KV snapshots of primary-key tables now")
+    snapshot.add_argument("--uri", default="grpc://127.0.0.1:8815", help="the server to ask")
+    snapshot.add_argument("--data-dir", help="work on this data directory directly (server stopped)")
+    snapshot.add_argument("--user", metavar="NAME",
+                          help=f"authenticate as NAME (password from ${PASSWORD_ENV}, stdin or a prompt)")
+    snapshot.add_argument("--tls-root-certs", metavar="PEM",
+                          help="CA certificates to verify a grpc+tls:// server")
+    snapshot.add_argument("--force", action="store_true", help="even if a bucket did not change")
+    snapshot.add_argument("tables", nargs="+", metavar="TABLE", help="db.table")
+    snapshot.set_defaults(func=_snapshot)
     lake = commands.add_parser("lake", help="the lake tier: `lake status [TABLE]`")
     lake_commands = lake.add_subparsers(dest="lake_command", required=True)
     status = lake_commands.add_parser("status", help="tiering lag per table and bucket, last commit, "
@@ -259,6 +341,19 @@ def main(argv: list[str] | None = None) -> None:
                       help=f"read the password from standard input (else ${PASSWORD_ENV} or a prompt)")
     user.add_argument("--replace", action="store_true", help="set a new password for an existing user")
     user.set_defaults(func=_user)
+    verify = commands.add_parser("verify", help="check every CRC, checksum and KV block of a data "
+                                 "directory and report, changing nothing (exit 1 if data is lost)")
+    verify.add_argument("data_dir", metavar="DATA_DIR")
+    verify.set_defaults(func=_verify)
+    repair = commands.add_parser("repair", help="make damaged tables readable again: declare the "
+                                 "lost offsets, quarantine bad bytes, say what was lost")
+    repair.add_argument("data_dir", metavar="DATA_DIR")
+    repair.add_argument("--table", action="append", metavar="DB.TABLE",
+                        help="repair only this table (repeatable; default: every table)")
+    repair.add_argument("--fsync", action=argparse.BooleanOptionalAction,
+                        default=SERVER_OPTIONS["log.fsync"].default,
+                        help="fsync what repair writes (default: on)")
+    repair.set_defaults(func=_repair)
     options = commands.add_parser("options", help="print every option as a Markdown table")
     options.set_defaults(func=lambda _: print(options_markdown()) or 0)
     args = parser.parse_args(argv)

@@ -302,6 +302,28 @@ class TableClient:
     def row_count(self) -> int:
         return self.connection._get({"op": "count", "table": self.name}).read_all().column(0)[0].as_py()
 
+    def snapshot(self, force: bool = False) -> dict[int, dict | None]:
+        """Take a KV snapshot of every bucket of this primary-key table now (then apply
+        ``table.log.ttl``, which the snapshot may let delete more of the changelog). Returns per
+        bucket the newest snapshot ``{"id", "offset", "rows", "created_ms"}`` (None: never written)."""
+        answer = self.connection._action("flightstore.snapshot", {"table": self.name, "force": force})
+        return {int(k): v for k, v in answer["snapshots"].items()}
+
+    def usage(self) -> dict:
+        """Bytes the table holds on disk (``kv``, ``snapshots``, ``log``, ``total``) under ``bytes``,
+        and its ``start_offsets``/``end_offsets`` per bucket."""
+        answer = self.connection._action("flightstore.usage", {"table": self.name})
+        return {"bytes": answer["bytes"],
+                "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
+                "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
+
+    def read_snapshot(self, bucket: int, at: int, columns: Sequence[str] | None = None) -> pa.Table:
+        """The rows of ``bucket`` exactly at log offset ``at``, as ``+I`` changelog rows (null
+        ``_log_offset``/``_commit_timestamp``); follow the changelog from ``at`` afterwards."""
+        payload = {"op": "snapshot", "table": self.name, "bucket": bucket, "at": at,
+                   "columns": list(columns) if columns else None}
+        return self.connection._get(payload).read_all()
+
     def offsets(self, which: str = "end") -> dict[int, int]:
         answer = self.connection._action("flightstore.offsets", {"table": self.name, "which": which})
         return {int(k): v for k, v in answer["offsets"].items()}

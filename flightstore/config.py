@@ -115,7 +115,8 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
                  "`FULL` writes -U before-images into the changelog, `WAL` only the +U after-images.",
                  choices=("FULL", "WAL")),
     ConfigOption("table.log.ttl", "duration", 7 * 86_400_000,
-                 "Log segments whose newest batch is older than this are deleted."),
+                 "Log segments whose newest batch is older than this are deleted; on a primary-key "
+                 "table only segments below its oldest retained KV snapshot."),
     ConfigOption("table.log.arrow.compression.type", "str", "NONE",
                  "Compression of the Arrow IPC log batches.", choices=("NONE", "LZ4_FRAME", "ZSTD")),
     ConfigOption("table.log.segment.bytes", "int", 256 * 1024 * 1024,
@@ -124,6 +125,14 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
                  "A writer id that has not written for this long is forgotten (its last batch "
                  "sequence, in memory, in the log's writer state and in the KV); a later batch of "
                  "it with a sequence above 0 is refused, as the retry check no longer holds.",
+                 minimum=1),
+    ConfigOption("kv.snapshot.interval", "duration", 10 * 60_000,
+                 "How often the server takes a KV snapshot of each bucket of a primary-key table that "
+                 "changed since its last one (a RocksDB checkpoint plus a columnar image of the rows, at "
+                 "one log offset). The log below the oldest retained snapshot may then be deleted by "
+                 "`table.log.ttl`.", minimum=1),
+    ConfigOption("kv.snapshot.num-retained", "int", 2,
+                 "KV snapshots kept per bucket; older ones are deleted once a newer one is complete.",
                  minimum=1),
     ConfigOption("table.statistics.columns", "list", ("*",),
                  "Columns with per-batch min/max/null-count statistics used to skip batches in "
@@ -149,9 +158,11 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("data-dir", "str", "./data", "Directory holding the catalog, logs and KV stores."),
     ConfigOption("host", "str", "127.0.0.1", "Address the Flight SQL server listens on."),
     ConfigOption("port", "int", 8815, "Port the Flight SQL server listens on.", minimum=0),
-    ConfigOption("log.fsync", "bool", False,
-                 "fsync every log append before acknowledging (survives power loss, not only a "
-                 "process crash)."),
+    ConfigOption("log.fsync", "bool", True,
+                 "A write is acknowledged once its changelog is fsynced (it survives a power loss, "
+                 "not only a crash of the process); concurrent writers share one fsync (group "
+                 "commit). Off (`--no-fsync`): a write is in the OS when acknowledged; a crash of "
+                 "the process loses nothing, a power loss may lose the last seconds of writes."),
     ConfigOption("log.retention.check-interval", "duration", 60_000,
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,

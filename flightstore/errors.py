@@ -27,6 +27,7 @@ __all__ = [
     "DataLoss",
     "Cancelled",
     "DataDirectoryInUse",
+    "OffsetOutOfRange",
     "Unavailable",
     "BucketUnavailable",
     "CoordinatorUnavailable",
@@ -136,6 +137,14 @@ class Cancelled(FlightstoreError):
 
 class DataDirectoryInUse(FlightstoreError):
     """Another open Store (in this or another process) holds the data directory."""
+
+
+class OffsetOutOfRange(InvalidInput):
+    """A reader asked for log offsets the log no longer holds (deleted by ``table.log.ttl`` once a
+    KV snapshot covered them) or does not hold yet. The message names the earliest offset still
+    held, where a reader that may skip ahead can start instead.
+
+    Flight has no OUT_OF_RANGE status: it maps to INVALID_ARGUMENT like other bad requests."""
 
 
 class Unavailable(FlightstoreError):

@@ -43,6 +43,7 @@ class IntentLog:
             writer.write_table(batch)
         body = json.dumps(meta, separators=(",", ":")).encode() + b"\n" + sink.getvalue().to_pybytes()
         record = _HEADER.pack(_MAGIC, zlib.crc32(body), len(body)) + body
+        created = not self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(record)
@@ -52,6 +53,12 @@ class IntentLog:
                 os.fsync(fd)
         finally:
             os.close(fd)
+        if self.fsync and created:  # the file's directory entry must survive a power loss too
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
 
     def complete(self) -> None:
         """Every bucket applied the write: forget it."""
@@ -59,6 +66,17 @@ class IntentLog:
             os.truncate(self.path, 0)
         except FileNotFoundError:
             pass
+
+    def inspect(self) -> str:
+        """``"empty"``, ``"pending"`` (a write to roll forward at the next open) or ``"torn"`` (a
+        record that fails its CRC: an intent whose write never started, discarded at open)."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return "empty"
+        if size == 0:
+            return "empty"
+        return "pending" if self.pending() is not None else "torn"
 
     def pending(self) -> tuple[dict[str, Any], pa.Table] | None:
         """The recorded write that may not have reached every bucket, if any."""
@@ -70,7 +88,10 @@ class IntentLog:
             return None
         magic, crc, length = _HEADER.unpack_from(data)
         body = data[_HEADER.size:_HEADER.size + length]
-        if magic != _MAGIC or len(body) != length or zlib.crc32(body) != crc:
+        if magic != _MAGIC or not length or len(body) != length or zlib.crc32(body) != crc:
             return None
         header, _, ipc = body.partition(b"\n")
-        return json.loads(header), pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
+        try:
+            return json.loads(header), pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
+        except (ValueError, pa.ArrowException):  # never written whole by begin()
+            return None

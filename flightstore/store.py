@@ -8,8 +8,10 @@ batch sequence: a retried batch is applied once, a gap in the sequence is refuse
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
+import logging
 import os
 import threading
 import time
@@ -23,22 +25,34 @@ import pyarrow.compute as pc
 from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
-from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput,
-                                SchemaMismatch, Unsupported)
+from flightstore.config import SERVER_OPTIONS
+from flightstore.errors import (
+    Cancelled,
+    DataDirectoryInUse,
+    DataLoss,
+    FlightstoreError,
+    InvalidInput,
+    SchemaMismatch,
+    Unsupported,
+)
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
 from flightstore.kv import ranges
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.ranges import KeyRange
+from flightstore.kv.snapshot import SnapshotInfo
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
+from flightstore.log.held import read_held, require_held
 from flightstore.schema import Projections, TableDescriptor, TablePath, as_table, storage_type
+from flightstore.upkeep import TableUpkeep
 from flightstore.writers import WriterRegistry, system_clock_ms
 
 __all__ = ["Store", "Table", "WriteResult", "new_table_descriptor"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
+_logger = logging.getLogger("flightstore.store")
 
 
 def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -88,9 +102,11 @@ def _widens(source: pa.DataType, target: pa.DataType) -> bool:
 
 
 class WriteResult(dict):
-    """Per-bucket outcome of a write: ``{bucket: base_offset or None}``, plus ``duplicate`` flag."""
+    """Per-bucket outcome of a write: ``{bucket: base_offset or None}``, plus ``duplicate`` flag
+    and the buckets the write went to (``touched``: they are synced before it is acknowledged)."""
 
     duplicate: bool = False
+    touched: Sequence[int] = ()
 
 
 
@@ -98,7 +114,7 @@ class WriteResult(dict):
 class Table:
     """A handle on one table: writes, lookups, scans and changelog reads."""
 
-    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = False,
+    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
                  clock: Callable[[], int] = system_clock_ms) -> None:
         """Open the table's buckets; ``clock`` (milliseconds) times writes for writer expiry."""
         self.descriptor = descriptor
@@ -118,12 +134,13 @@ class Table:
                 directory / f"bucket-{bucket}" / "log", log_schema,
                 compression=descriptor.option("table.log.arrow.compression.type"),
                 segment_bytes=descriptor.option("table.log.segment.bytes"),
-                statistics_columns=descriptor.statistics_columns,
-                ttl_ms=None if descriptor.has_primary_key else ttl, fsync=fsync)
+                statistics_columns=descriptor.statistics_columns, ttl_ms=ttl, fsync=fsync,
+                label=f"table {self.path} bucket {bucket}")
             self.logs.append(log)
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
-                                         bucket=bucket))
+                                         fsync=fsync, bucket=bucket))
+        self.upkeep = TableUpkeep(directory, self.logs, self.kvs, descriptor.option("kv.snapshot.interval"))
         # Per-bucket offsets below which the lake holds the log's records (set by the lake's
         # tierer from its last committed snapshot); see enforce_retention.
         self.retention_floor: dict[int, int] | None = None
@@ -358,52 +375,70 @@ class Table:
         A write spanning several buckets is first recorded as an intent (see ``intents.py``), with
         a writer id and sequence (the table's own when the caller gave none), so that a crash
         between two buckets is completed on the next open instead of leaving it half applied.
+        Returns once the write is durable (logs that fsync): the fsync happens after the table lock
+        is released, so concurrent writers of the table share it (group commit).
         """
         with self._lock:
-            if not recovering:  # a rolled-forward write was checked when it was first sent
-                self._check_sequence(writer_id, sequence)
-            now = self._clock()
-            result = WriteResult()
-            last = self._writers.sequence(writer_id) if writer_id is not None else None
-            if kinds is None and not self.descriptor.bucket_key and sequence is not None \
-                    and last is not None and sequence <= last:
-                # Without a bucket key a whole batch lands in one (round-robin) bucket and a retry
-                # may be routed to another one: the table-level sequence decides.
-                result.duplicate = True
-                return result
-            buckets = self.buckets_of(table)
-            targets = np.unique(buckets)
-            intent = len(targets) > 1 and not recovering
-            if intent:
-                if writer_id is None or sequence is None:
-                    writer_id = TABLE_WRITER
-                    last_table = self._writers.sequence(TABLE_WRITER)
-                    sequence = 0 if last_table is None else last_table + 1
-                record = table if kinds is None else table.append_column(
-                    changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
-                self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
-                                     "kv": kinds is not None, "writer_id": writer_id,
-                                     "sequence": sequence}, record)
-            for bucket in targets:
-                mask = buckets == bucket
-                part = table.filter(pa.array(mask))
-                if kinds is None:
-                    last = self.logs[bucket].writer_state().get(writer_id) if writer_id else None
-                    if sequence is not None and last is not None and sequence <= last:
-                        result.duplicate = True
-                        continue
-                    result[int(bucket)] = self.logs[bucket].append(part, writer_id=writer_id,
-                                                                   sequence=sequence, timestamp_ms=now)
-                else:
-                    outcome = self.kvs[bucket].apply(part, kinds[mask], target, writer_id=writer_id,
-                                                     sequence=sequence, overwrite=overwrite,
-                                                     now_ms=now)
-                    result.duplicate |= outcome.duplicate
-                    result[int(bucket)] = outcome.base_offset
-            if intent:
-                self._intents.complete()
-            self._note_sequence(writer_id, sequence, now)
+            result = self._apply_locked(table, kinds, target, writer_id, sequence, overwrite, recovering)
+            written = {int(b): self.logs[b].end_offset for b in result.touched}
+        for bucket, end in written.items():  # outside the lock: concurrent writers share fsyncs
+            self.logs[bucket].sync(end)
         self._notify()
+        return result
+
+    def _apply_locked(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                      writer_id: str | None, sequence: int | None, overwrite: bool,
+                      recovering: bool) -> WriteResult:
+        """The write itself, under the table lock; its logs are synced by the caller, except a
+        multi-bucket write's, which must be on disk before its intent is cleared."""
+        if not recovering:  # a rolled-forward write was checked when it was first sent
+            self._check_sequence(writer_id, sequence)
+        now = self._clock()
+        result = WriteResult()
+        last = self._writers.sequence(writer_id) if writer_id is not None else None
+        if kinds is None and not self.descriptor.bucket_key and sequence is not None \
+                and last is not None and sequence <= last:
+            # Without a bucket key a whole batch lands in one (round-robin) bucket and a retry
+            # may be routed to another one: the table-level sequence decides.
+            result.duplicate = True
+            result.touched = list(range(self.num_buckets))  # acknowledged once durable
+            return result
+        buckets = self.buckets_of(table)
+        targets = np.unique(buckets)
+        result.touched = [int(b) for b in targets]
+        intent = len(targets) > 1 and not recovering
+        if intent:
+            if writer_id is None or sequence is None:
+                writer_id = TABLE_WRITER
+                last_table = self._writers.sequence(TABLE_WRITER)
+                sequence = 0 if last_table is None else last_table + 1
+            record = table if kinds is None else table.append_column(
+                changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
+            self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
+                                 "kv": kinds is not None, "writer_id": writer_id,
+                                 "sequence": sequence}, record)
+        for bucket in targets:
+            mask = buckets == bucket
+            part = table.filter(pa.array(mask))
+            if kinds is None:
+                last = self.logs[bucket].writer_state().get(writer_id) if writer_id else None
+                if sequence is not None and last is not None and sequence <= last:
+                    result.duplicate = True
+                    continue
+                result[int(bucket)] = self.logs[bucket].append(part, writer_id=writer_id,
+                                                               sequence=sequence, durable=False,
+                                                               timestamp_ms=now)
+            else:
+                outcome = self.kvs[bucket].apply(part, kinds[mask], target, writer_id=writer_id,
+                                                 sequence=sequence, overwrite=overwrite,
+                                                 durable=False, now_ms=now)
+                result.duplicate |= outcome.duplicate
+                result[int(bucket)] = outcome.base_offset
+        if intent:
+            for bucket in targets:  # the intent may go only once every bucket has the write
+                self.logs[bucket].sync()
+            self._intents.complete()
+        self._note_sequence(writer_id, sequence, now)
         return result
 
     def _complete_pending_write(self) -> None:
@@ -526,13 +561,16 @@ class Table:
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None,
              key_range: KeyRange | None = None, *, exact: bool = True) -> Iterator[pa.RecordBatch]:
-        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics on logs).
+        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics).
 
         On a primary-key table the filter's primary-key range (``key_range``, derived from the
-        filter when not given; :mod:`flightstore.kv.ranges`) becomes one RocksDB seek range per
-        bucket, and equalities on the whole bucket key read only their bucket. ``exact=False``
-        lets a log table's rows through unfiltered in batches the statistics could not rule out:
-        for callers that apply ``filter`` again themselves (residual SQL)."""
+        filter when not given; :mod:`flightstore.kv.ranges`) is one RocksDB seek range per bucket,
+        and equalities on the whole bucket key read only their bucket. Without a range a bucket is
+        read from its newest KV snapshot image plus the changelog after it, consistent at the log
+        end offset when the bucket is reached (RocksDB without an image).
+
+        ``exact=False`` lets a log table's rows through unfiltered in batches the statistics could
+        not rule out: for callers that apply ``filter`` again themselves (residual SQL)."""
         columns = self._check_columns(columns)
         if filter is not None:
             filter = filter.bind(self.schema)
@@ -548,7 +586,9 @@ class Table:
             if remaining is not None and remaining <= 0:
                 return
             if self.has_primary_key:
-                source = self.kvs[bucket].scan(columns, filter, remaining, key_range)
+                kv = self.kvs[bucket]
+                source = kv.full_scan(columns, filter, remaining) if key_range is None else \
+                    kv.scan(columns, filter, remaining, key_range)
             else:
                 source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter,
                                                                      exact=exact))
@@ -571,22 +611,65 @@ class Table:
         """Rows in the table without a scan: maintained KV counts, or log offsets."""
         if self.has_primary_key:
             return sum(kv.row_count for kv in self.kvs)
-        return sum(log.end_offset - log.start_offset for log in self.logs)
+        for log in self.logs:
+            lost = log.damage()
+            if lost:
+                raise DataLoss(f"{log.label}: log offsets {lost[0][0]}..{lost[0][1] - 1} are lost; "
+                               "the count would be wrong. Run `flightstore repair` to declare it")
+        return sum(log.end_offset - log.start_offset - log.lost_rows for log in self.logs)
+
+    def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
+                limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """The rows of ``bucket`` exactly at log offset ``at`` (a KV snapshot image plus the
+        changelog up to ``at``): what a reader that then follows the changelog from ``at`` needs.
+        Raises OffsetOutOfRange when ``at`` is outside the held log."""
+        self._require_pk("a snapshot read")
+        self._check_bucket(bucket)
+        return self.kvs[bucket].rows_at(int(at), self._check_columns(columns), None, limit)
+
+    def read_snapshot(self, bucket: int, at: int, columns: Sequence[str] | None = None
+                      ) -> Iterator[pa.RecordBatch]:
+        """:meth:`rows_at` as changelog rows (``columns`` of :func:`changetype.snapshot_schema`):
+        ``_change_type`` is ``+I``, ``_log_offset`` and ``_commit_timestamp`` are null. A reader
+        that then follows the changelog from ``at`` sees every change once."""
+        out_schema = changetype.snapshot_schema(self.schema)
+        wanted = list(columns) if columns is not None else out_schema.names
+        schema = pa.schema([out_schema.field(c) for c in wanted])
+        stored = [c for c in wanted if c not in changetype.META_COLUMNS]
+        for batch in self.rows_at(bucket, at, stored):
+            n = batch.num_rows
+            meta = {changetype.CHANGE_TYPE_COLUMN: pa.repeat(pa.scalar("+I", pa.string()), n),
+                    changetype.LOG_OFFSET_COLUMN: pa.nulls(n, pa.int64()),
+                    changetype.COMMIT_TIMESTAMP_COLUMN: pa.nulls(n, out_schema.field(
+                        changetype.COMMIT_TIMESTAMP_COLUMN).type)}
+            yield pa.RecordBatch.from_arrays([meta[c] if c in meta else batch.column(c) for c in wanted],
+                                             schema=schema)
+
+    def _check_bucket(self, bucket: int) -> None:
+        if not 0 <= int(bucket) < self.num_buckets:
+            raise InvalidInput(f"table {self.path} has no bucket {bucket}")
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
-        """Delete log segments older than ``table.log.ttl`` (log tables); returns rows dropped.
+        """Delete log segments older than ``table.log.ttl``; returns rows dropped.
 
-        Primary-key tables keep their whole log: it is what their KV is recovered from. On a
-        datalake-enabled table only records below :attr:`retention_floor` (tiered) may go; while
-        no tierer has told the floor, nothing is deleted.
+        A primary-key table keeps its log above its oldest retained KV snapshot (see
+        :mod:`flightstore.upkeep`). On a datalake-enabled table only records below
+        :attr:`retention_floor` (tiered) may go; while no tierer has told the floor, nothing is
+        deleted.
         """
-        before = self.start_offsets()
-        floor = None
+        lake_floor = None
         if self.descriptor.option("table.datalake.enabled"):
-            floor = dict(self.retention_floor or before)
-        for bucket, log in enumerate(self.logs):
-            log.enforce_retention(now_ms, None if floor is None else floor.get(bucket, before[bucket]))
-        return sum(self.start_offsets()[b] - offset for b, offset in before.items())
+            lake_floor = dict(self.retention_floor or self.start_offsets())
+        return self.upkeep.enforce_retention(now_ms, lake_floor)
+
+    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, SnapshotInfo | None]:
+        """Take a KV snapshot of every bucket now; see :meth:`TableUpkeep.snapshot`."""
+        self._require_pk("a KV snapshot")
+        return self.upkeep.snapshot(force=force, stop=stop)
+
+    def disk_usage(self) -> dict[str, int]:
+        """Bytes on disk: ``kv``, ``snapshots``, ``log`` and ``total`` (see :mod:`flightstore.upkeep`)."""
+        return self.upkeep.disk_usage()
 
     # ---- changelog ----------------------------------------------------------------------------
     def end_offsets(self) -> dict[int, int]:
@@ -627,13 +710,22 @@ class Table:
             stored.append(changetype.CHANGE_TYPE_COLUMN)
         return stored
 
-    def read_changelog(self, bucket: int, from_offset: int = 0, *, columns: Sequence[str] | None = None,
-                       to_offset: int | None = None, max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
-        """``t$changelog`` rows of one bucket from ``from_offset`` (exclusive of ``to_offset``)."""
+    def read_changelog(self, bucket: int, from_offset: int | None = None, *,
+                       columns: Sequence[str] | None = None, to_offset: int | None = None,
+                       max_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """``t$changelog`` rows of one bucket from ``from_offset`` (exclusive of ``to_offset``);
+        without ``from_offset``, from the earliest offset still held. An explicit offset that
+        retention deleted raises OffsetOutOfRange naming the earliest one held."""
         stored = self._stored_columns(columns)
-        for record in self.logs[bucket].read(from_offset, columns=stored, to_offset=to_offset,
-                                             max_rows=max_rows):
+        log = self.logs[bucket]
+        records = log.read(log.start_offset, columns=stored, to_offset=to_offset, max_rows=max_rows) \
+            if from_offset is None else read_held(log, int(from_offset), self._where(bucket),
+                                                  columns=stored, to_offset=to_offset, max_rows=max_rows)
+        for record in records:
             yield self.changelog_batch(record, columns)
+
+    def _where(self, bucket: int) -> str:
+        return f"table {self.path} bucket {bucket}"
 
     def _notify(self) -> None:
         with self._written:
@@ -641,7 +733,8 @@ class Table:
 
     def resolve_start(self, start: Any) -> dict[int, int]:
         """Per-bucket offsets of a start position: ``earliest``, ``latest``, a timestamp in ms
-        (``{"timestamp": ms}`` or an int) or explicit ``{bucket: offset}``."""
+        (``{"timestamp": ms}`` or an int) or explicit ``{bucket: offset}`` (buckets left out start
+        at their earliest offset; an offset retention deleted raises OffsetOutOfRange)."""
         if start in (None, "earliest"):
             return self.start_offsets()
         if start == "latest":
@@ -655,7 +748,8 @@ class Table:
             for bucket, offset in start.items():
                 if int(bucket) not in offsets:
                     raise InvalidInput(f"table {self.path} has no bucket {bucket}")
-                offsets[int(bucket)] = max(int(offset), offsets[int(bucket)])
+                require_held(self.logs[int(bucket)], int(offset), self._where(int(bucket)))
+                offsets[int(bucket)] = int(offset)
             return offsets
         raise InvalidInput(f"unknown start position {start!r}: use earliest, latest, a timestamp or "
                            "per-bucket offsets")
@@ -667,7 +761,9 @@ class Table:
 
         Runs until ``stop.is_set()`` (any object with ``is_set``) or, when ``until`` gives per-bucket
         end offsets, until every bucket reached them. Yields an empty batch as a heartbeat after
-        ``heartbeat_s`` without data, so a server notices clients that went away.
+        ``heartbeat_s`` without data, so a server notices clients that went away. A subscriber
+        that falls behind the log start (retention deleted rows it had not read) gets
+        OffsetOutOfRange, never a silent gap.
         """
         offsets = self.resolve_start(start)
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
@@ -684,7 +780,8 @@ class Table:
                 limit = None if ends is None else ends.get(bucket, offsets[bucket])
                 if limit is not None and offsets[bucket] >= limit:
                     continue
-                for record in log.read(offsets[bucket], columns=stored, to_offset=limit):
+                for record in read_held(log, offsets[bucket], self._where(bucket), columns=stored,
+                                        to_offset=limit):
                     offsets[bucket] = record.next_offset if limit is None else min(record.next_offset, limit)
                     progressed = True
                     yield self.changelog_batch(record, columns)
@@ -746,9 +843,16 @@ def _lock_data_dir(data_dir: Path) -> int:
 
 
 class Store:
-    """A data directory of databases and tables. Thread-safe; close() when done."""
+    """A data directory of databases and tables. Thread-safe; close() when done.
 
-    def __init__(self, data_dir: str | os.PathLike, *, fsync: bool = False,
+    Tables open lazily, each behind its own gate: opening or recovering one table (which may read
+    and replay its logs) never blocks lookups or writes on tables already open, nor the opening of
+    other tables. ``fsync`` (default on): a write returns once its changelog is on disk, so it
+    survives a power loss; concurrent writers share fsyncs (group commit).
+    """
+
+    def __init__(self, data_dir: str | os.PathLike, *,
+                 fsync: bool = SERVER_OPTIONS["log.fsync"].default,
                  clock: Callable[[], int] = system_clock_ms) -> None:
         """Open (and lock) ``data_dir``. ``clock`` gives milliseconds to time writes (writer
         expiry, commit timestamps); tests inject one to move time without sleeping."""
@@ -763,7 +867,9 @@ class Store:
             raise
         self.fsync = fsync
         self._tables: dict[TablePath, Table] = {}
-        self._lock = threading.RLock()
+        self._gates: dict[TablePath, threading.Lock] = {}  # one per table: its open or drop
+        self._lock = threading.RLock()  # the two dicts above; never held while a table opens
+        self._closed = False
 
     def __enter__(self) -> "Store":
         return self
@@ -771,16 +877,28 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _gate(self, path: TablePath) -> threading.Lock:
+        with self._lock:
+            return self._gates.setdefault(path, threading.Lock())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FlightstoreError(f"the store of {self.data_dir} is closed")
+
     # ---- DDL ----------------------------------------------------------------------------------
     def create_database(self, name: str, if_not_exists: bool = False) -> None:
         self.catalog.create_database(name, if_not_exists)
 
     def drop_database(self, name: str, if_exists: bool = False, cascade: bool = False) -> None:
-        with self._lock:
-            for path in [p for p in self._tables if p.database == name]:
+        paths = sorted((p for p in self.catalog.all_tables() if p.database == name), key=str)
+        with contextlib.ExitStack() as gates:
+            for path in paths:  # in one order: two drops never wait on each other
+                gates.enter_context(self._gate(path))
+            with self._lock:
                 if cascade:
-                    self._tables.pop(path).close()
-            self.catalog.drop_database(name, if_exists, cascade)
+                    for path in [p for p in self._tables if p.database == name]:
+                        self._tables.pop(path).close()
+                self.catalog.drop_database(name, if_exists, cascade)
 
     def create_table(self, path: TablePath | str, schema: pa.Schema | None = None, *,
                      primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
@@ -790,14 +908,15 @@ class Store:
         descriptor = new_table_descriptor(path, schema, primary_key=primary_key,
                                           partition_keys=partition_keys, options=options,
                                           descriptor=descriptor)
-        with self._lock:
-            self.catalog.create_table(descriptor, if_not_exists)
-            return self.table(descriptor.path)
+        self._check_open()
+        self.catalog.create_table(descriptor, if_not_exists)
+        return self.table(descriptor.path)  # outside the store lock: table() takes its gate
 
     def drop_table(self, path: TablePath | str, if_exists: bool = False) -> None:
         path = self._path(path)
-        with self._lock:
-            table = self._tables.pop(path, None)
+        with self._gate(path):  # waits for an open of this table in progress
+            with self._lock:
+                table = self._tables.pop(path, None)
             if table is not None:
                 table.close()
             self.catalog.drop_table(path, if_exists)
@@ -807,22 +926,37 @@ class Store:
         return path if isinstance(path, TablePath) else TablePath.parse(path, DEFAULT_DATABASE)
 
     def table(self, path: TablePath | str) -> Table:
-        """Open (once) and return the table handle; TableNotFound / CorruptData otherwise."""
+        """Open (once) and return the table handle; TableNotFound / CorruptData otherwise.
+
+        An open table is returned without taking any lock. A table not open yet is opened under its
+        own gate (callers for the same table wait for that one open), outside the store lock.
+        """
         path = self._path(path)
-        with self._lock:
+        table = self._tables.get(path)
+        if table is not None:
+            return table
+        self._check_open()
+        with self._gate(path):
             table = self._tables.get(path)
-            if table is None:
-                descriptor = self.catalog.get_table(path)
-                table = Table(descriptor, self.catalog.table_dir(path), fsync=self.fsync,
-                              clock=self.clock)
-                self._tables[path] = table
+            if table is not None:
+                return table
+            descriptor = self.catalog.get_table(path)
+            table = Table(descriptor, self.catalog.table_dir(path), fsync=self.fsync, clock=self.clock)
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._tables[path] = table
+            if closed:  # the store closed while this table opened
+                table.close()
+                self._check_open()
             return table
 
     def list_databases(self) -> list[str]:
         return self.catalog.list_databases()
 
     def open_tables(self) -> list[Table]:
-        """The tables opened so far (for monitoring: no table is opened by asking)."""
+        """The tables opened so far (for monitoring: no table is opened by asking; and only they
+        can have changed since this Store started, which the KV snapshot schedule relies on)."""
         with self._lock:
             return list(self._tables.values())
 
@@ -840,18 +974,43 @@ class Store:
                 continue
         return dropped
 
+    def take_due_snapshots(self, stop: Any = None) -> int:
+        """Take the KV snapshots due by ``kv.snapshot.interval`` in every open primary-key table,
+        then apply ``table.log.ttl`` to the tables that got one (a snapshot lets their log shrink).
+        Returns the number of snapshots taken. ``stop()`` returning True ends the round early."""
+        taken = 0
+        for table in self.open_tables():
+            if stop is not None and stop():
+                break
+            try:
+                count = table.upkeep.take_due_snapshots(stop=stop)
+                if count:
+                    table.enforce_retention()
+                taken += count
+            except Cancelled:
+                break
+            except FlightstoreError as exc:  # a closed or broken table: its owner will notice
+                _logger.warning("KV snapshot of %s failed: %s", table.path, exc)
+        return taken
+
+    def next_snapshot_due_ms(self) -> int | None:
+        """Wall-clock ms when the next KV snapshot of an open table is due (None: none is)."""
+        dues = [due for table in self.open_tables() if (due := table.upkeep.next_due_ms()) is not None]
+        return min(dues) if dues else None
+
     def list_tables(self, database: str = DEFAULT_DATABASE) -> list[str]:
         return self.catalog.list_tables(database)
 
     def close(self) -> None:
         with self._lock:
-            for table in self._tables.values():
-                table.close()
+            self._closed = True
+            tables = list(self._tables.values())
             self._tables.clear()
-            self._unlock()
+        for table in tables:
+            table.close()
+        self._unlock()
 
     def _unlock(self) -> None:
         if self._dir_lock is not None:
             os.close(self._dir_lock)  # closing the descriptor releases the flock
             self._dir_lock = None
-

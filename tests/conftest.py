@@ -13,5 +13,6 @@ __all__ = ["server", "store"]
 
 @pytest.fixture
 def store(tmp_path):
-    with Store(tmp_path / "data") as s:
+    # Durability (fsync) is not what these tests test: tests/log/test_durability.py does.
+    with Store(tmp_path / "data", fsync=False) as s:
         yield s

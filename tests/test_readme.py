@@ -58,3 +58,15 @@ def test_make_run_installs_the_runtime_only(tmp_path) -> None:
     assert "flightstore serve" in run
     test = plan("test")
     assert "pip install -q -e .\n" in test and "'.[test,sqlalchemy]'" in test
+
+
+def test_kv_snapshot_snippet_runs_after_the_tour(server) -> None:
+    tour = _block("CREATE TABLE IF NOT EXISTS shop.orders").replace("grpc://127.0.0.1:8815", server.uri)
+    snippet = _block("orders.snapshot()")
+    namespace: dict = {}
+    exec(compile(tour, "README.md", "exec"), namespace)
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    table = server.store.table("shop.orders")
+    assert all(kv.snapshots.newest is None or kv.snapshots.newest.offset == table.end_offsets()[b]
+               for b, kv in enumerate(table.kvs))
+    assert any(kv.snapshots.newest is not None for kv in table.kvs)

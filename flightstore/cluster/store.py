@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from flightstore.config import SERVER_OPTIONS
 from flightstore.errors import CoordinatorUnavailable
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.store import Store, Table, new_table_descriptor
@@ -28,7 +29,7 @@ __all__ = ["ClusterStore"]
 class ClusterStore(Store):
     """A data directory of one cluster member; DDL goes through :attr:`member`'s coordinator."""
 
-    def __init__(self, data_dir: Any, *, fsync: bool = False) -> None:
+    def __init__(self, data_dir: Any, *, fsync: bool = SERVER_OPTIONS["log.fsync"].default) -> None:
         super().__init__(data_dir, fsync=fsync)
         self.member: ClusterMember | None = None
 

@@ -166,13 +166,33 @@ def _normalize_key_array(arr: pa.Array, name: str) -> pa.Array:
     return arr
 
 
+def encode_keys(data: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> list[bytes]:
+    """One RocksDB key per row: the key columns' order-preserving encodings, concatenated.
+
+    Byte-wise order of the keys equals the SQL order of the ``columns`` tuples, and for every ``k``
+    ``encode_keys(data, columns[:k])[i]`` is a byte prefix of ``encode_keys(data, columns)[i]`` (and
+    of no key whose leading ``k`` values differ). Raises :class:`InvalidInput` naming the column for
+    a missing column, a null in a key column, or a type that cannot be a key.
+    """
+    arrays = _key_arrays(data, columns)
+    if data.num_rows == 1 and all(pa.types.is_integer(arr.type) for arr in arrays):
+        return [b"".join(map(_integer_key, arrays))]  # a point lookup's key: no numpy set-up
+    return _join_keys(arrays, columns, data.num_rows).to_pylist()
+
+
 def encode_key_array(data: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> pa.Array:
-    """:func:`encode_keys` as one Arrow binary array (no Python bytes per row): for callers that
-    keep working on the keys in Arrow (grouping, sorting) before handing some to RocksDB."""
+    """:func:`encode_keys` as a ``large_binary`` Arrow array, for vectorized work on many keys
+    (membership tests, grouping) without a Python ``bytes`` object per row."""
+    return _join_keys(_key_arrays(data, columns), columns, data.num_rows)
+
+
+def _key_arrays(data: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> list[pa.Array]:
     if not columns:
         raise InvalidInput("a key needs at least one column")
-    n = data.num_rows
-    arrays = [_normalize_key_array(_column(data, name, InvalidInput), name) for name in columns]
+    return [_normalize_key_array(_column(data, name, InvalidInput), name) for name in columns]
+
+
+def _join_keys(arrays: list[pa.Array], columns: Sequence[str], n: int) -> pa.Array:
     parts: list[pa.Array | pa.Scalar] = []
     pending: list[np.ndarray] = []  # consecutive fixed-width columns, joined with one hstack
     for name, arr in zip(columns, arrays):
@@ -191,23 +211,6 @@ def encode_key_array(data: pa.Table | pa.RecordBatch, columns: Sequence[str]) ->
     if len(parts) == 1 and isinstance(parts[0], pa.Array):
         return parts[0]
     return pc.binary_join_element_wise(*parts, _EMPTY)
-
-
-def encode_keys(data: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> list[bytes]:
-    """One RocksDB key per row: the key columns' order-preserving encodings, concatenated.
-
-    Byte-wise order of the keys equals the SQL order of the ``columns`` tuples, and for every ``k``
-    ``encode_keys(data, columns[:k])[i]`` is a byte prefix of ``encode_keys(data, columns)[i]`` (and
-    of no key whose leading ``k`` values differ). Raises :class:`InvalidInput` naming the column for
-    a missing column, a null in a key column, or a type that cannot be a key.
-    """
-    if not columns:
-        raise InvalidInput("a key needs at least one column")
-    if data.num_rows == 1:
-        arrays = [_normalize_key_array(_column(data, name, InvalidInput), name) for name in columns]
-        if all(pa.types.is_integer(arr.type) for arr in arrays):
-            return [b"".join(map(_integer_key, arrays))]  # a point lookup's key: no numpy set-up
-    return encode_key_array(data, columns).to_pylist()
 
 
 def encode_key_prefix(values: Mapping[str, Any] | pa.Table | pa.RecordBatch, columns: Sequence[str],

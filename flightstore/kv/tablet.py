@@ -12,12 +12,16 @@ Applying a write (``apply``):
    count and the writer's batch sequence.
 
 A crash between 3 and 4 is repaired by :meth:`recover` (run on open), which replays the changelog
-after the applied offset; :meth:`rebuild` recreates the KV from the log alone.
+after the applied offset. :meth:`snapshot` takes a KV snapshot (:mod:`flightstore.kv.snapshot`); a
+missing, unopenable or hopelessly stale KV directory is rebuilt on open from the newest usable
+snapshot plus the log after it (or from the whole log while it starts at offset 0), with a log line
+saying so; :meth:`rebuild` does the same on request.
 
 Reads (point lookups, prefix lookups, scans and key ranges) go through :mod:`flightstore.kv.scan`:
 chunked, from one RocksDB snapshot, decoded with the vectorized row codec, and checked so that a
 corrupt file is a :class:`~flightstore.errors.DataLoss` naming the table and bucket, never a short
-answer.
+answer. :meth:`full_scan` reads the newest KV snapshot image plus the changelog instead when one
+serves (:mod:`flightstore.kv.snapshot_read`).
 """
 
 from __future__ import annotations
@@ -35,17 +39,20 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch
 
 from flightstore import changetype
-from flightstore.errors import CorruptData
+from flightstore.errors import CorruptData, DataLoss, FlightstoreError
 from flightstore.expressions import Predicate
 from flightstore.kv.encoding import RowCodec, encode_key_array, encode_keys
 from flightstore.kv.merge import MergeInput, merger_for
 from flightstore.kv.merge.base import take_or_null
 from flightstore.kv.ranges import KeyRange, encode_range, prefix_successor
 from flightstore.kv.scan import FIRST_CHUNK_ROWS, RangeReader, storage_errors
+from flightstore.kv.snapshot import KvSnapshots, SnapshotInfo
+from flightstore.kv.snapshot_read import read_at
 from flightstore.log import LogTablet
+from flightstore.log.held import require_held
 from flightstore.schema import TableDescriptor
 
 __all__ = ["KvTablet", "ApplyResult", "changelog_schema", "UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES"]
@@ -59,6 +66,10 @@ UNDO_FENCE_PREFIX = b"undo:"  # + writer id: its last undo (kv/undo.py)
 WRITER_META_PREFIXES = (_WRITER, UNDO_FENCE_PREFIX)  # what a writer keeps in the meta column family
 _INT = struct.Struct(">q")
 _WRITER_STATE = struct.Struct(">qq")
+# A full scan reads the newest snapshot image plus the changelog after it unless that tail holds
+# more than this many rows per image row (then iterating RocksDB is cheaper).
+IMAGE_TAIL_FACTOR = 4
+IMAGE_TAIL_MIN_ROWS = 65_536
 
 
 def changelog_schema(schema: pa.Schema) -> pa.Schema:
@@ -85,21 +96,26 @@ class KvTablet:
     """The RocksDB state of one bucket of a primary-key table, fed through its changelog."""
 
     def __init__(self, directory: str | Path, descriptor: TableDescriptor, log: LogTablet, *,
-                 bucket: int | None = None) -> None:
+                 fsync: bool = True, bucket: int | None = None) -> None:
         self.directory = Path(directory)
         self.descriptor = descriptor
         self.bucket = bucket
-        self.where = f"table {descriptor.path} bucket {bucket if bucket is not None else self.directory}"
         self.schema = descriptor.schema
         self.primary_key = descriptor.primary_key
         self.log = log
         self.codec = RowCodec(self.schema)
         self.merger = merger_for(descriptor)
         self.full_image = descriptor.option("table.changelog.image") == "FULL"
+        self.name = f"table {descriptor.path} {self.directory.parent.name}"
+        # How errors name the bucket: "table db.t bucket 3" (DataLoss messages).
+        self.where = self.name if bucket is None else f"table {descriptor.path} bucket {bucket}"
+        self.snapshots = KvSnapshots(self.directory.parent / "snapshots",
+                                     descriptor.option("kv.snapshot.num-retained"), fsync=fsync)
         self._lock = threading.RLock()
         self._io_lock = threading.Lock()
         self._io = {"rows_read": 0, "chunks_read": 0}
-        self._open_db()
+        self._db: Rdict | None = None
+        self.recovered_from = self._open_or_restore()
         self.recover()
 
     # ---- RocksDB plumbing ---------------------------------------------------------------------
@@ -112,11 +128,67 @@ class KvTablet:
         options.set_memtable_prefix_bloom_ratio(0.1)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
+        # Every KV snapshot flushes the memtable, and RocksDB logs each flush: bound its info log
+        # and MANIFEST, or a steady load with frequent snapshots grows them without end.
+        options.set_max_log_file_size(256 << 10)
+        options.set_keep_log_file_num(2)
+        options.set_max_manifest_file_size(1 << 20)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._db = Rdict(str(self.directory), options=options,
                          column_families={"meta": Options(raw_mode=True)})
         self._meta_cf = self._db.get_column_family_handle("meta")
         self._meta = self._db.get_column_family("meta")
+
+    def _open_or_restore(self) -> str:
+        """Open the live KV; when it is missing, cannot be opened or lags behind the log start,
+        rebuild it (see :meth:`_restore`). Returns where the state came from: ``"kv"``, ``"new"``,
+        ``"snapshot <id>"`` or ``"log"``."""
+        if (self.directory / "CURRENT").exists():
+            try:
+                self._open_db()
+            except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception("Corruption: ...")
+                return self._restore(f"cannot be opened ({exc})")
+            applied, start = self.applied_offset, self.log.start_offset
+            if applied >= start:
+                return "kv"
+            self.close()
+            return self._restore(f"lags behind the log (applied offset {applied}, the log starts at {start})")
+        if self.log.end_offset == 0 and not self.snapshots.list():
+            self._open_db()
+            return "new"
+        return self._restore("is missing")
+
+    def _restore(self, reason: str) -> str:
+        """Replace the KV directory by the newest snapshot the log can extend (its offset within
+        the held log), trying older ones when one fails; or by nothing, to replay the whole log
+        when it still starts at 0. Raises DataLoss when neither is possible."""
+        start, end = self.log.start_offset, self.log.end_offset
+        for snapshot in reversed(self.snapshots.list()):
+            if not start <= snapshot.offset <= end:
+                continue
+            try:
+                self.snapshots.restore(snapshot, self.directory)
+                self._open_db()
+                if self.applied_offset != snapshot.offset:
+                    raise CorruptData(f"it holds offset {self.applied_offset}, its manifest says "
+                                      f"{snapshot.offset}")
+            except Exception as exc:  # noqa: BLE001 - a bad checkpoint: try an older one
+                self.close()
+                log.error("%s: KV snapshot %d is unusable (%s); trying an older one", self.name,
+                          snapshot.id, exc)
+                continue
+            log.warning("%s: the KV directory %s; rebuilt it from KV snapshot %d (log offset %d) "
+                        "and replaying the log from there to offset %d", self.name, reason, snapshot.id,
+                        snapshot.offset, end)
+            return f"snapshot {snapshot.id}"
+        if start == 0:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self._open_db()
+            log.warning("%s: the KV directory %s; rebuilding it from the whole log (offsets 0 to %d)",
+                        self.name, reason, end)
+            return "log"
+        raise DataLoss(f"{self.name}: the KV directory {reason}, and no usable KV snapshot lies within "
+                       f"the held log (offsets {start} to {end}): the changes below {start} are gone")
 
     def _meta_int(self, key: bytes, default: int = 0) -> int:
         raw = self._meta.get(key)
@@ -184,6 +256,7 @@ class KvTablet:
         """Close RocksDB. A RocksDB error while closing (it reports a corrupt file it met again)
         is logged, not raised: the store must still release every other table."""
         with self._lock:
+            self.snapshots.release_images()
             if self._db is not None:
                 del self._meta, self._meta_cf
                 db, self._db = self._db, None
@@ -194,17 +267,48 @@ class KvTablet:
                         raise
                     log.error("%s: closing RocksDB failed: %s", self.where, exc)
 
+    # ---- snapshots ----------------------------------------------------------------------------
+    def snapshot(self, *, force: bool = False, stop=None) -> SnapshotInfo | None:
+        """Take a KV snapshot (checkpoint + image) at the applied offset and return it; None when
+        nothing changed since the newest snapshot (unless ``force``) or the bucket is still empty.
+        Writes wait only for the checkpoint itself (a flush and hard links), not for the image.
+        ``stop()`` returning True abandons the image (the previous snapshots stay)."""
+        def checkpoint(path: Path) -> tuple[int, int] | None:
+            with self._lock:
+                if self._db is None:
+                    raise FlightstoreError(f"{self.name}: the KV is closed")
+                applied = self.applied_offset
+                newest = self.snapshots.newest
+                if not force and (applied == 0 or (newest is not None and newest.offset == applied)):
+                    return None
+                Checkpoint(self._db).create_checkpoint(str(path))
+                return applied, self.row_count
+
+        return self.snapshots.create(checkpoint, self.codec, self.primary_key,
+                                     self.descriptor.statistics_columns, stop=stop)
+
     # ---- writes -------------------------------------------------------------------------------
     def apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None = None,
               *, writer_id: str | None = None, sequence: int | None = None,
-              overwrite: bool = False, now_ms: int | None = None) -> ApplyResult:
+              overwrite: bool = False, durable: bool = True, now_ms: int | None = None) -> ApplyResult:
         """Apply rows (every table column, conformed by the caller) with per-row change types.
 
         ``overwrite`` bypasses the merge engine: rows replace (+I/+U) or remove (-D) stored rows as
         they are (used to restore before-images). A batch whose ``sequence`` this writer already
-        applied is skipped and reported as ``duplicate``. ``now_ms`` (default: the wall clock) is
-        the changelog record's timestamp and the writer's last write time.
+        applied is skipped and reported as ``duplicate``. With ``durable`` the changelog is on disk
+        when this returns (if the log fsyncs); a caller holding locks passes False and calls
+        ``log.sync()`` after releasing them, so concurrent writers share the fsync. ``now_ms``
+        (default: the wall clock) is the changelog record's timestamp and the writer's last write
+        time.
         """
+        result = self._apply(batch, kinds, target_columns, writer_id, sequence, overwrite, now_ms)
+        if durable:
+            self.log.sync()
+        return result
+
+    def _apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None,
+               writer_id: str | None, sequence: int | None, overwrite: bool,
+               now_ms: int | None) -> ApplyResult:
         with self._lock:
             if writer_id is not None and sequence is not None:
                 last = self.writer_sequence(writer_id)
@@ -234,7 +338,7 @@ class KvTablet:
             base_offset = None
             if changelog.num_rows:
                 base_offset = self.log.append(changelog, writer_id=writer_id, sequence=sequence,
-                                              timestamp_ms=now_ms)
+                                              timestamp_ms=now_ms, durable=False)
             write = WriteBatch(raw_mode=True)
             puts = np.flatnonzero((inserted | updated)[order])  # positions in key order
             if len(puts):
@@ -303,14 +407,26 @@ class KvTablet:
 
     # ---- recovery -----------------------------------------------------------------------------
     def recover(self) -> int:
-        """Replay the changelog after the applied offset into RocksDB; returns rows replayed."""
+        """Replay the changelog after the applied offset into RocksDB; returns rows replayed.
+
+        A KV that applied more than the log holds (the log lost its tail) is still the table's
+        state: it keeps serving, the log continues at the applied offset (new changes never reuse
+        the lost offsets), and the lost changelog range is reported (logged, and
+        :class:`~flightstore.errors.DataLoss` for reads of it) until ``flightstore repair``
+        declares it. A hole in the part still to replay raises DataLoss: the KV would miss changes.
+        """
         with self._lock:
             applied = self.applied_offset
-            if applied > self.log.end_offset:
-                raise CorruptData(f"{self.directory}: KV applied offset {applied} is past the log end "
-                                  f"{self.log.end_offset}; the log lost acknowledged data")
+            end = self.log.end_offset
+            if applied > end:
+                log.error("%s: the KV applied the changelog up to offset %d but the log ends at %d: "
+                          "changelog offsets %d..%d are lost; the KV still holds the table's state. "
+                          "Run `flightstore repair` to declare the loss", self.log.label, applied,
+                          end, end, applied - 1)
+                self.log.skip_to(applied)
+                return 0
             if applied < self.log.start_offset:
-                raise CorruptData(f"{self.directory}: the log no longer holds offsets {applied}.."
+                raise CorruptData(f"{self.log.label}: the log no longer holds offsets {applied}.."
                                   f"{self.log.start_offset}; cannot catch up the KV")
             replayed = 0
             for record in self.log.read(applied):
@@ -340,14 +456,12 @@ class KvTablet:
         return batch.num_rows
 
     def rebuild(self) -> int:
-        """Throw the RocksDB state away and rebuild it from the log alone."""
+        """Throw the RocksDB state away and rebuild it from the newest usable snapshot and the log
+        after it (the whole log while it starts at 0); returns the log rows replayed."""
         with self._lock:
-            if self.log.start_offset > 0:
-                raise CorruptData(f"{self.directory}: the log starts at offset {self.log.start_offset}; "
-                                  "earlier changes are gone, the KV cannot be rebuilt from it")
             self.close()
-            shutil.rmtree(self.directory)
-            self._open_db()
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.recovered_from = self._restore("was thrown away on request")
             return self.recover()
 
     # ---- reads --------------------------------------------------------------------------------
@@ -371,6 +485,36 @@ class KvTablet:
         if not parts:
             return self.codec.decode([], wanted)
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    def full_scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+                  limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Every current row, filtered exactly, at most ``limit``: the newest snapshot image plus
+        the changelog after it (:mod:`flightstore.kv.snapshot_read`, consistent at the log end
+        when called), or RocksDB (:meth:`scan`) when there is no usable image or the changelog
+        since it is much longer than the image."""
+        snapshot = self.snapshots.newest
+        at = self.log.end_offset
+        if snapshot is not None and at - snapshot.offset <= \
+                IMAGE_TAIL_FACTOR * max(snapshot.rows, IMAGE_TAIL_MIN_ROWS):
+            image = self.snapshots.image(snapshot, self.schema)
+            if image is not None:
+                return read_at(image, snapshot.offset, self.log, at, self.primary_key,
+                               columns or self.schema.names, filter, limit, where=self.name)
+        return self.scan(columns, filter, limit)
+
+    def rows_at(self, at: int, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+                limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """The rows exactly at log offset ``at`` (``start_offset <= at <= end_offset``): the newest
+        snapshot at or below ``at`` plus the changelog up to ``at``; without one, the changelog
+        from 0 while the log still starts there. Raises OffsetOutOfRange otherwise."""
+        require_held(self.log, at, self.name)
+        snapshot = self.snapshots.at_or_before(at)
+        image = self.snapshots.image(snapshot, self.schema) if snapshot is not None else None
+        if snapshot is not None and image is None:
+            raise CorruptData(f"{self.name}: the image of KV snapshot {snapshot.id} is unusable")
+        start = snapshot.offset if snapshot is not None else 0
+        return read_at(image, start, self.log, at, self.primary_key, columns or self.schema.names,
+                       filter, limit, where=self.name)
 
     def io_stats(self) -> dict:
         """Rows and chunks read from RocksDB by scans and prefix lookups since open."""

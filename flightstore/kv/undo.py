@@ -129,22 +129,40 @@ class _BucketUndo:
 
 
 def _records_to_undo(kv: KvTablet, writer_id: str, after_sequence: int
-                     ) -> tuple[int | None, list[LogBatch]]:
-    """The earlier undo's target and the changelog records from the writer's first record to undo
-    on. Records before the bucket's fence are settled: the fence in meta, or a later restore record
-    of this writer whose fence a crash kept from being written. Headers are walked first (no
-    column is read), so only the records since the first undone one are loaded."""
-    offset, target = undo_fence(kv, writer_id)
+                     ) -> tuple[int, int | None, list[LogBatch]]:
+    """The bucket's fence offset, the earlier undo's target and the changelog records from the
+    writer's first record to undo on. Records before the fence are settled: the fence in meta, or a
+    later restore record of this writer whose fence a crash kept from being written. Headers are
+    walked first (no column is read), so only the records since the first undone one are loaded."""
+    fence, target = undo_fence(kv, writer_id)
     start = None
-    for record in kv.log.read(offset, columns=[]):
+    for record in kv.log.read(fence, columns=[]):
         restore = _parse_restore(record.writer_id)
         if restore is not None and restore[1] == writer_id:
-            target, start = restore[0], None
+            fence, target, start = record.next_offset, restore[0], None
             continue
         if start is None and record.writer_id == writer_id and record.sequence is not None \
                 and record.sequence > after_sequence:
             start = record.base_offset
-    return target, [] if start is None else list(kv.log.read(start))
+    return fence, target, [] if start is None else list(kv.log.read(start))
+
+
+def _check_held(kv: KvTablet, writer_id: str, after_sequence: int, fence: int) -> None:
+    """Refuse an undo whose records may be gone: the changelog below the oldest KV snapshot may be
+    deleted by ``table.log.ttl``. Safe when the log still starts at the fence, when the bucket has
+    nothing of the writer after ``after_sequence``, or when a held record of the writer is at or
+    below ``after_sequence + 1`` (the first batch to undo or an earlier one: the writer's later
+    records follow it in the log)."""
+    log = kv.log
+    last = kv.writer_sequence(writer_id)
+    if log.start_offset <= fence or last is None or last <= after_sequence:
+        return
+    if any(r.writer_id == writer_id and r.sequence is not None and r.sequence <= after_sequence + 1
+           for r in log.read(log.start_offset, columns=[])):
+        return
+    raise InvalidInput(f"table {kv.descriptor.path} bucket {kv.bucket}: the changelog that undoing "
+                       f"writer {writer_id!r} after sequence {after_sequence} needs may have expired "
+                       f"(the log starts at offset {log.start_offset}); nothing was undone")
 
 
 def _pairs(rows: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -329,10 +347,11 @@ def undo_writer(kvs: Sequence[KvTablet], writer_id: str, after_sequence: int) ->
     after_sequence = int(after_sequence)
     plans = []
     for kv in kvs:
-        target, records = _records_to_undo(kv, writer_id, after_sequence)
+        fence, target, records = _records_to_undo(kv, writer_id, after_sequence)
         if target is not None and after_sequence < target:
             raise InvalidInput(f"table {descriptor.path}: writer {writer_id!r} was already undone to "
                                f"sequence {target}; cannot undo to the earlier {after_sequence}")
+        _check_held(kv, writer_id, after_sequence, fence)
         plans.append(records)
     undos = [_plan_bucket(kv, writer_id, after_sequence, records) for kv, records in zip(kvs, plans)]
     restored = 0

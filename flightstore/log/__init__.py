@@ -1,7 +1,9 @@
 """The Arrow IPC log: one :class:`LogTablet` per bucket, read by offset, followed by subscribers.
 
-``segment`` holds the on-disk format, ``tablet`` the bucket's log, ``subscribe`` the streams that
-wait for new data.
+``record`` holds the record format, ``segment`` a segment file (``index`` its sidecars, ``walk``
+its recovery scan, ``payload`` its checked reads), ``durability`` the group commit, ``tablet`` the
+bucket's log, ``subscribe`` the streams that wait for new data, ``integrity`` the offline checks and
+repairs of ``flightstore verify`` / ``repair``.
 """
 
 from flightstore.log.subscribe import follow

@@ -1,80 +1,71 @@
-"""Append-only segment files of Arrow record batches: record format, CRC checks, offset index.
+"""Segment files of a bucket's log: append, seal, open without reading records, read them checked.
 
 A bucket's log is a directory of segments. A segment is named by the offset of its first row,
-zero-padded to 20 digits: ``00000000000000000000.log`` with its offset index
-``00000000000000000000.index`` next to it.
+zero-padded to 20 digits: ``00000000000000000000.log``, with two sidecars next to it, the offset and
+time index ``.index`` and the ``.summary`` that opening uses (formats in :mod:`flightstore.log.index`;
+the record format, with its checksums and lost-range records, in :mod:`flightstore.log.record`).
 
-Record format (little-endian), one record per appended batch::
+Opening costs the same whatever the number of records:
 
-    fixed header, 58 bytes (struct ``<4sBBHqIqqHIQII``)
-      magic          4s   b"FSLB"
-      version        u8   1
-      flags          u8   bit 0: writer id present, bit 1: sequence present
-      padding        u16  zero bytes between the statistics and the payload, so that every payload
-                          starts 64-byte aligned in the file (zero-copy reads from a memory map)
-      base_offset    i64  offset of the record's first row
-      num_rows       u32
-      timestamp_ms   i64  commit time, ms since the epoch
-      sequence       i64  the writer's batch sequence (0 when absent)
-      writer_len     u16  length of the UTF-8 writer id
-      stats_len      u32  length of the statistics JSON
-      payload_len    u64  length of the payload
-      payload_crc    u32  zlib.crc32 of the payload
-      header_crc     u32  zlib.crc32 of the 54 bytes before it + writer id + statistics
-    writer id      writer_len bytes, UTF-8
-    statistics     stats_len bytes, JSON ``{column: [min, max, null_count, row_count]}`` with values
-                   encoded by :mod:`flightstore.expressions`' literal encoding
-    padding        padding zero bytes
-    payload        payload_len bytes: an Arrow IPC *file* holding exactly one record batch, its
-                   buffers compressed per the tablet's compression (NONE / LZ4_FRAME / ZSTD)
+* a sealed segment whose summary checks (CRC, base offset, file size) is not read at all: its record
+  count, next offset, max timestamp, writers and known holes come from the summary; its index and
+  headers are loaded by the first read that needs them (:meth:`Segment.view`,
+  :meth:`Segment.header`), and dropped again when more than :data:`LOADED_WEIGHT_LIMIT` records of
+  sealed segments are loaded (least recently used first);
+* the active (last) segment is verified from its checkpoint (the summary written by the last clean
+  close; from byte 0 without one): every header and payload CRC after it is checked. A bad record
+  followed by a valid one is corruption: the bad bytes stay in place, the offsets they held become a
+  *hole*, and every later record keeps its offsets. Bad bytes that no valid record follows are a torn
+  tail: they are copied to ``quarantine/`` and cut. When the checkpoint says the segment reached
+  offset N but fewer offsets are found, ``[found, N)`` is a hole too: offsets are never reused;
+* a segment without a usable summary is walked (headers only) once and gets one.
 
-The payload is an IPC file (not a stream) because its footer lets the reader fetch only the buffers
-of the requested columns: :meth:`Segment.read_batch` opens it through a counting positional reader,
-so a k-of-n column read of a compressed log touches about k/n of the bytes (and ``bytes_read`` proves
-it). Uncompressed payloads are decoded in place from a memory map against the tablet's schema: only
-the requested columns' buffers are kept (and paged in when used), and ``bytes_read`` counts those.
-
-Index format: fixed-width 16-byte entries ``<qQ`` (base_offset, file position), one per record.
-The index is advisory: on open the segment's headers are walked anyway (they carry the statistics
-and writer ids kept in memory), the index is compared with the walk and rewritten when missing or
-inconsistent. Reads seek through the in-memory copy, never scanning the segment.
-
-Recovery: the last segment of a log (the only one that can hold a torn write) is opened with
-``verify=True``: every record's header and payload CRC is checked and the file is truncated at the end
-of the last record that checks. Earlier segments are trusted; a bad header there is
-:class:`~flightstore.errors.CorruptData`. Payload CRCs are not re-checked on reads.
+Reads check what they decode (:mod:`flightstore.log.payload`), so a flipped byte is
+:class:`~flightstore.errors.DataLoss`, never a wrong value; an unreadable header is DataLoss too.
+Crossing a hole is DataLoss (the tablet checks that offsets are contiguous); lost ranges declared by
+``flightstore repair`` are skipped.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
-import struct
+import threading
 import zlib
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from flightstore.errors import CorruptData, InvalidInput
-from flightstore.expressions import ColumnStats, _decode_value, _encode_value
+from flightstore.errors import CorruptData, DataLoss
+from flightstore.log.index import (
+    INDEX_ENTRY,
+    SegmentIndex,
+    SegmentSummary,
+    fsync_directory,
+    read_summary,
+    write_summary,
+)
+from flightstore.log.payload import PayloadReader
+from flightstore.log.record import RecordHeader, read_header
+from flightstore.log.walk import Walk, walk_records
 
 __all__ = [
-    "MAGIC", "FORMAT_VERSION", "HEADER", "COMPRESSIONS", "RecordHeader", "Segment",
-    "encode_payload", "encode_record", "compute_statistics", "statistics_from_json", "segment_name",
+    "LOADED",
+    "LOADED_WEIGHT_LIMIT",
+    "QUARANTINE",
+    "Segment",
+    "quarantine",
+    "segment_name",
 ]
 
-MAGIC = b"FSLB"
-FORMAT_VERSION = 1
-HEADER = struct.Struct("<4sBBHqIqqHIQII")
-INDEX_ENTRY = struct.Struct("<qQ")
-_FLAG_WRITER = 1
-_FLAG_SEQUENCE = 2
-_MAX_WRITER_ID = 0xFFFF
-_MAX_STAT_LENGTH = 256
-COMPRESSIONS: dict[str, str | None] = {"NONE": None, "LZ4_FRAME": "lz4", "ZSTD": "zstd"}
+log = logging.getLogger("flightstore.log")
+
+# Records of sealed segments whose index and headers are kept in memory, all logs together.
+LOADED_WEIGHT_LIMIT = 262_144
+QUARANTINE = "quarantine"
 
 
 def segment_name(base_offset: int) -> str:
@@ -82,387 +73,438 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
-@dataclass(frozen=True)
-class RecordHeader:
-    """The decoded header of one record plus where it sits in its segment file."""
+def quarantine(directory: Path, file_name: str, position: int, data: bytes) -> Path:
+    """Keep ``data``, removed from ``file_name`` at ``position``, in ``directory/quarantine/``.
 
-    base_offset: int
-    num_rows: int
-    timestamp_ms: int
-    writer_id: str | None
-    sequence: int | None
-    stats: Mapping[str, ColumnStats]
-    position: int          # file position of the fixed header
-    payload_position: int  # file position of the payload
-    payload_len: int
-    payload_crc: int
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + self.num_rows
-
-    @property
-    def end_position(self) -> int:
-        return self.payload_position + self.payload_len
-
-
-def compute_statistics(batch: pa.RecordBatch, columns: Sequence[str]) -> dict[str, list]:
-    """JSON-ready ``{column: [min, max, null_count, row_count]}`` for ``columns`` of ``batch``.
-
-    Columns whose type has no min/max (nested types), whose values cannot be JSON-encoded
-    (nanosecond timestamps) or whose extremes are long strings/binaries (over
-    ``_MAX_STAT_LENGTH``, to keep headers small) get no statistics: readers then assume any value
-    might be present.
+    Bad bytes are evidence (and sometimes recoverable by hand): they are moved aside, never deleted.
     """
-    stats: dict[str, list] = {}
-    for name in columns:
-        column = batch.column(name)
-        try:
-            extremes = pc.min_max(column)
-            low, high = extremes["min"].as_py(), extremes["max"].as_py()
-            if any(isinstance(v, (str, bytes)) and len(v) > _MAX_STAT_LENGTH for v in (low, high)):
-                continue
-            stats[name] = [_encode_value(low), _encode_value(high), column.null_count,
-                           len(column)]
-        except (pa.ArrowException, InvalidInput, ValueError, TypeError, OverflowError):
-            continue
-    return stats
+    folder = directory / QUARANTINE
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{file_name}.{position}-{position + len(data)}.bad"
+    path.write_bytes(data)
+    return path
 
 
-def statistics_from_json(stats: Mapping[str, list]) -> dict[str, ColumnStats]:
-    """Inverse of :func:`compute_statistics`: ``{column: ColumnStats}``."""
-    return {name: ColumnStats(_decode_value(v[0]), _decode_value(v[1]), int(v[2]), int(v[3]))
-            for name, v in stats.items()}
+class _LoadedSegments:
+    """Sealed segments holding their index and headers in memory, least recently used first."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[int, tuple[Segment, int]] = OrderedDict()
+        self._total = 0
+
+    def touch(self, segment: Segment, weight: int) -> None:
+        evicted = []
+        with self._lock:
+            old = self._entries.pop(id(segment), None)
+            self._total += weight - (old[1] if old else 0)
+            self._entries[id(segment)] = (segment, weight)
+            while self._total > self.limit and len(self._entries) > 1:
+                _, (victim, victim_weight) = self._entries.popitem(last=False)
+                self._total -= victim_weight
+                evicted.append(victim)
+        for victim in evicted:
+            victim._unload()
+
+    def forget(self, segment: Segment) -> None:
+        with self._lock:
+            old = self._entries.pop(id(segment), None)
+            if old:
+                self._total -= old[1]
+
+    @property
+    def weight(self) -> int:
+        with self._lock:
+            return self._total
 
 
-def _decode_statistics(raw: bytes) -> dict[str, ColumnStats]:
-    return statistics_from_json(json.loads(raw)) if raw else {}
-
-
-def encode_payload(batch: pa.RecordBatch, compression: str = "NONE") -> pa.Buffer:
-    """``batch`` as the bytes of a one-batch Arrow IPC file, compressed per ``compression``."""
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=COMPRESSIONS[compression])
-    with pa.ipc.new_file(sink, batch.schema, options=options) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue()
-
-
-PAYLOAD_ALIGNMENT = 64
-DECODED_RECORDS_PER_SEGMENT = 4096
-
-
-def encode_record(base_offset: int, num_rows: int, timestamp_ms: int, writer_id: str | None,
-                  sequence: int | None, stats: Mapping[str, list], payload: pa.Buffer,
-                  position: int = 0) -> bytes:
-    """The bytes (fixed header + writer id + statistics + padding) that precede ``payload`` in a
-    record written at file ``position``."""
-    writer = b"" if writer_id is None else writer_id.encode("utf-8")
-    if len(writer) > _MAX_WRITER_ID:
-        raise InvalidInput(f"writer id longer than {_MAX_WRITER_ID} bytes")
-    stats_bytes = json.dumps(stats, separators=(",", ":")).encode("utf-8") if stats else b""
-    flags = (_FLAG_WRITER if writer_id is not None else 0) | (
-        _FLAG_SEQUENCE if sequence is not None else 0)
-    padding = -(position + HEADER.size + len(writer) + len(stats_bytes)) % PAYLOAD_ALIGNMENT
-    fixed = HEADER.pack(MAGIC, FORMAT_VERSION, flags, padding, base_offset, num_rows, timestamp_ms,
-                        sequence or 0, len(writer), len(stats_bytes), payload.size,
-                        zlib.crc32(payload), 0)[: HEADER.size - 4]
-    header_crc = zlib.crc32(stats_bytes, zlib.crc32(writer, zlib.crc32(fixed)))
-    return fixed + struct.pack("<I", header_crc) + writer + stats_bytes + bytes(padding)
-
-
-def _parse_header(fd: int, position: int, file_size: int) -> RecordHeader | None:
-    """The header at ``position``, or None when it is torn, garbage or fails its CRC."""
-    if position + HEADER.size > file_size:
-        return None
-    fixed = os.pread(fd, HEADER.size, position)
-    if len(fixed) < HEADER.size:
-        return None
-    (magic, version, flags, padding, base, rows, ts, seq, wlen, slen, plen, pcrc,
-     hcrc) = HEADER.unpack(fixed)
-    if magic != MAGIC or version != FORMAT_VERSION:
-        return None
-    payload_position = position + HEADER.size + wlen + slen + padding
-    if payload_position + plen > file_size:
-        return None
-    variable = os.pread(fd, wlen + slen, position + HEADER.size) if wlen + slen else b""
-    if zlib.crc32(variable, zlib.crc32(fixed[:-4])) != hcrc:
-        return None
-    try:
-        writer = variable[:wlen].decode("utf-8") if flags & _FLAG_WRITER else None
-        stats = _decode_statistics(variable[wlen:])
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None
-    return RecordHeader(base, rows, ts, writer, seq if flags & _FLAG_SEQUENCE else None, stats,
-                        position, payload_position, plen, pcrc)
-
-
-class _CountingFile:
-    """A read-only, seekable file over one payload that counts the bytes handed to Arrow."""
-
-    def __init__(self, source: pa.NativeFile, position: int, size: int) -> None:
-        self._source, self._base, self._size = source, position, size
-        self._pos = 0
-        self.bytes_read = 0
-        self.closed = False
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._pos = offset if whence == 0 else (self._pos + offset if whence == 1
-                                                else self._size + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, nbytes: int = -1) -> pa.Buffer:
-        nbytes = self._size - self._pos if nbytes is None or nbytes < 0 else min(
-            nbytes, self._size - self._pos)
-        data = self._source.read_at(nbytes, self._base + self._pos)
-        self._pos += nbytes
-        self.bytes_read += nbytes
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
+LOADED = _LoadedSegments(LOADED_WEIGHT_LIMIT)
 
 
 class Segment:
-    """One segment file: its in-memory record index, an append handle while active, a reader.
+    """One segment file with its in-memory state: offsets, index, headers, an append handle.
 
     Not thread-safe by itself for appends: :class:`~flightstore.log.tablet.LogTablet` serializes
-    them. Reads (``read_batch``) are positional and may run concurrently with an append.
+    them. Reads are positional and may run concurrently with an append.
     """
 
-    def __init__(self, directory: Path, base_offset: int) -> None:
+    def __init__(self, directory: Path, base_offset: int, label: str = "") -> None:
         self.directory = directory
         self.base_offset = base_offset
-        self.path = directory / f"{segment_name(base_offset)}.log"
-        self.index_path = directory / f"{segment_name(base_offset)}.index"
-        self.records: list[RecordHeader] = []
-        self.bases: list[int] = []  # base_offset of each record, for bisect
+        self.label = label or str(directory)
+        stem = segment_name(base_offset)
+        self.path = directory / f"{stem}.log"
+        self.index_path = directory / f"{stem}.index"
+        self.summary_path = directory / f"{stem}.summary"
         self.size = 0
+        self.next_offset = base_offset
+        self.records_count = 0
         self.max_timestamp_ms: int | None = None
-        self._reader: pa.NativeFile | None = None
-        self._map: pa.Buffer | None = None
-        # Decoded uncompressed records (zero-copy views of the map) by payload position: records
-        # never change once written, so a repeated scan skips parsing their IPC metadata.
-        self._decoded: dict[int, tuple[pa.Schema, pa.RecordBatch]] = {}
+        self.lost_rows = 0
+        self.writers: dict[str, int] = {}
+        self.holes: list[tuple[int, int]] = []  # lost offsets not declared yet
+        self.sealed = False
+        self.io = {"headers_parsed": 0, "bytes_read": 0}
+        self._summarized: SegmentSummary | None = None  # the summary on disk, if it is current
+        self._index_crc = 0
+        self._index: SegmentIndex | None = SegmentIndex()  # None: on disk, not loaded yet
+        self._on_disk = (0, 0, 0)  # (records, bytes, index CRC) of the part loadable from disk
+        self._pending = SegmentIndex()  # entries after the on-disk part while _index is None
+        self._headers: dict[int, RecordHeader] = {}
+        self._load_lock = threading.RLock()
+        self._read_fd: int | None = None
+        self._payloads = PayloadReader(self.path, self.label)
         self._log_fd: int | None = None
         self._index_fd: int | None = None
 
     # -- opening -----------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, fsync: bool = False) -> "Segment":
+    def create(cls, directory: Path, base_offset: int, label: str = "",
+               fsync: bool = False) -> Segment:
         """A new, empty segment file (fails if it exists)."""
-        segment = cls(directory, base_offset)
+        segment = cls(directory, base_offset, label)
         fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         os.close(fd)
         segment.index_path.write_bytes(b"")
         if fsync:
-            _fsync_directory(directory)
+            fsync_directory(directory)
         return segment
 
     @classmethod
-    def load(cls, directory: Path, base_offset: int, verify: bool) -> "Segment":
-        """Open an existing segment, walking its headers.
-
-        ``verify`` (the last segment): check every payload CRC and truncate the file after the last
-        good record. Otherwise a bad record raises :class:`CorruptData`.
-        """
-        segment = cls(directory, base_offset)
-        fd = os.open(segment.path, os.O_RDWR if verify else os.O_RDONLY)
+    def open_sealed(cls, directory: Path, base_offset: int, label: str = "",
+                    fsync: bool = False) -> Segment:
+        """Open a segment that is not the last one: from its summary, or by walking its headers."""
+        segment = cls(directory, base_offset, label)
+        segment.sealed = True
+        summary, nbytes = read_summary(segment.summary_path)
+        segment.io["bytes_read"] += nbytes
+        size = os.stat(segment.path).st_size
+        if summary is not None and summary.base_offset == base_offset and summary.size == size:
+            segment._restore(summary)
+            return segment
+        fd = os.open(segment.path, os.O_RDONLY)
         try:
-            file_size = os.fstat(fd).st_size
-            position, expected = 0, base_offset
-            while position < file_size:
-                header = _parse_header(fd, position, file_size)
-                if header is not None and header.base_offset != expected:
-                    header = None
-                if header is not None and verify and zlib.crc32(
-                        os.pread(fd, header.payload_len, header.payload_position)) != header.payload_crc:
-                    header = None
-                if header is None:
-                    if not verify:
-                        raise CorruptData(f"{segment.path}: bad record at byte {position}")
-                    os.ftruncate(fd, position)  # cut the torn tail
-                    break
-                segment._remember(header)
-                position, expected = header.end_position, header.next_offset
-            segment.size = position
+            walk = walk_records(lambda n, p: os.pread(fd, n, p), size, 0, base_offset, False)
         finally:
             os.close(fd)
-        segment._reconcile_index()
+        segment._take(walk)
+        segment.size = size  # a bad tail stays: the next segment's base tells which offsets it held
+        if walk.torn_position is not None:
+            log.error("%s: %s has %d unreadable bytes at byte %d; the offsets they held are lost",
+                      segment.label, segment.path.name, size - walk.torn_position, walk.torn_position)
+        segment._write_index(0)
+        segment._on_disk = (segment.records_count, segment.size, segment._index_crc)
+        write_summary(segment.summary_path, segment.summary(True), fsync)
+        LOADED.touch(segment, segment.records_count)
         return segment
 
-    def _remember(self, header: RecordHeader) -> None:
-        self.records.append(header)
-        self.bases.append(header.base_offset)
-        if self.max_timestamp_ms is None or header.timestamp_ms > self.max_timestamp_ms:
-            self.max_timestamp_ms = header.timestamp_ms
-
-    def _index_bytes(self) -> bytes:
-        return b"".join(INDEX_ENTRY.pack(r.base_offset, r.position) for r in self.records)
-
-    def _reconcile_index(self) -> None:
-        """Rewrite the index file when it is missing or disagrees with the walked headers."""
-        expected = self._index_bytes()
+    @classmethod
+    def open_active(cls, directory: Path, base_offset: int, label: str = "",
+                    fsync: bool = False) -> Segment:
+        """Open the last segment, verifying every record after its checkpoint (see module doc)."""
+        segment = cls(directory, base_offset, label)
+        summary, nbytes = read_summary(segment.summary_path)
+        segment.io["bytes_read"] += nbytes
+        fd = os.open(segment.path, os.O_RDWR)
+        trusted, known_end = 0, None
         try:
-            if self.index_path.read_bytes() == expected:
-                return
-        except FileNotFoundError:
-            pass
-        tmp = self.index_path.with_suffix(".index.tmp")
-        tmp.write_bytes(expected)
-        os.replace(tmp, self.index_path)
+            file_size = os.fstat(fd).st_size
+            start, expected = 0, base_offset
+            if summary is not None and summary.base_offset == base_offset:
+                known_end = summary.next_offset
+                if summary.size <= file_size and _file_size(segment.index_path) >= \
+                        summary.records * INDEX_ENTRY.size:
+                    segment._restore(summary)
+                    trusted, start, expected = summary.records, summary.size, summary.next_offset
+            walk = walk_records(lambda n, p: os.pread(fd, n, p), file_size, start, expected, True)
+            segment._take(walk)
+            segment.size = walk.end_position
+            if walk.torn_position is not None:
+                kept = quarantine(directory, segment.path.name, walk.torn_position,
+                                  os.pread(fd, file_size - walk.torn_position, walk.torn_position))
+                os.ftruncate(fd, walk.torn_position)
+                if fsync:
+                    os.fsync(fd)
+                log.warning("%s: cut a torn tail of %d bytes at byte %d of %s (kept in %s)",
+                            segment.label, file_size - walk.torn_position, walk.torn_position,
+                            segment.path.name, kept)
+        finally:
+            os.close(fd)
+        if known_end is not None and segment.next_offset < known_end:
+            log.error("%s: %s ends at offset %d but held offsets up to %d at its last clean close; "
+                      "offsets %d..%d are lost", segment.label, segment.path.name,
+                      segment.next_offset, known_end, segment.next_offset, known_end - 1)
+            segment.skip_to(known_end)
+        segment._write_index(trusted)
+        return segment
 
-    # -- properties --------------------------------------------------------------------------
+    def _restore(self, summary: SegmentSummary) -> None:
+        """Take the state a summary describes; the index stays on disk until first needed."""
+        self._summarized = summary
+        self.size, self.next_offset = summary.size, summary.next_offset
+        self.records_count, self.max_timestamp_ms = summary.records, summary.max_timestamp_ms
+        self.lost_rows, self.writers = summary.lost_rows, dict(summary.writers)
+        self.holes = list(summary.holes)
+        self._index_crc = summary.index_crc
+        self._on_disk = (summary.records, summary.size, summary.index_crc)
+        self._index, self._pending = None, SegmentIndex()
+
+    def _take(self, walk: Walk) -> None:
+        self.io["bytes_read"] += walk.bytes_read
+        self.io["headers_parsed"] += len(walk.records)
+        for damage in walk.damage:
+            self.holes.append((damage.start_offset, damage.end_offset))
+            log.error("%s: %s: offsets %d..%d are lost (%s); the records after them are kept",
+                      self.label, self.path.name, damage.start_offset, damage.end_offset - 1,
+                      damage.reason)
+        with self._load_lock:
+            for header in walk.records:
+                self._note(header)
+
+    def _note(self, header: RecordHeader) -> bytes:
+        """Account for one record (walked or appended); returns its index entry."""
+        self._summarized = None
+        ts = header.timestamp_ms if self.max_timestamp_ms is None else max(self.max_timestamp_ms,
+                                                                            header.timestamp_ms)
+        self.max_timestamp_ms = ts
+        self._headers[self.records_count] = header
+        self.records_count += 1
+        entry = INDEX_ENTRY.pack(header.base_offset, header.position, ts)
+        self._index_crc = zlib.crc32(entry, self._index_crc)
+        (self._index if self._index is not None else self._pending).append(
+            header.base_offset, header.position, ts)
+        if header.lost is not None:
+            self.lost_rows += header.num_rows
+        elif header.writer_id is not None and header.sequence is not None:
+            self.writers[header.writer_id] = header.sequence
+        self.next_offset = max(self.next_offset, header.next_offset)
+        self.size = max(self.size, header.end_position)
+        return entry
+
+    def _write_index(self, trusted: int) -> None:
+        """Make the index file hold the ``trusted`` entries already there plus every entry noted
+        in memory after them."""
+        tail = (self._pending if self._index is None else self._index).to_bytes(
+            0 if self._index is None else trusted)
+        if not tail and _file_size(self.index_path) == trusted * INDEX_ENTRY.size:
+            return  # a clean close: the index is what it should be (no write at open)
+        fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, trusted * INDEX_ENTRY.size)
+            os.pwrite(fd, tail, trusted * INDEX_ENTRY.size)
+        finally:
+            os.close(fd)
+
+    def summary(self, sealed: bool) -> SegmentSummary:
+        return SegmentSummary(self.base_offset, self.next_offset, self.records_count, self.size,
+                              self.max_timestamp_ms, self.lost_rows, self._index_crc, sealed,
+                              dict(self.writers), list(self.holes))
+
+    # -- index and headers, loaded lazily ----------------------------------------------------
+
+    def view(self) -> SegmentIndex:
+        """The segment's index (loaded on first use). Live for the active segment: entries are
+        appended as records are; a reader bounds itself by the end offset it snapshotted."""
+        with self._load_lock:
+            index = self._index
+            if index is None:
+                try:
+                    index = self._load_index()
+                except FileNotFoundError:
+                    raise self._gone() from None
+                index.extend(self._pending)
+                self._index, self._pending = index, SegmentIndex()
+        if self.sealed:  # weighed as if every header were loaded: reads load them as they go
+            LOADED.touch(self, len(index))
+        return index
+
+    def _load_index(self) -> SegmentIndex:
+        records, size, crc = self._on_disk
+        try:
+            with open(self.index_path, "rb") as handle:
+                data = handle.read(records * INDEX_ENTRY.size)
+        except FileNotFoundError:
+            data = b""
+        self.io["bytes_read"] += len(data)
+        if len(data) == records * INDEX_ENTRY.size and zlib.crc32(data) == crc:
+            return SegmentIndex.from_bytes(data)
+        log.warning("%s: the index of %s is missing or stale; rebuilding it from the records",
+                    self.label, self.path.name)
+        walk = walk_records(self._pread, size, 0, self.base_offset, False)
+        self.io["bytes_read"] += walk.bytes_read
+        self.io["headers_parsed"] += len(walk.records)
+        index, headers, ts = SegmentIndex(), {}, None
+        for number, header in enumerate(walk.records):
+            ts = header.timestamp_ms if ts is None else max(ts, header.timestamp_ms)
+            index.append(header.base_offset, header.position, ts)
+            headers[number] = header
+        for damage in walk.damage:
+            if (damage.start_offset, damage.end_offset) not in self.holes:
+                self.holes.append((damage.start_offset, damage.end_offset))
+        # Records noted after the on-disk part keep their headers, renumbered after the walked ones.
+        for i in range(len(self._pending)):
+            header = self._headers.get(records + i)
+            if header is not None:
+                headers[len(index) + i] = header
+        self._headers = headers
+        self.records_count = len(index) + len(self._pending)
+        prefix = index.to_bytes()
+        self._on_disk = (len(index), size, zlib.crc32(prefix))
+        self._index_crc = zlib.crc32(self._pending.to_bytes(), self._on_disk[2])
+        self._replace_index_file(prefix + self._pending.to_bytes())
+        return index
+
+    def _replace_index_file(self, data: bytes) -> None:
+        tmp = self.index_path.with_name(self.index_path.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.index_path)
+        if self._index_fd is not None:  # appends must go to the new file
+            os.close(self._index_fd)
+            self._index_fd = os.open(self.index_path, os.O_WRONLY | os.O_APPEND)
+
+    def header(self, number: int, index: SegmentIndex) -> RecordHeader:
+        """The header of record ``number`` (parsed on first use); DataLoss when it is unreadable."""
+        header = self._headers.get(number)
+        if header is not None:
+            return header
+        position = index.positions[number]
+        try:
+            header = read_header(self._pread, position, self.size)
+        except FileNotFoundError:
+            raise self._gone() from None
+        self.io["headers_parsed"] += 1
+        if header is None or header.base_offset != index.bases[number]:
+            end = index.bases[number + 1] if number + 1 < len(index) else self.next_offset
+            raise DataLoss(f"{self.label}: log offsets {index.bases[number]}..{end - 1} are lost: "
+                           f"the record header at byte {position} of {self.path.name} fails its "
+                           "checks; run `flightstore repair` to declare the loss")
+        self._headers[number] = header
+        return header
+
+    def _gone(self) -> CorruptData:
+        return CorruptData(f"{self.label}: segment {self.path.name} was deleted while being read "
+                           "(retention)")
+
+    def _pread(self, size: int, position: int) -> bytes:
+        if self._read_fd is None:
+            self._read_fd = os.open(self.path, os.O_RDONLY)
+        data = os.pread(self._read_fd, size, position)
+        self.io["bytes_read"] += len(data)
+        return data
+
+    def _unload(self) -> None:
+        """Drop the index and headers of a sealed segment (re-read when needed)."""
+        with self._load_lock:
+            if self.sealed:
+                self._index, self._pending, self._headers = None, SegmentIndex(), {}
 
     @property
-    def next_offset(self) -> int:
-        return self.records[-1].next_offset if self.records else self.base_offset
+    def loaded(self) -> bool:
+        return self._index is not None
 
     # -- writing -----------------------------------------------------------------------------
 
-    def append(self, header_bytes: bytes, payload: pa.Buffer, fsync: bool) -> int:
-        """Write one record at the end of the file; return its position.
-
-        On a failed write the file is truncated back, so a live process never leaves a torn
-        record behind (a crash may; recovery cuts it).
-        """
+    def append(self, header_bytes: bytes, payload: pa.Buffer | bytes = b"") -> int:
+        """Write one record at the end of the file (not fsynced: see the tablet's group commit);
+        return its position. On a failed write the file is truncated back, so a live process never
+        leaves a torn record behind (a crash may; recovery cuts it)."""
         if self._log_fd is None:
             self._log_fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             self._index_fd = os.open(self.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         position = self.size
         try:
             _write_all(self._log_fd, [header_bytes, memoryview(payload)])
-            if fsync:
-                os.fsync(self._log_fd)
         except BaseException:
             os.ftruncate(self._log_fd, position)
             raise
-        self.size = position + len(header_bytes) + payload.size
+        self.size = position + len(header_bytes) + len(memoryview(payload))
         return position
 
     def add(self, header: RecordHeader) -> None:
-        """Register an appended record in memory and in the offset index."""
-        self._remember(header)
-        if self._index_fd is not None:
-            _write_all(self._index_fd, [INDEX_ENTRY.pack(header.base_offset, header.position)])
+        """Register an appended record in memory and in the index file."""
+        with self._load_lock:
+            entry = self._note(header)
+            if self._index_fd is not None:
+                _write_all(self._index_fd, [entry])
 
-    def seal(self) -> None:
-        """Stop appending to this segment (it stays readable)."""
-        for fd in (self._log_fd, self._index_fd):
-            if fd is not None:
-                os.close(fd)
-        self._log_fd = self._index_fd = None
+    def skip_to(self, offset: int) -> None:
+        """Offsets from :attr:`next_offset` up to ``offset`` are lost (a hole; the next record
+        appended starts at ``offset``)."""
+        if offset > self.next_offset:
+            self._summarized = None
+            self.holes.append((self.next_offset, offset))
+            self.next_offset = offset
+
+    def sync_fd(self) -> int | None:
+        """A duplicate of the append descriptor for an fsync outside the tablet lock (or None)."""
+        return os.dup(self._log_fd) if self._log_fd is not None else None
+
+    def seal(self, fsync: bool) -> None:
+        """Stop appending: make the file durable (``fsync``) and write its final summary."""
+        self._finish(sealed=True, fsync=fsync)
+        LOADED.touch(self, self.records_count)
+
+    def checkpoint(self, fsync: bool) -> None:
+        """Close the active segment cleanly: its summary lets the next open skip verifying it."""
+        self._finish(sealed=False, fsync=fsync)
+
+    def _finish(self, sealed: bool, fsync: bool) -> None:
+        with self._load_lock:
+            for fd in (self._log_fd, self._index_fd):
+                if fd is not None:
+                    if fsync:
+                        os.fsync(fd)
+                    os.close(fd)
+            self._log_fd = self._index_fd = None
+            self.sealed = self.sealed or sealed
+            if self._index is None:
+                self._pending = SegmentIndex()  # every entry is in the index file now
+            self._on_disk = (self.records_count, self.size, self._index_crc)
+            summary = self.summary(sealed)
+            if summary != self._summarized:  # unchanged since opened from it: nothing to write
+                write_summary(self.summary_path, summary, fsync)
+                self._summarized = summary
 
     # -- reading -----------------------------------------------------------------------------
 
     def read_batch(self, record: RecordHeader, included_fields: Sequence[int] | None,
-                   schema: pa.Schema | None = None) -> tuple[pa.RecordBatch, int]:
-        """Decode ``record``'s payload, only the fields at ``included_fields`` (None: all).
+                   schema: pa.Schema, compressed: bool = False) -> tuple[pa.RecordBatch, int]:
+        """Decode and check ``record``'s payload (see :class:`PayloadReader`)."""
+        return self._payloads.read_batch(record, included_fields, schema, compressed)
 
-        Returns the batch and the number of bytes read from the file.
-        """
-        if schema is not None:
-            # Uncompressed: the record batch is decoded in place against the known schema, and only
-            # the requested columns' buffers are kept (and paged in when used): they are the bytes read.
-            batch = self._read_mapped(record, schema)
-            if included_fields is None:
-                return batch, record.payload_len
-            batch = batch.select(list(included_fields))
-            return batch, batch.nbytes  # the selected columns' buffers: what gets paged in
-        if included_fields is None:
-            return self._read_compressed(record), record.payload_len
-        if self._reader is None:
-            self._reader = pa.OSFile(str(self.path), "r")
-        counting = _CountingFile(self._reader, record.payload_position, record.payload_len)
-        options = pa.ipc.IpcReadOptions(
-            included_fields=list(included_fields) if included_fields is not None else None)
-        try:
-            reader = pa.ipc.open_file(pa.PythonFile(counting, mode="r"), options=options)
-            batch = reader.get_batch(0)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise CorruptData(f"{self.path}: cannot decode record at offset "
-                              f"{record.base_offset}: {exc}") from None
-        return batch, counting.bytes_read
-
-    def _mapped(self, record: RecordHeader) -> pa.Buffer:
-        """The record's payload as a slice of a memory map of the segment."""
-        end = record.payload_position + record.payload_len
-        mapped = self._map
-        if mapped is None or mapped.size < end:
-            with pa.memory_map(str(self.path), "r") as source:
-                mapped = source.read_buffer(source.size())  # keeps the mapping alive
-            self._map = mapped
-        return mapped.slice(record.payload_position, record.payload_len)
-
-    def _read_mapped(self, record: RecordHeader, schema: pa.Schema) -> pa.RecordBatch:
-        """Every column of an uncompressed ``record`` as zero-copy views of the memory map.
-
-        The payload is an IPC file: 8 bytes of magic, then the schema message and the record batch
-        message of the stream format. Decoding the batch message against the tablet's schema skips
-        parsing the file footer and the schema for every record.
-        """
-        cached = self._decoded.get(record.payload_position)
-        if cached is not None and cached[0] is schema:
-            return cached[1]
-        try:
-            payload = self._mapped(record)
-            messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(payload.slice(8)))
-            messages.read_next_message()  # the schema, known already
-            batch = pa.ipc.read_record_batch(messages.read_next_message(), schema)
-        except (pa.ArrowInvalid, OSError, StopIteration) as exc:
-            raise CorruptData(f"{self.path}: cannot decode record at offset "
-                              f"{record.base_offset}: {exc}") from None
-        if len(self._decoded) >= DECODED_RECORDS_PER_SEGMENT:
-            try:  # the oldest entry; a concurrent reader may be changing the dict
-                self._decoded.pop(next(iter(self._decoded)), None)
-            except (RuntimeError, StopIteration):
-                pass
-        self._decoded[record.payload_position] = (schema, batch)
-        return batch
-
-    def _read_compressed(self, record: RecordHeader) -> pa.RecordBatch:
-        """Every column of a compressed ``record``, decompressed from the memory map."""
-        try:
-            return pa.ipc.open_file(pa.BufferReader(self._mapped(record))).get_batch(0)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise CorruptData(f"{self.path}: cannot decode record at offset "
-                              f"{record.base_offset}: {exc}") from None
+    # -- closing -----------------------------------------------------------------------------
 
     def close(self) -> None:
         """Release every file handle (batches already read keep their mapping alive)."""
-        self.seal()
-        self._map = None
-        self._decoded = {}
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        with self._load_lock:
+            for fd in (self._log_fd, self._index_fd, self._read_fd):
+                if fd is not None:
+                    os.close(fd)
+            self._log_fd = self._index_fd = self._read_fd = None
+        self._payloads.close()
+        LOADED.forget(self)
 
     def delete(self) -> None:
         """Remove the segment's files (a reader that already opened it keeps its handle)."""
-        self.seal()
-        self._reader = None  # closed when the last in-flight read drops it
-        for path in (self.path, self.index_path):
+        self.close()
+        for path in (self.path, self.index_path, self.summary_path):
             try:
                 path.unlink()
             except FileNotFoundError:
                 pass
 
 
+def _file_size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _write_all(fd: int, parts: list[Any]) -> None:
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    views = [memoryview(p).cast("B") for p in parts if len(memoryview(p))]
     while views:
         written = os.writev(fd, views)
         while views and written >= len(views[0]):
@@ -470,11 +512,3 @@ def _write_all(fd: int, parts: list[Any]) -> None:
             views.pop(0)
         if views and written:
             views[0] = views[0][written:]
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -14,23 +14,38 @@ The tablet stores whatever schema it is given; it does not interpret any column 
 from __future__ import annotations
 
 import bisect
+import itertools
+import json
+import logging
 import os
 import threading
 import time
+import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from flightstore.errors import CorruptData, FlightstoreError, InvalidInput, SchemaMismatch
+from flightstore.errors import DataLoss, FlightstoreError, InvalidInput, SchemaMismatch
 from flightstore.expressions import Predicate
-from flightstore.log.segment import COMPRESSIONS, RecordHeader, Segment, compute_statistics, \
-    encode_payload, encode_record, statistics_from_json
+from flightstore.log import durability
+from flightstore.log.durability import GroupCommit
+from flightstore.log.record import (
+    COMPRESSIONS,
+    RecordHeader,
+    compute_statistics,
+    encode_payload,
+    encode_record,
+    payload_checksums,
+    statistics_from_json,
+)
+from flightstore.log.segment import Segment
 
 __all__ = ["LogBatch", "LogTablet"]
 
+log = logging.getLogger("flightstore.log")
 _SEGMENT_SUFFIX = ".log"
 
 
@@ -65,12 +80,13 @@ class LogTablet:
     def __init__(self, directory: str | os.PathLike, schema: pa.Schema, *,
                  compression: str = "NONE", segment_bytes: int = 256 * 1024 * 1024,
                  statistics_columns: Sequence[str] = (), ttl_ms: int | None = None,
-                 fsync: bool = False) -> None:
+                 fsync: bool = True, label: str | None = None) -> None:
         """Open the log in ``directory`` (created if missing), recovering a torn tail.
 
         ``statistics_columns`` may contain ``"*"`` for every column; columns whose type has no
         min/max simply get no statistics. Raises :class:`InvalidInput` for an unknown compression
-        or statistics column.
+        or statistics column. ``fsync``: an append returns once its record is on disk (appends of
+        concurrent writers share fsyncs). ``label`` names the log in errors (table and bucket).
         """
         if compression not in COMPRESSIONS:
             raise InvalidInput(f"unknown log compression {compression!r}; use one of "
@@ -84,6 +100,7 @@ class LogTablet:
             raise InvalidInput(f"unknown statistics column(s) {', '.join(unknown)}")
         self.schema = schema.remove_metadata()
         self.directory = Path(directory)
+        self.label = label or str(self.directory)
         self.compression = compression
         self.segment_bytes = segment_bytes
         self.ttl_ms = ttl_ms
@@ -99,21 +116,31 @@ class LogTablet:
         self._end_offset = self._segments[-1].next_offset
         self._writers: dict[str, tuple[int, int]] = {}  # writer -> (last sequence, its record's ms)
         for segment in self._segments:
-            for record in segment.records:
-                if record.writer_id is not None and record.sequence is not None:
-                    self._writers[record.writer_id] = (record.sequence, record.timestamp_ms)
+            # A writer's last write time is its last segment's newest record time: never earlier
+            # than the truth, so writer expiry is never early (and the open reads no headers).
+            newest = segment.max_timestamp_ms or 0
+            self._writers.update({w: (seq, newest) for w, seq in segment.writers.items()})
+        self._group = GroupCommit(self._end_offset)
+        self._open_io = {key: sum(s.io[key] for s in self._segments)
+                         for key in ("headers_parsed", "bytes_read")}
 
     def _open_segments(self) -> list[Segment]:
+        """Sealed segments from their summaries, the active one verified (see segment.py)."""
         bases = sorted(int(p.stem) for p in self.directory.glob("*" + _SEGMENT_SUFFIX)
                        if p.stem.isdigit())
         if not bases:
-            return [Segment.create(self.directory, 0, self.fsync)]
-        segments = [Segment.load(self.directory, base, verify=(i == len(bases) - 1))
-                    for i, base in enumerate(bases)]
-        for previous, segment in zip(segments, segments[1:]):
-            if segment.base_offset != previous.next_offset:
-                raise CorruptData(f"{self.directory}: segment {segment.path.name} starts at "
-                                  f"{segment.base_offset}, expected {previous.next_offset}")
+            return [Segment.create(self.directory, 0, self.label, self.fsync)]
+        segments = [Segment.open_sealed(self.directory, base, self.label, self.fsync)
+                    for base in bases[:-1]]
+        segments.append(Segment.open_active(self.directory, bases[-1], self.label, self.fsync))
+        for previous, segment in itertools.pairwise(segments):
+            if segment.base_offset < previous.next_offset:
+                raise DataLoss(f"{self.label}: segment {segment.path.name} starts at offset "
+                               f"{segment.base_offset} inside {previous.path.name}, which reaches "
+                               f"{previous.next_offset}; run `flightstore verify`")
+            if segment.base_offset > previous.next_offset:
+                log.error("%s: offsets %d..%d are lost: no segment holds them", self.label,
+                          previous.next_offset, segment.base_offset - 1)
         return segments
 
     # -- offsets -----------------------------------------------------------------------------
@@ -131,6 +158,40 @@ class LogTablet:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def lost_rows(self) -> int:
+        """Offsets of retained segments that ``flightstore repair`` declared lost."""
+        return sum(segment.lost_rows for segment in self._segments)
+
+    def damage(self) -> list[tuple[int, int]]:
+        """Offset ranges ``[start, end)`` known to be lost and not declared yet (reads crossing
+        them raise :class:`DataLoss`). Holes inside sealed segments that were never read since they
+        were sealed are found by reads and by ``flightstore verify``."""
+        with self._lock:
+            segments = self._segments
+        ranges: list[tuple[int, int]] = []
+        for previous, segment in itertools.pairwise(segments):
+            if segment.base_offset > previous.next_offset:
+                ranges.append((previous.next_offset, segment.base_offset))
+        for segment in segments:
+            ranges.extend(segment.holes)
+        return sorted(ranges)
+
+    def skip_to(self, offset: int) -> None:
+        """Continue at ``offset``: the offsets from :attr:`end_offset` up to it are lost (a hole,
+        reported by :meth:`damage`). A primary-key table calls this when its KV applied more of
+        the changelog than the log still holds: new changes must not reuse those offsets."""
+        with self._lock:
+            self._check_open()
+            if offset > self._end_offset:
+                self._segments[-1].skip_to(offset)
+                self._end_offset = offset
+
+    def open_io(self) -> dict:
+        """What opening read: ``headers_parsed`` (record headers) and ``bytes_read`` (of segment
+        files and sidecars). Independent of the number of records in sealed segments."""
+        return dict(self._open_io)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -156,13 +217,16 @@ class LogTablet:
         return data
 
     def append(self, data: pa.RecordBatch | pa.Table, *, writer_id: str | None = None,
-               sequence: int | None = None, timestamp_ms: int | None = None) -> int:
+               sequence: int | None = None, timestamp_ms: int | None = None,
+               durable: bool = True) -> int:
         """Append all rows of ``data`` as one record; return the offset of its first row.
 
         ``data`` must have the log's column names and types (nullability may differ; NOT NULL
         columns must hold no nulls), else :class:`SchemaMismatch` and nothing is written. Empty
         data writes nothing and returns :attr:`end_offset`. When this returns, the record is in the
-        OS (and fsynced with ``fsync=True``); a crash mid-write leaves a tail that recovery cuts.
+        OS and, with ``fsync`` (and ``durable``), on disk; a crash mid-write leaves a tail that
+        recovery cuts. ``durable=False`` lets a caller holding its own locks return at once and
+        call :meth:`sync` after releasing them, so that concurrent writers share one fsync.
         """
         self._check_open()
         if writer_id is not None and not isinstance(writer_id, str):
@@ -175,31 +239,63 @@ class LogTablet:
         if batch.num_rows == 0:
             return self._end_offset
         stats = compute_statistics(batch, self._stats_columns)
+        stats_raw = json.dumps(stats, separators=(",", ":")).encode("utf-8") if stats else b""
         payload = encode_payload(batch, self.compression)
+        checksums = tuple(payload_checksums(payload, batch.schema))
+        payload_crc = zlib.crc32(payload)
         with self._lock:
             self._check_open()
             base = self._end_offset
             ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
             active = self._segments[-1]
-            header_bytes = encode_record(base, batch.num_rows, ts, writer_id, sequence, stats,
-                                         payload, active.size)
+
+            def encoded(position: int) -> bytes:
+                return encode_record(base, batch.num_rows, ts, writer_id, sequence, stats_raw,
+                                     payload, checksums, position, payload_crc)
+
+            header_bytes = encoded(active.size)
             if active.size > 0 and active.size + len(header_bytes) + payload.size > self.segment_bytes:
-                active.seal()
-                active = Segment.create(self.directory, base, self.fsync)
+                active.seal(self.fsync)
+                if self.fsync:
+                    self._group.advance(base)
+                active = Segment.create(self.directory, base, self.label, self.fsync)
                 self._segments = self._segments + [active]
-                header_bytes = encode_record(base, batch.num_rows, ts, writer_id, sequence, stats,
-                                             payload, active.size)
-            position = active.append(header_bytes, payload, self.fsync)
+                header_bytes = encoded(active.size)
+            position = active.append(header_bytes, payload)
             header = RecordHeader(
-                base, batch.num_rows, ts, writer_id, sequence,
-                statistics_from_json(stats), position,
-                position + len(header_bytes), payload.size, 0)
+                base, batch.num_rows, ts, writer_id, sequence, statistics_from_json(stats),
+                position, position + len(header_bytes), payload.size, payload_crc, checksums,
+                None, stats_raw)
             active.add(header)
             if writer_id is not None and sequence is not None:
                 self._writers[writer_id] = (sequence, ts)
             self._end_offset = header.next_offset
             self._appended.notify_all()
+        if durable:
+            self.sync(header.next_offset)
         return base
+
+    def sync(self, offset: int | None = None) -> None:
+        """Return once every record below ``offset`` (default: the end) is on disk; at once
+        without ``fsync``. Concurrent callers share fsyncs (:mod:`flightstore.log.durability`)."""
+        if self.fsync:
+            self._group.wait(self._end_offset if offset is None else offset, self._flush)
+
+    def _flush(self) -> int:
+        with self._lock:
+            covered = self._end_offset
+            fd = None if self._closed else self._segments[-1].sync_fd()
+        if fd is not None:
+            try:
+                durability.fsync_file(fd)
+            finally:
+                os.close(fd)
+        return covered
+
+    @property
+    def fsyncs(self) -> int:
+        """fsyncs of the group commit so far (fewer than appends when writers are concurrent)."""
+        return self._group.syncs
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -236,6 +332,9 @@ class LogTablet:
     def _read(self, segments: list[Segment], lower: int, upper: int, names: list[str],
               filter: Predicate | None, max_bytes: int | None,
               max_rows: int | None, exact: bool = True) -> Iterator[LogBatch]:
+        """Records of ``[lower, upper)``; every offset must be held by a record (lost-range records
+        declared by repair count, and are skipped), else :class:`DataLoss`: an answer with rows
+        missing is never given."""
         needed = set(names) | (filter.columns() if filter is not None and exact else set())
         included = [i for i, name in enumerate(self.schema.names) if name in needed]
         include_all = len(included) == len(self.schema)
@@ -243,15 +342,25 @@ class LogTablet:
         rows_out = bytes_out = 0
         if upper <= lower:
             return
+        expected = lower  # the next offset the read must meet
         first = max(bisect.bisect_right([s.base_offset for s in segments], lower) - 1, 0)
         for segment in segments[first:]:
             if segment.base_offset >= upper:
                 break
-            index = max(bisect.bisect_right(segment.bases, lower) - 1, 0)
-            for record in segment.records[index:]:
-                if record.base_offset >= upper:
-                    break
-                if record.next_offset <= lower:
+            if segment.base_offset > expected:
+                raise self._lost(expected, min(segment.base_offset, upper))
+            index = segment.view()
+            count = len(index)
+            number = index.record_for_offset(lower)
+            while number < count and index.bases[number] < upper:
+                record = segment.header(number, index)
+                number += 1
+                if record.next_offset <= expected:
+                    continue
+                if record.base_offset > expected:
+                    raise self._lost(expected, min(record.base_offset, upper))
+                expected = record.next_offset
+                if record.lost is not None:
                     continue
                 if filter is not None and not filter.might_match(record.stats):
                     self._count(0, skipped=1)
@@ -279,14 +388,21 @@ class LogTablet:
                     bytes_out += batch.nbytes
                     if bytes_out >= max_bytes:
                         return
+        if expected < upper:
+            raise self._lost(expected, upper)
+
+    def _lost(self, start: int, end: int) -> DataLoss:
+        return DataLoss(f"{self.label}: log offsets {start}..{end - 1} are lost (corrupt or missing "
+                        "records); the answer would be incomplete. Run `flightstore verify` to see "
+                        "the damage and `flightstore repair` to declare it")
 
     def _decode(self, segment: Segment, record: RecordHeader, included: list[int],
                 include_all: bool) -> pa.RecordBatch:
         if not included:  # no column needed (e.g. a count): nothing to read
             self._count(0, read=1)
             return pa.RecordBatch.from_struct_array(pa.nulls(record.num_rows, pa.struct([])))
-        batch, nbytes = segment.read_batch(record, None if include_all else included,
-                                           self.schema if self.compression == "NONE" else None)
+        batch, nbytes = segment.read_batch(record, None if include_all else included, self.schema,
+                                           compressed=self.compression != "NONE")
         self._count(nbytes, read=1)
         return batch
 
@@ -306,23 +422,27 @@ class LogTablet:
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """The first offset of the first record whose timestamp is >= ``timestamp_ms``;
-        :attr:`end_offset` if there is none."""
+        :attr:`end_offset` if there is none. A binary search over segments' max timestamps, then
+        over the segment's time index (running maximum, so monotonic): no header is read."""
         with self._lock:
             segments, end = self._segments, self._end_offset
         for segment in segments:
             if segment.max_timestamp_ms is None or segment.max_timestamp_ms < timestamp_ms:
                 continue
-            for record in segment.records:
-                if record.timestamp_ms >= timestamp_ms:
-                    return record.base_offset
+            index = segment.view()
+            number = index.record_for_timestamp(timestamp_ms)
+            if number < len(index):
+                return index.bases[number]
         return end
 
     def enforce_retention(self, now_ms: int | None = None, floor: int | None = None) -> int:
         """Delete the oldest closed segments whose newest record is older than ``ttl_ms``.
 
         Only a contiguous run from the start is deleted (no holes), never the active segment, and
-        never a segment holding an offset at or above ``floor`` (the lake's tiered offset of a
-        datalake-enabled table: untiered records stay). Returns the new :attr:`start_offset`.
+        never a segment holding an offset at or above ``floor``: the lake's tiered offset of a
+        datalake-enabled table (untiered records stay), a primary-key table's oldest retained KV
+        snapshot (the log above it is what the KV is rebuilt from), or the lower of both.
+        Returns the new :attr:`start_offset`.
         """
         if self.ttl_ms is None:
             return self.start_offset
@@ -330,10 +450,11 @@ class LogTablet:
         with self._lock:
             keep = 0
             while keep < len(self._segments) - 1:
-                newest = self._segments[keep].max_timestamp_ms
+                segment = self._segments[keep]
+                newest = segment.max_timestamp_ms
                 if newest is not None and newest >= now - self.ttl_ms:
                     break
-                if floor is not None and self._segments[keep].next_offset > floor:
+                if floor is not None and segment.next_offset > floor:
                     break
                 keep += 1
             expired, self._segments = self._segments[:keep], self._segments[keep:]
@@ -342,12 +463,13 @@ class LogTablet:
             return self._segments[0].base_offset
 
     def writer_state(self) -> dict[str, int]:
-        """The last sequence appended per writer id (rebuilt from record headers on open)."""
+        """The last sequence appended per writer id (rebuilt from the segments' summaries on open)."""
         with self._lock:
             return {writer: sequence for writer, (sequence, _) in self._writers.items()}
 
     def writer_activity(self) -> dict[str, tuple[int, int]]:
-        """``{writer: (last sequence, timestamp ms of its last record)}``."""
+        """``{writer: (last sequence, ms of its last record)}``; after a reopen the time is that of
+        the newest record of the writer's last segment (never earlier than the truth)."""
         with self._lock:
             return dict(self._writers)
 
@@ -368,20 +490,29 @@ class LogTablet:
             return self._end_offset > offset
 
     def close(self) -> None:
-        """Close every file and wake waiters. Idempotent."""
+        """Close every file and wake waiters. Idempotent. The active segment gets a checkpoint
+        summary (after an fsync), so the next open does not verify what it already holds."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            for segment in self._segments:
+            for segment in self._segments[:-1]:
                 segment.close()
-            self._appended.notify_all()
+            try:
+                self._segments[-1].checkpoint(self.fsync)
+            except OSError as exc:  # the next open verifies the whole active segment instead
+                log.warning("%s: no checkpoint written at close: %s", self.label, exc)
+            finally:
+                self._segments[-1].close()
+                self._appended.notify_all()
+        if self.fsync:
+            self._group.advance(self._end_offset)
 
     def _check_open(self) -> None:
         if self._closed:
             raise FlightstoreError(f"log tablet {self.directory} is closed")
 
-    def __enter__(self) -> "LogTablet":
+    def __enter__(self) -> LogTablet:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightstore import changetype
-from flightstore.config import server_option, validate_server_options
+from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
 from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
                                Unsupported)
 from flightstore.expressions import from_json
@@ -36,6 +36,7 @@ from flightstore.server import metadata, protocol, tickets
 from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler,
                                      principal_of)
 from flightstore.server.authz import Authorizer
+from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
 from flightstore.server.session import Session, apply_options, option_values
 from flightstore.server.tls import TlsConfig
@@ -155,11 +156,15 @@ class FlightSqlServer(flight.FlightServerBase):
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
                  users: UserStore | dict[str, str] | None = None, super_users: tuple[str, ...] = (),
                  tls: TlsConfig | None = None, token_ttl_ms: int | None = None,
-                 max_tokens: int | None = None, lake: Any = None, **kwargs: Any) -> None:
+                 max_tokens: int | None = None, lake: Any = None, retention_interval_s: float | None = None,
+                 **kwargs: Any) -> None:
         """``users`` (a UserStore, or a dict of plain passwords for tests and embedded use) turns
         on authentication and authorization; ``tls`` serves ``grpc+tls://`` (``location`` may say
         ``grpc://``: the scheme follows ``tls``). ``lake`` (a :class:`flightstore.lake.LakeSettings`)
-        starts the background tierer of datalake-enabled tables unless its ``tiering_enabled`` is off."""
+        starts the background tierer of datalake-enabled tables unless its ``tiering_enabled`` is off.
+        A background thread (:mod:`.housekeeping`) takes the KV snapshots ``kv.snapshot.interval``
+        makes due and applies ``table.log.ttl`` every ``retention_interval_s`` (default: the
+        ``log.retention.check-interval`` option); it stops with :meth:`shutdown`."""
         self.metrics = ServerMetrics(store)
         middleware = kwargs.setdefault("middleware", {})
         middleware[METRICS_MIDDLEWARE] = self.metrics.middleware()  # first: it times every call
@@ -191,6 +196,9 @@ class FlightSqlServer(flight.FlightServerBase):
         if lake is not None and lake.tiering_enabled:
             from flightstore.lake.tierer import LakeTierer
             self.tierer = LakeTierer(store, lake).start()
+        if retention_interval_s is None:
+            retention_interval_s = server_option({}, "log.retention.check-interval") / 1000
+        self.housekeeping = Housekeeping(store, retention_interval_s).start()
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -214,6 +222,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def shutdown(self) -> None:
         self._stop.set()
+        self.housekeeping.stop()
         super().shutdown()
         if self.tierer is not None:
             self.tierer.stop()
@@ -454,7 +463,9 @@ class FlightSqlServer(flight.FlightServerBase):
                 ("flightstore.cluster", "this server's view of its cluster (servers, bucket leaders)"),
                 ("flightstore.writer", "the last batch sequence a writer applied"),
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
-                ("flightstore.release", "release the columns a writer owns")]
+                ("flightstore.release", "release the columns a writer owns"),
+                ("flightstore.snapshot", "take a KV snapshot of a primary-key table's buckets now"),
+                ("flightstore.usage", "bytes a table holds on disk (KV, snapshots, log) and its offsets")]
 
     def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)
@@ -657,6 +668,13 @@ class FlightSqlServer(flight.FlightServerBase):
             return schema, self.metrics.metered(str(table.path), table.subscribe(
                 payload.get("start", "earliest"), columns=columns, stop=stop,
                 heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until")))
+        if op == "snapshot":
+            full = changetype.snapshot_schema(table.schema)
+            schema = pa.schema([full.field(c) for c in (columns or full.names)])
+            if plan_only:
+                return schema, iter(())
+            return schema, self.metrics.metered(str(table.path), table.read_snapshot(
+                int(payload["bucket"]), int(payload["at"]), columns))
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
             return schema, pa.table({"count": [table.row_count()]}, schema=schema)
@@ -712,6 +730,22 @@ class FlightSqlServer(flight.FlightServerBase):
             self._authorize_table(Operation.WRITE, table)
             table.ownership.release(payload["writer_id"])
             return tickets.encode_custom({"op": "released"})
+        if kind == "flightstore.snapshot":
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.ALTER, table)  # storage upkeep of the table, like DDL
+            taken = table.snapshot(force=bool(payload.get("force", False)))
+            table.enforce_retention()  # the new snapshot may let the changelog shrink
+            return tickets.encode_custom({"op": "snapshot", "snapshots": {
+                str(bucket): None if info is None else {"id": info.id, "offset": info.offset,
+                                                        "rows": info.rows, "created_ms": info.created_ms}
+                for bucket, info in taken.items()}})
+        if kind == "flightstore.usage":
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.DESCRIBE, table)  # like the offsets
+            start, end = table.start_offsets(), table.end_offsets()
+            return tickets.encode_custom({"op": "usage", "bytes": table.disk_usage(),
+                                          "start_offsets": {str(k): v for k, v in start.items()},
+                                          "end_offsets": {str(k): v for k, v in end.items()}})
         if kind == "flightstore.writer":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
@@ -800,7 +834,8 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
     return [list(row) for row in zip(*columns)]
 
 
-def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bool = False,
+def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
+          fsync: bool = SERVER_OPTIONS["log.fsync"].default,
           users: UserStore | dict[str, str] | None = None, cluster: Any = None,
           super_users: tuple[str, ...] = (), tls: TlsConfig | None = None,
           token_ttl_ms: int | None = None, max_tokens: int | None = None,
@@ -827,7 +862,9 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
         raise SystemExit(f"flightstore: {exc}") from None
     try:
         server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users, super_users=super_users,
-                                 tls=tls, token_ttl_ms=token_ttl_ms, max_tokens=max_tokens, lake=lake)
+                                 tls=tls, token_ttl_ms=token_ttl_ms, max_tokens=max_tokens, lake=lake,
+                                 retention_interval_s=server_option(
+                                     options, "log.retention.check-interval") / 1000)
     except pa.ArrowException as exc:
         store.close()
         raise SystemExit(f"flightstore: cannot listen on {host}:{port} ({exc}); is the port in use?")
@@ -855,18 +892,6 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *, fsync: bo
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    interval_s = server_option(options, "log.retention.check-interval") / 1000
-
-    def retention() -> None:
-        while not server._stop.wait(interval_s):
-            try:
-                dropped = store.enforce_retention()
-                if dropped:
-                    log.info("retention dropped %d expired log rows", dropped)
-            except Exception:  # noqa: BLE001 - keep serving; the next round retries
-                log.exception("retention failed")
-
-    threading.Thread(target=retention, name="retention", daemon=True).start()
     try:
         server.serve()
     finally:

@@ -12,7 +12,7 @@ from flightstore.store import Store
 
 class RunningServer:
     def __init__(self, data_dir) -> None:
-        self.store = Store(data_dir)
+        self.store = Store(data_dir, fsync=False)  # durability: tests/log/test_durability.py
         self.server = FlightSqlServer(self.store, "grpc://127.0.0.1:0")
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()

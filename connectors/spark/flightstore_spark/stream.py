@@ -7,17 +7,23 @@ replay after a restart reads exactly the same rows.
 
 Options:
 
-* ``startup.mode``: ``earliest`` (default) | ``latest`` | ``timestamp`` (with ``startup.timestamp``,
-  epoch ms) | ``offsets`` (with ``startup.offsets``, JSON ``{"0": 12, ...}``; buckets left out start
-  at the earliest offset) | ``full`` (primary-key tables: a snapshot as ``+I`` rows, then the changelog
-  from the offsets at the snapshot; the first offset carries ``"snapshot": true``).
+* ``startup.mode``: ``earliest`` (default: the earliest offset each bucket still holds) | ``latest`` |
+  ``timestamp`` (with ``startup.timestamp``, epoch ms) | ``offsets`` (with ``startup.offsets``, JSON
+  ``{"0": 12, ...}``; buckets left out start at the earliest offset; an offset the log no longer
+  holds is an error naming the earliest one held) | ``full`` (primary-key tables: a KV snapshot as
+  ``+I`` rows, then the changelog from exactly the snapshot's offsets; the first offset carries
+  ``"snapshot": true``).
 * ``maxRowsPerTrigger``: admission control; the rows are spread over the buckets that have data.
 * ``columns``: ``a,b`` to read only those table columns (the changelog columns always come along).
 
 Rows carry ``_change_type`` (+I, -U, +U, -D; +A for log tables), ``_log_offset`` and
-``_commit_timestamp``. Snapshot rows of ``full`` mode carry the offset and commit time of the change
-that produced them. The snapshot is the fold of the bucket's changelog up to the snapshot offsets, so
-it is exact and repeatable (primary-key tables keep their whole changelog).
+``_commit_timestamp``. In ``full`` mode the first micro-batch reads each bucket's rows exactly at
+the bucket's end offset when the query started (the server's ``snapshot`` read: the newest KV
+snapshot's columnar image at or below that offset merged with the changelog up to it, no fold of the
+whole changelog) and the stream continues from that offset, so no change is missed or seen twice
+even when the changelog before the snapshot has expired. Snapshot rows carry a null
+``_log_offset`` and ``_commit_timestamp``. A replayed first micro-batch reads the same rows while a
+snapshot at or below its offset is retained (``kv.snapshot.num-retained``), else it fails clearly.
 """
 
 from __future__ import annotations
@@ -25,9 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -79,17 +83,6 @@ def allot_rows(start: dict[int, int], end: dict[int, int], max_rows: int) -> dic
     return result
 
 
-def last_positions(table: pa.Table, key: Sequence[str]) -> np.ndarray:
-    """Row positions of the last row of each distinct ``key`` in ``table``, in table order."""
-    codes = np.stack([pc.dictionary_encode(table.column(c).combine_chunks()).indices.to_numpy(
-        zero_copy_only=False).astype(np.int64) for c in key], axis=1)
-    _, inverse = np.unique(codes, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    last = np.full(inverse.max() + 1 if len(inverse) else 0, -1, dtype=np.int64)
-    np.maximum.at(last, inverse, np.arange(len(inverse), dtype=np.int64))
-    return np.sort(last)
-
-
 class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict, schema: StructType) -> None:
         self.options = _flight.Options(options)
@@ -136,7 +129,11 @@ class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             for bucket, offset in json.loads(given).items():
                 if int(bucket) not in starts:
                     raise ValueError(f"table {self.options.table} has no bucket {bucket}")
-                starts[int(bucket)] = max(int(offset), starts[int(bucket)])
+                if int(offset) < starts[int(bucket)]:
+                    raise ValueError(f"table {self.options.table} bucket {bucket}: log offset {offset} "
+                                     f"has expired; the earliest offset still held is "
+                                     f"{starts[int(bucket)]} (use startup.mode=earliest or full)")
+                starts[int(bucket)] = int(offset)
             return _offset(starts)
         if mode == "full":
             if not self.primary_key:  # a log table's "snapshot" is its whole log
@@ -182,25 +179,10 @@ class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         columns = self.schema.fieldNames()
         with self.options.connect() as conn:
             if part["snapshot"]:
-                yield from conform_batches(self._snapshot(conn, bucket, first, columns), self.schema)
+                payload = {"op": "snapshot", "table": self.options.table, "bucket": bucket, "at": first,
+                           "columns": columns}
+                yield from conform_batches(_flight.read_payload(conn, payload), self.schema)
             if stop > first:
                 payload = {"op": "subscribe", "table": self.options.table, "columns": columns,
                            "start": {str(bucket): first}, "until": {str(bucket): stop}}
                 yield from conform_batches(_flight.read_payload(conn, payload), self.schema)
-
-    def _snapshot(self, conn: Any, bucket: int, at: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
-        """The bucket's rows as of log offset ``at``: the last change per key, if it is not a delete."""
-        if at <= 0:
-            return
-        wanted = columns if "_change_type" in columns else columns + ["_change_type"]
-        payload = {"op": "subscribe", "table": self.options.table, "columns": wanted,
-                   "start": {str(bucket): 0}, "until": {str(bucket): at}}
-        batches = list(_flight.read_payload(conn, payload))
-        if not batches:
-            return
-        log = pa.Table.from_batches(batches)
-        rows = log.take(pa.array(last_positions(log, self.primary_key)))
-        rows = rows.filter(pc.is_in(rows.column("_change_type"), pa.array(["+I", "+U"])))
-        index = rows.schema.get_field_index("_change_type")
-        rows = rows.set_column(index, "_change_type", pa.array(["+I"] * rows.num_rows, pa.string()))
-        yield from rows.select(columns).to_batches()

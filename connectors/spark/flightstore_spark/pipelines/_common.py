@@ -11,8 +11,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flightstore_spark.stream import last_positions
-
 __all__ = ["distinct_keys", "fold_last", "match_rows", "query_identity", "with_trigger", "pipeline_parser",
            "local_spark"]
 
@@ -45,6 +43,17 @@ def local_spark(master: str, app: str):
              .config("spark.ui.enabled", "false").getOrCreate())
     flightstore_spark.register(spark)
     return spark
+
+
+def last_positions(table: pa.Table, key: Sequence[str]) -> np.ndarray:
+    """Row positions of the last row of each distinct ``key`` in ``table``, in table order."""
+    codes = np.stack([pc.dictionary_encode(table.column(c).combine_chunks()).indices.to_numpy(
+        zero_copy_only=False).astype(np.int64) for c in key], axis=1)
+    _, inverse = np.unique(codes, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    last = np.full(inverse.max() + 1 if len(inverse) else 0, -1, dtype=np.int64)
+    np.maximum.at(last, inverse, np.arange(len(inverse), dtype=np.int64))
+    return np.sort(last)
 
 
 def fold_last(changes: pa.Table, key: Sequence[str]) -> pa.Table:

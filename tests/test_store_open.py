@@ -1,0 +1,95 @@
+"""Opening a data directory: one table's open never blocks the others, and what opening reads does
+not grow with the number of records."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+
+from flightstore.store import Store, Table
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())])
+
+
+def _rows(ids) -> dict:
+    return {"id": list(ids), "v": [f"v{i}" for i in ids]}
+
+
+def test_an_open_in_progress_blocks_no_lookup_write_or_open_of_other_tables(tmp_path, monkeypatch):
+    data_dir = tmp_path / "data"
+    with Store(data_dir, fsync=False) as store:
+        for name in ("slow", "fast", "other"):
+            store.create_table(name, SCHEMA, primary_key=["id"]).upsert(_rows(range(10)))
+    entered, release = threading.Event(), threading.Event()
+    original = Table.__init__
+
+    def held_open(self, descriptor, directory, **kwargs):  # an open (recovery) in progress
+        if descriptor.path.table == "slow":
+            entered.set()
+            assert release.wait(60)
+        original(self, descriptor, directory, **kwargs)
+
+    monkeypatch.setattr(Table, "__init__", held_open)
+    with Store(data_dir, fsync=False) as store:
+        fast = store.table("fast")
+        opened: list = []
+        openers = [threading.Thread(target=lambda: opened.append(store.table("slow")))
+                   for _ in range(2)]
+        done: list = []
+
+        def other_work() -> None:
+            done.append(store.table("fast").lookup({"id": [3]}).to_pylist())
+            fast.upsert(_rows([100]))
+            done.append(store.table("fast").row_count())
+            done.append(store.table("other").lookup({"id": [4]}).to_pylist())  # opens "other"
+            store.create_table("new", SCHEMA)
+            done.append(store.list_tables())
+
+        try:
+            openers[0].start()
+            assert entered.wait(30)
+            openers[1].start()  # a second caller of the same table waits for that one open
+            worker = threading.Thread(target=other_work)
+            worker.start()
+            worker.join(timeout=60)
+            assert not worker.is_alive(), "work on other tables waited for the slow open"
+            assert all(t.is_alive() for t in openers)  # ...which is still in progress
+            assert done == [[{"id": 3, "v": "v3"}], 11, [{"id": 4, "v": "v4"}],
+                            ["fast", "new", "other", "slow"]]
+        finally:
+            release.set()
+            for thread in openers:
+                thread.join(timeout=60)
+        assert len(opened) == 2 and opened[0] is opened[1]  # opened once
+        assert opened[0].lookup({"id": [9]}).to_pylist() == [{"id": 9, "v": "v9"}]
+
+
+def test_drop_waits_for_an_open_in_progress_of_that_table(tmp_path, monkeypatch):
+    data_dir = tmp_path / "data"
+    with Store(data_dir, fsync=False) as store:
+        store.create_table("t", SCHEMA, primary_key=["id"]).upsert(_rows(range(3)))
+    entered, release = threading.Event(), threading.Event()
+    original = Table.__init__
+
+    def held_open(self, descriptor, directory, **kwargs):
+        entered.set()
+        assert release.wait(60)
+        original(self, descriptor, directory, **kwargs)
+
+    monkeypatch.setattr(Table, "__init__", held_open)
+    with Store(data_dir, fsync=False) as store:
+        opener = threading.Thread(target=store.table, args=("t",))
+        opener.start()
+        assert entered.wait(30)
+        dropper = threading.Thread(target=store.drop_table, args=("t",))
+        dropper.start()
+        release.set()
+        opener.join(timeout=60)
+        dropper.join(timeout=60)
+        assert not opener.is_alive() and not dropper.is_alive()
+        # Had the drop not waited, the open would have recreated the directory it deleted and
+        # kept serving a dropped table.
+        assert store.list_tables() == []
+        assert not list(data_dir.glob("default/t-*"))
+        assert "t" not in {p.table for p in store._tables}
