@@ -50,12 +50,16 @@ def harlequin_bin():
     return python.parent / "harlequin"
 
 
+FOCUSED_CORNER = "\x1b[38;5;229m╰"
+
+
 class Screen:
     def __init__(self, tmux: str, socket: str) -> None:
         self.base = [tmux, "-L", socket]
 
-    def capture(self) -> str:
-        return subprocess.run([*self.base, "capture-pane", "-p", "-t", "hq"], capture_output=True,
+    def capture(self, escapes: bool = False) -> str:
+        return subprocess.run([*self.base, "capture-pane", "-p", *(["-e"] if escapes else []), "-t", "hq"],
+                              capture_output=True,
                               text=True, timeout=30).stdout
 
     def keys(self, *keys: str, literal: bool = False) -> None:
@@ -63,6 +67,21 @@ class Screen:
         only synchronisation needed."""
         subprocess.run([*self.base, "send-keys", "-t", "hq", *(["-l"] if literal else []), *keys],
                        check=True, timeout=30)
+
+    def catalog_focused(self) -> bool:
+        """Whether the data catalog pane has the focus: harlequin draws the focused pane's border in
+        colour 229, and the catalog's bottom-left corner starts the screen's last border line."""
+        return any(line.startswith(FOCUSED_CORNER) for line in self.capture(escapes=True).splitlines())
+
+    def wait_focus(self, catalog: bool, timeout: float = 120) -> None:
+        """Wait until the focus is (or is not) on the catalog: a key sent before a focus change
+        took effect goes to the previously focused widget (an Enter becomes a newline)."""
+        deadline = time.monotonic() + timeout
+        while self.catalog_focused() != catalog:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the catalog never {'got' if catalog else 'lost'} the focus:\n"
+                                     f"{self.capture()}")
+            time.sleep(0.1)  # poll interval of the condition above
 
     def wait_for(self, *texts: str, timeout: float = 120) -> str:
         deadline = time.monotonic() + timeout
@@ -99,6 +118,7 @@ def test_harlequin_catalog_and_query(server, harlequin_bin, tmp_path):
     try:
         screen.wait_for("Data Catalog", "flightstore db", timeout=240)
         screen.keys("F6")           # focus the data catalog
+        screen.wait_focus(catalog=True)
         screen.keys("Enter")        # expand the catalog "flightstore"
         screen.wait_for("default s")
         screen.keys("Down")
@@ -111,6 +131,7 @@ def test_harlequin_catalog_and_query(server, harlequin_bin, tmp_path):
         for column in ("id", "name", "city"):
             assert f"─ {column} " in catalog
         screen.keys("F2")           # focus the query editor
+        screen.wait_focus(catalog=False)
         screen.keys("SELECT u.name, SUM(o.amount) AS total FROM orders o JOIN users u "
                     "ON o.user_id = u.id GROUP BY u.name ORDER BY u.name", literal=True)
         screen.keys("C-j")          # run the query
