@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rocksdict import Options, Rdict, WriteBatch
 
-from bench.report import Row, best_of
+from bench.report import Row, best_interleaved, best_of
 from flightstore.kv.encoding import RowCodec, encode_keys
 from flightstore.store import Store
 
@@ -56,20 +56,33 @@ def bench_upserts_and_lookups(root: Path) -> list[Row]:
             for batch in batches:
                 table.upsert(batch)
 
-    def raw_upsert(tag: str) -> None:
+    def raw_upsert(tag: str, in_key_order: bool = False) -> None:
         db = _raw_db(root / f"raw-{tag}")
         for i in range(0, UPSERT_ROWS, BATCH):
             write = WriteBatch(raw_mode=True)
-            for key, value in zip(keys[i:i + BATCH], values[i:i + BATCH]):
+            batch_keys, batch_values = keys[i:i + BATCH], values[i:i + BATCH]
+            if in_key_order:  # sorted the way our write path sorts: one Arrow sort
+                order = pc.sort_indices(pa.array(batch_keys, pa.binary())).to_numpy()
+                batch_keys = [batch_keys[j] for j in order]
+                batch_values = [batch_values[j] for j in order]
+            for key, value in zip(batch_keys, batch_values):
                 write.put(key, value)
             db.write(write)
         db.close()
 
-    ours_runs, raw_runs = iter(range(100)), iter(range(100))
-    ours = best_of(lambda: ours_upsert(str(next(ours_runs))), 2)
-    peer = best_of(lambda: raw_upsert(str(next(raw_runs))), 2)
+    ours_runs, raw_runs, sorted_runs = iter(range(100)), iter(range(100)), iter(range(100))
+    best = best_interleaved({  # a fresh database per run; the first ones serve the lookups below
+        "ours": lambda: ours_upsert(str(next(ours_runs))),
+        "raw": lambda: raw_upsert(str(next(raw_runs))),
+        "raw sorted": lambda: raw_upsert(f"sorted-{next(sorted_runs)}", in_key_order=True)}, 3)
+    ours, peer, sorted_peer = best["ours"], best["raw"], best["raw sorted"]
     out = [Row("PK upserts, 500k rows x 5 cols, batches of 50k", UPSERT_ROWS / ours,
-               UPSERT_ROWS / peer, "rows/s", "raw rocksdict WriteBatch.put (pre-encoded)")]
+               UPSERT_ROWS / peer, "rows/s", "raw rocksdict WriteBatch.put (pre-encoded)",
+               goal=">=0.6x"),
+           # Our write path puts each batch in key order (RocksDB inserts faster so); this peer
+           # does too, sorting included in its time.
+           Row("  the same upserts vs a raw WriteBatch in key order", UPSERT_ROWS / ours,
+               UPSERT_ROWS / sorted_peer, "rows/s", "raw rocksdict WriteBatch.put, batch sorted")]
 
     # Lookups: 100 batches of 1,000 random existing keys.
     rng = np.random.default_rng(1)

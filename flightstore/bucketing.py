@@ -123,6 +123,9 @@ def hash_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
             or pa.types.is_large_binary(t):
         return _hash_binary(column)
+    if pa.types.is_floating(t):
+        # The key encoding stores -0.0 as 0.0 (one key), so both must land in one bucket.
+        column = pc.if_else(pc.equal(column, 0), pa.scalar(0, t), column)
     # Other types (decimal, float): hash the canonical string form.
     return _hash_binary(pc.cast(column, pa.string()))
 

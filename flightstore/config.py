@@ -122,6 +122,11 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
                  "Compression of the Arrow IPC log batches.", choices=("NONE", "LZ4_FRAME", "ZSTD")),
     ConfigOption("table.log.segment.bytes", "int", 256 * 1024 * 1024,
                  "A log segment rolls to a new file past this size.", minimum=1024),
+    ConfigOption("table.writer-id.expiration", "duration", 7 * 86_400_000,
+                 "A writer id that has not written for this long is forgotten (its last batch "
+                 "sequence, in memory, in the log's writer state and in the KV); a later batch of "
+                 "it with a sequence above 0 is refused, as the retry check no longer holds.",
+                 minimum=1),
     ConfigOption("kv.snapshot.interval", "duration", 10 * 60_000,
                  "How often the server takes a KV snapshot of each bucket of a primary-key table that "
                  "changed since its last one (a RocksDB checkpoint plus a columnar image of the rows, at "

@@ -22,6 +22,7 @@ __all__ = [
     "Unauthorized",
     "Unauthenticated",
     "OutOfOrderSequence",
+    "WriterExpired",
     "WriterConflict",
     "CorruptData",
     "DataLoss",
@@ -105,6 +106,10 @@ class Unauthorized(FlightstoreError):
 
 class OutOfOrderSequence(InvalidInput):
     """A writer skipped batch sequence numbers; earlier batches were lost."""
+
+
+class WriterExpired(OutOfOrderSequence):
+    """A batch (sequence above 0) from a writer whose state expired ('table.writer-id.expiration')."""
 
 
 class WriterConflict(FlightstoreError):

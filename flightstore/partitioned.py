@@ -42,9 +42,10 @@ import pyarrow.compute as pc
 from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.errors import InvalidInput, PartitionNotFound
-from flightstore.expressions import Predicate
+from flightstore.expressions import Predicate, and_all
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys
+from flightstore.kv.ranges import conjuncts_of
 from flightstore.kv.ownership import ColumnOwnership
 from flightstore.log.held import read_held, require_held
 from flightstore.partitioning import (
@@ -57,6 +58,7 @@ from flightstore.partitioning import (
 )
 from flightstore.schema import Projections, TableDescriptor, as_table
 from flightstore.store import TABLE_WRITER, Table, WriteResult
+from flightstore.writers import WriterRegistry, system_clock_ms
 
 __all__ = ["PartitionedTable", "PartitionsUpkeep", "partition_directory", "remove_partition_directories"]
 
@@ -83,7 +85,8 @@ def remove_partition_directories(table_dir: Path, keep: Sequence[int]) -> list[P
 class PartitionedTable(Table):
     """A handle on a partitioned table (same interface as :class:`Table`)."""
 
-    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = False,
+    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
+                 clock: Callable[[], int] = system_clock_ms,
                  create_partitions: CreatePartitions | None = None) -> None:
         # Not Table.__init__: the buckets live in the partition units.
         self.descriptor = descriptor
@@ -96,6 +99,7 @@ class PartitionedTable(Table):
         self._written = threading.Condition()
         self._round_robin = itertools.count()
         self.ownership = ColumnOwnership()
+        self._clock = clock
         self._create_partitions = create_partitions
         self._merger = self._new_merger(descriptor)
         remove_partition_directories(self.directory, [p.id for p in descriptor.partitions])
@@ -106,16 +110,18 @@ class PartitionedTable(Table):
         except BaseException:
             self.close()
             raise
-        self._writers: dict[str, int] = {}
-        for unit in self.units.values():
-            for writer, sequence in unit._writers.items():
-                self._writers[writer] = max(sequence, self._writers.get(writer, -1))
+        # The table's writers: every partition's (each expired its stale ones when it opened).
+        self._writers = WriterRegistry(str(self.path), descriptor.option("table.writer-id.expiration"),
+                                       clock)
+        self._writers.load(unit._writers.state() for unit in self.units.values())
         self._intents = IntentLog(self.directory / "intent", fsync=fsync)
         self._complete_pending_write()
+        self.expire_writers()
 
     # ---- units --------------------------------------------------------------------------------
     def _open_unit(self, partition: Partition) -> Table:
-        return Table(self.descriptor, partition_directory(self.directory, partition.id), fsync=self.fsync)
+        return Table(self.descriptor, partition_directory(self.directory, partition.id), fsync=self.fsync,
+                     clock=self._clock)
 
     @staticmethod
     def _new_merger(descriptor: TableDescriptor) -> Any:
@@ -243,17 +249,19 @@ class PartitionedTable(Table):
                      units: list) -> WriteResult:
         """The write, under the table lock, to the partitions' units (one intent across them)."""
         result = WriteResult()
+        now = self._clock()
         if not recovering:
             self._check_sequence(writer_id, sequence)
-            if writer_id is not None and sequence is not None and \
-                    sequence <= self._writers.get(writer_id, -1):
+            last = self._writers.sequence(writer_id) if writer_id is not None else None
+            if sequence is not None and last is not None and sequence <= last:
                 result.duplicate = True  # the whole write landed: partitions apply all or none
                 return result
         intent = not recovering and self._spans_buckets(table, units)
         if intent:
             if writer_id is None or sequence is None:
                 writer_id = TABLE_WRITER
-                sequence = self._writers.get(TABLE_WRITER, -1) + 1
+                last_table = self._writers.sequence(TABLE_WRITER)
+                sequence = 0 if last_table is None else last_table + 1
             record = table if kinds is None else table.append_column(
                 changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
             self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
@@ -269,7 +277,7 @@ class PartitionedTable(Table):
                 result[bucket_id(partition.id, bucket, nb)] = offset
         if intent:
             self._intents.complete()
-        self._note_sequence(writer_id, sequence)
+        self._note_sequence(writer_id, sequence, now)
         return result
 
     def _spans_buckets(self, table: pa.Table, units: list) -> bool:
@@ -281,23 +289,37 @@ class PartitionedTable(Table):
         return len(np.unique(bucket_ids(table, key, self.num_buckets))) > 1
 
     def undo(self, writer_id: str, after_sequence: int) -> int:
-        """Undo the writer's batches after ``after_sequence`` in every partition."""
-        from flightstore.kv.undo import undo_fence
+        """Undo the writer's batches after ``after_sequence`` in every partition: everything is
+        checked, across partitions, before anything is restored (see :mod:`flightstore.kv.undo`)."""
+        from flightstore.kv.undo import undo_writer
+        self._require_pk("undo")
         with self._lock:
-            for unit in self.units.values():  # refuse before anything is restored
-                for kv in unit.kvs:
-                    _, target = undo_fence(kv, writer_id)
-                    if target is not None and int(after_sequence) < target:
-                        raise InvalidInput(f"table {self.path}: writer {writer_id!r} was already undone "
-                                           f"to sequence {target}; cannot undo to the earlier "
-                                           f"{after_sequence}")
-            restored = sum(unit.undo(writer_id, after_sequence) for unit in self.units.values())
-            if after_sequence < 0:
-                self._writers.pop(writer_id, None)
-            elif self._writers.get(writer_id, -1) > after_sequence:
-                self._writers[writer_id] = int(after_sequence)
+            units = list(self.units.values())
+            if writer_id not in self._writers or not units:
+                return 0
+            restored = undo_writer([kv for unit in units for kv in unit.kvs], writer_id, after_sequence)
+            for unit in units:
+                unit._writers.reset(writer_id, int(after_sequence))
+            self._writers.reset(writer_id, int(after_sequence))
         self._notify()
         return restored
+
+    def expire_writers(self, now_ms: int | None = None) -> list[str]:
+        """Forget writers idle for ``table.writer-id.expiration``, here and in every partition."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            expired = self._writers.expired(now)
+            if expired:
+                self._expire(expired, now)
+        return expired
+
+    def _expire(self, writer_ids: list[str], now_ms: int) -> None:
+        with self._lock:
+            for unit in self.units.values():
+                unit._expire(writer_ids, now_ms)
+            for writer in writer_ids:
+                self.ownership.release(writer)
+            self._writers.forget(writer_ids, now_ms)
 
     # ---- reads --------------------------------------------------------------------------------
     def _by_partition(self, keys: pa.Table) -> list[tuple[Table, np.ndarray]]:
@@ -358,25 +380,36 @@ class PartitionedTable(Table):
         return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-             limit: int | None = None, buckets: Sequence[int] | None = None, *,
-             exact: bool = True) -> Iterator[pa.RecordBatch]:
-        """Current rows of the partitions ``filter`` cannot rule out (or of ``buckets``); see
-        :meth:`Table.scan` for ``exact``."""
+             limit: int | None = None, buckets: Sequence[int] | None = None,
+             key_range: Any = None, *, exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """Current rows of the partitions ``filter`` cannot rule out (or of ``buckets``); each
+        partition reads its primary-key range and pinned bucket as :meth:`Table.scan` does."""
         columns = self._check_columns(columns)
         if filter is not None:
             filter = filter.bind(self.schema)
+        pruned = self._pruned(filter)
         if buckets is None:
-            targets = [(unit, None) for _, unit in self._pruned(filter)]
-        else:
-            targets = [(unit, [bucket]) for unit, bucket in map(self._locate, buckets)]
+            targets = [(unit, None) for _, unit in pruned]
+        else:  # a bucket of a partition the filter rules out holds no matching row
+            kept = {id(unit) for _, unit in pruned}
+            targets = [(unit, [bucket]) for unit, bucket in map(self._locate, buckets) if id(unit) in kept]
+        within = self._within_partition(filter)
         remaining = limit
         for unit, local in targets:
             if remaining is not None and remaining <= 0:
                 return
-            for batch in unit.scan(columns, filter, remaining, local, exact=exact):
+            for batch in unit.scan(columns, within, remaining, local, key_range, exact=exact):
                 if remaining is not None:
                     remaining -= batch.num_rows
                 yield batch
+
+    def _within_partition(self, filter: Predicate | None) -> Predicate | None:
+        """``filter`` without its top-level conjuncts over partition columns only: in a partition
+        the pruning kept, every row satisfies them (rows carry the partition's values), so each
+        partition reads as if unfiltered by them (its snapshot image, not a key range on them)."""
+        keys = set(self.descriptor.partition_keys)
+        kept = [c for c in conjuncts_of(filter) if not c.columns() <= keys]
+        return and_all(kept)
 
     def row_count(self, partitions: Sequence[str] | None = None) -> int:
         """Maintained counts of the (named) partitions: no scan."""

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -42,14 +42,17 @@ from flightstore.errors import (
 )
 from flightstore.expressions import Predicate
 from flightstore.intents import IntentLog
+from flightstore.kv import ranges
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.ownership import ColumnOwnership
+from flightstore.kv.ranges import KeyRange
 from flightstore.kv.snapshot import SnapshotInfo
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogBatch, LogTablet
 from flightstore.log.held import read_held, require_held
 from flightstore.schema import Projections, TableDescriptor, TablePath, as_table, storage_type
 from flightstore.upkeep import TableUpkeep
+from flightstore.writers import WriterRegistry, system_clock_ms
 
 __all__ = ["Store", "Table", "WriteResult", "new_table_descriptor"]
 
@@ -116,7 +119,9 @@ class WriteResult(dict):
 class Table:
     """A handle on one table: writes, lookups, scans and changelog reads."""
 
-    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True) -> None:
+    def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
+                 clock: Callable[[], int] = system_clock_ms) -> None:
+        """Open the table's buckets; ``clock`` (milliseconds) times writes for writer expiry."""
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
@@ -140,18 +145,20 @@ class Table:
             self.logs.append(log)
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
-                                         fsync=fsync))
+                                         fsync=fsync, bucket=bucket))
         self.upkeep = TableUpkeep(directory, self.logs, self.kvs, descriptor.option("kv.snapshot.interval"))
         # Per-bucket offsets below which the lake holds the log's records (set by the lake's
         # tierer from its last committed snapshot); see enforce_retention.
         self.retention_floor: dict[int, int] | None = None
         self.ownership = ColumnOwnership()
-        self._writers: dict[str, int] = {}
-        for state in (self.kvs or self.logs):
-            for writer, sequence in state.writer_state().items():
-                self._writers[writer] = max(sequence, self._writers.get(writer, -1))
+        self._clock = clock
+        self._writers = WriterRegistry(str(self.path), descriptor.option("table.writer-id.expiration"),
+                                       clock)
+        self._writers.load(state.writer_activity() for state in (self.kvs or self.logs))
         self._intents = IntentLog(directory / "intent", fsync=fsync)
-        self._complete_pending_write()
+        self._complete_pending_write()  # with every writer's state: its buckets skip what they have
+        self._forget_stale_log_writers()
+        self.expire_writers()
 
     @property
     def num_buckets(self) -> int:
@@ -260,28 +267,66 @@ class Table:
         return table
 
     def _check_sequence(self, writer_id: str | None, sequence: int | None) -> None:
+        """Refuse a gap in the writer's sequence, or a batch of a writer that expired (its state
+        is dropped here first if it expired since the last check)."""
         if writer_id is None or sequence is None:
             return
-        last = self._writers.get(writer_id)
-        expected = 0 if last is None else last + 1
-        if sequence > expected:
-            raise OutOfOrderSequence(f"writer {writer_id!r} sent batch {sequence} of {self.path} but the "
-                                     f"next expected batch is {expected}; batches in between were lost")
+        if self._writers.is_expired(writer_id):
+            self._expire([writer_id], self._clock())
+        self._writers.check(writer_id, sequence)
 
-    def _note_sequence(self, writer_id: str | None, sequence: int | None) -> None:
+    def _note_sequence(self, writer_id: str | None, sequence: int | None, now_ms: int) -> None:
         if writer_id is not None and sequence is not None:
-            self._writers[writer_id] = max(sequence, self._writers.get(writer_id, -1))
+            self._writers.note(writer_id, sequence, now_ms)
 
     def undo(self, writer_id: str, after_sequence: int) -> int:
         """Undo every batch ``writer_id`` wrote after ``after_sequence`` (exactly-once restarts of
-        aggregating jobs); returns rows restored. See :func:`flightstore.kv.undo.undo_writer`."""
-        from flightstore.kv.undo import undo_writer
-        return undo_writer(self, writer_id, after_sequence)
+        jobs), leaving other writers' work; returns rows restored. A writer without state here
+        (it never wrote, or expired) has nothing to undo. See :mod:`flightstore.kv.undo`."""
+        from flightstore.kv.undo import check_undoable, undo_writer
+        if not self.has_primary_key:
+            raise Unsupported(f"undo needs a primary-key table; {self.path} is a log table")
+        check_undoable(self.kvs, writer_id)
+        with self._lock:
+            if writer_id not in self._writers:
+                return 0
+            restored = undo_writer(self.kvs, writer_id, after_sequence)
+            self._writers.reset(writer_id, int(after_sequence))
+        self._notify()
+        return restored
 
     def writer_sequence(self, writer_id: str) -> int | None:
-        """The last batch sequence applied for ``writer_id`` (None if it never wrote)."""
+        """The last batch sequence applied for ``writer_id`` (None if it never wrote or expired)."""
+        return self._writers.sequence(writer_id)
+
+    def expire_writers(self, now_ms: int | None = None) -> list[str]:
+        """Forget writers that wrote nothing for ``table.writer-id.expiration``: in memory, in each
+        bucket's log writer state and KV meta (sequence, undo fence) and their column claims.
+        Returns their ids."""
+        now = self._clock() if now_ms is None else now_ms
         with self._lock:
-            return self._writers.get(writer_id)
+            expired = self._writers.expired(now)
+            if expired:
+                self._expire(expired, now)
+        return expired
+
+    def _forget_stale_log_writers(self) -> None:
+        """On open: a log rebuilds its writer state from every record header, expired writers
+        included (a primary-key table's registry comes from the KV, which dropped them)."""
+        now, expiration = self._clock(), self.descriptor.option("table.writer-id.expiration")
+        for log in self.logs:
+            log.forget_writers([writer for writer, (_, last_ms) in log.writer_activity().items()
+                                if now - last_ms > expiration])
+
+    def _expire(self, writer_ids: list[str], now_ms: int) -> None:
+        with self._lock:
+            for kv in self.kvs:
+                kv.drop_writers(writer_ids)
+            for log in self.logs:
+                log.forget_writers(writer_ids)
+            for writer in writer_ids:
+                self.ownership.release(writer)
+            self._writers.forget(writer_ids, now_ms)
 
     def buckets_of(self, data: pa.Table) -> np.ndarray:
         key = self.descriptor.bucket_key
@@ -394,11 +439,13 @@ class Table:
                       recovering: bool) -> WriteResult:
         """The write itself, under the table lock; its logs are synced by the caller, except a
         multi-bucket write's, which must be on disk before its intent is cleared."""
-        if not recovering:
+        if not recovering:  # a rolled-forward write was checked when it was first sent
             self._check_sequence(writer_id, sequence)
+        now = self._clock()
         result = WriteResult()
+        last = self._writers.sequence(writer_id) if writer_id is not None else None
         if kinds is None and not self.descriptor.bucket_key and sequence is not None \
-                and writer_id in self._writers and sequence <= self._writers[writer_id]:
+                and last is not None and sequence <= last:
             # Without a bucket key a whole batch lands in one (round-robin) bucket and a retry
             # may be routed to another one: the table-level sequence decides.
             result.duplicate = True
@@ -411,7 +458,8 @@ class Table:
         if intent:
             if writer_id is None or sequence is None:
                 writer_id = TABLE_WRITER
-                sequence = self._writers.get(TABLE_WRITER, -1) + 1
+                last_table = self._writers.sequence(TABLE_WRITER)
+                sequence = 0 if last_table is None else last_table + 1
             record = table if kinds is None else table.append_column(
                 changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
             self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
@@ -426,18 +474,19 @@ class Table:
                     result.duplicate = True
                     continue
                 result[int(bucket)] = self.logs[bucket].append(part, writer_id=writer_id,
-                                                               sequence=sequence, durable=False)
+                                                               sequence=sequence, durable=False,
+                                                               timestamp_ms=now)
             else:
                 outcome = self.kvs[bucket].apply(part, kinds[mask], target, writer_id=writer_id,
                                                  sequence=sequence, overwrite=overwrite,
-                                                 durable=False)
+                                                 durable=False, now_ms=now)
                 result.duplicate |= outcome.duplicate
                 result[int(bucket)] = outcome.base_offset
         if intent:
             for bucket in targets:  # the intent may go only once every bucket has the write
                 self.logs[bucket].sync()
             self._intents.complete()
-        self._note_sequence(writer_id, sequence)
+        self._note_sequence(writer_id, sequence, now)
         return result
 
     def _complete_pending_write(self) -> None:
@@ -558,23 +607,36 @@ class Table:
         return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-             limit: int | None = None, buckets: Sequence[int] | None = None, *,
-             exact: bool = True) -> Iterator[pa.RecordBatch]:
-        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics). A
-        primary-key bucket is read from its newest KV snapshot image plus the changelog after it,
-        consistent at the log end offset when the bucket is reached (RocksDB without an image).
+             limit: int | None = None, buckets: Sequence[int] | None = None,
+             key_range: KeyRange | None = None, *, exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics).
+
+        On a primary-key table the filter's primary-key range (``key_range``, derived from the
+        filter when not given; :mod:`flightstore.kv.ranges`) is one RocksDB seek range per bucket,
+        and equalities on the whole bucket key read only their bucket. Without a range a bucket is
+        read from its newest KV snapshot image plus the changelog after it, consistent at the log
+        end offset when the bucket is reached (RocksDB without an image).
 
         ``exact=False`` lets a log table's rows through unfiltered in batches the statistics could
         not rule out: for callers that apply ``filter`` again themselves (residual SQL)."""
         columns = self._check_columns(columns)
         if filter is not None:
             filter = filter.bind(self.schema)
+        if self.has_primary_key and filter is not None:
+            if key_range is None:
+                key_range = ranges.key_range(filter, self.descriptor)
+            pinned = ranges.pinned_bucket(filter, self.descriptor)
+            if pinned is not None:
+                buckets = [b for b in (range(self.num_buckets) if buckets is None else buckets)
+                           if b == pinned]
         remaining = limit
         for bucket in (range(self.num_buckets) if buckets is None else buckets):
             if remaining is not None and remaining <= 0:
                 return
             if self.has_primary_key:
-                source = self.kvs[bucket].full_scan(columns, filter, remaining)
+                kv = self.kvs[bucket]
+                source = kv.full_scan(columns, filter, remaining) if key_range is None else \
+                    kv.scan(columns, filter, remaining, key_range)
             else:
                 source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter,
                                                                      exact=exact))
@@ -853,9 +915,15 @@ class Store:
 
     def __init__(self, data_dir: str | os.PathLike, *,
                  fsync: bool = SERVER_OPTIONS["log.fsync"].default,
+                 clock: Callable[[], int] = system_clock_ms,
                  options: Mapping[str, Any] | None = None) -> None:
+        """Open (and lock) ``data_dir``. ``clock`` gives milliseconds to time writes (writer
+        expiry, commit timestamps); tests inject one to move time without sleeping. ``options``:
+        server options (:data:`flightstore.config.SERVER_OPTIONS`) the storage honours: partition
+        limits and dynamic partition creation."""
         self.options = dict(options or {})
         self.data_dir = Path(data_dir)
+        self.clock = clock
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._dir_lock: int | None = _lock_data_dir(self.data_dir)
         try:
@@ -1015,10 +1083,10 @@ class Store:
             directory = self.catalog.table_dir(path)
             if descriptor.is_partitioned:
                 from flightstore.partitioned import PartitionedTable
-                table = PartitionedTable(descriptor, directory, fsync=self.fsync,
+                table = PartitionedTable(descriptor, directory, fsync=self.fsync, clock=self.clock,
                                          create_partitions=self._create_partitions)
             else:
-                table = Table(descriptor, directory, fsync=self.fsync)
+                table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock)
             with self._lock:
                 closed = self._closed
                 if not closed:
@@ -1038,12 +1106,15 @@ class Store:
             return list(self._tables.values())
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
-        """Apply ``table.log.ttl`` to every table; returns the rows dropped. Unreadable tables are
-        left for their owner to notice."""
+        """Apply ``table.log.ttl`` to every table and forget writers past
+        ``table.writer-id.expiration``; returns the log rows dropped. Unreadable tables are left
+        for their owner to notice."""
         dropped = 0
         for path in self.catalog.all_tables():
             try:
-                dropped += self.table(path).enforce_retention(now_ms)
+                table = self.table(path)
+                dropped += table.enforce_retention(now_ms)
+                table.expire_writers(now_ms)
             except FlightstoreError:
                 continue
         return dropped

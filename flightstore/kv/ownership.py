@@ -6,8 +6,11 @@ stops heartbeating for ``ttl`` seconds; a writer that claims a column another li
 nothing, re-claiming one's own columns refreshes them, and an expired claim is taken over silently
 (the crashed writer's replacement can start without waiting for a release).
 
-The registry is in memory, one per :class:`~flightstore.store.Table` (:func:`ownership_of`): it
-guards the writers of one server process, which is where all writes of a table land.
+The registry is in memory, one per table handle (:func:`ownership_of`): it guards the writers of
+one server process, which is where all writes of a table land. The helpers below take any object
+with the table's ``ownership``, ``schema``, ``descriptor`` and ``path`` (:class:`OwnedTable`), so
+this module needs nothing from the store above it. Writers that expire
+(``table.writer-id.expiration``) have their claims released by the table.
 """
 
 from __future__ import annotations
@@ -16,17 +19,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
+
+import pyarrow as pa
 
 from flightstore.errors import InvalidInput, WriterConflict
-
-if TYPE_CHECKING:
-    from flightstore.store import Table
+from flightstore.schema import TableDescriptor
 
 __all__ = [
     "DEFAULT_TTL_SECONDS",
     "Claim",
     "ColumnOwnership",
+    "OwnedTable",
     "claim_columns",
     "ownership_of",
     "release_columns",
@@ -108,22 +112,32 @@ class ColumnOwnership:
             return {w: c.columns for w, c in self._live().items()}
 
 
-def ownership_of(table: Table) -> ColumnOwnership:
+class OwnedTable(Protocol):
+    """What the helpers need of a table handle."""
+
+    ownership: ColumnOwnership
+    schema: pa.Schema
+    descriptor: TableDescriptor
+    path: Any
+
+
+def ownership_of(table: OwnedTable) -> ColumnOwnership:
     """The ownership registry of ``table`` (it lives as long as the table handle)."""
     return table.ownership
 
 
-def _value_columns(table: Table, columns: Sequence[str]) -> list[str]:
+def _value_columns(table: OwnedTable, columns: Sequence[str]) -> list[str]:
     unknown = [c for c in columns if c not in table.schema.names]
     if unknown:
         raise InvalidInput(f"table {table.path} has no column(s) {unknown}")
     return [c for c in columns if c not in table.descriptor.primary_key]
 
 
-def claim_columns(table: Table, writer_id: str, columns: Sequence[str], ttl: float | None = None) -> None:
+def claim_columns(table: OwnedTable, writer_id: str, columns: Sequence[str],
+                  ttl: float | None = None) -> None:
     """Claim the non-key ``columns`` of ``table`` for ``writer_id`` (WriterConflict if taken)."""
     ownership_of(table).claim(writer_id, _value_columns(table, columns), ttl)
 
 
-def release_columns(table: Table, writer_id: str) -> None:
+def release_columns(table: OwnedTable, writer_id: str) -> None:
     ownership_of(table).release(writer_id)

@@ -128,9 +128,12 @@ class LogTablet:
         if unknown_versions:
             raise CorruptData(f"{self.directory}: records of schema version(s) "
                               f"{sorted(unknown_versions)} but no such schema was given")
-        self._writers: dict[str, int] = {}
+        self._writers: dict[str, tuple[int, int]] = {}  # writer -> (last sequence, its record's ms)
         for segment in self._segments:
-            self._writers.update(segment.writers)
+            # A writer's last write time is its last segment's newest record time: never earlier
+            # than the truth, so writer expiry is never early (and the open reads no headers).
+            newest = segment.max_timestamp_ms or 0
+            self._writers.update({w: (seq, newest) for w, seq in segment.writers.items()})
         self._group = GroupCommit(self._end_offset)
         self._open_io = {key: sum(s.io[key] for s in self._segments)
                          for key in ("headers_parsed", "bytes_read")}
@@ -299,7 +302,7 @@ class LogTablet:
                 None, stats_raw)
             active.add(header)
             if writer_id is not None and sequence is not None:
-                self._writers[writer_id] = sequence
+                self._writers[writer_id] = (sequence, ts)
             self._end_offset = header.next_offset
             self._appended.notify_all()
         if durable:
@@ -513,9 +516,22 @@ class LogTablet:
             return self._segments[0].base_offset
 
     def writer_state(self) -> dict[str, int]:
-        """The last sequence appended per writer id (rebuilt from record headers on open)."""
+        """The last sequence appended per writer id (rebuilt from the segments' summaries on open)."""
+        with self._lock:
+            return {writer: sequence for writer, (sequence, _) in self._writers.items()}
+
+    def writer_activity(self) -> dict[str, tuple[int, int]]:
+        """``{writer: (last sequence, ms of its last record)}``; after a reopen the time is that of
+        the newest record of the writer's last segment (never earlier than the truth)."""
         with self._lock:
             return dict(self._writers)
+
+    def forget_writers(self, writer_ids: Sequence[str]) -> None:
+        """Drop expired writers' state. Their records stay; a reopen rebuilds the state from them
+        and the table expires it again (the records' timestamps are as old as before)."""
+        with self._lock:
+            for writer in writer_ids:
+                self._writers.pop(writer, None)
 
     # -- waiting and closing -----------------------------------------------------------------
 

@@ -6,14 +6,14 @@ types the statement's placeholders for prepared statements.
 
 from flightstore.sql.nodes import (Changelog, Count, CreateDatabase, CreateTable, Delete, Describe,
                                    DropDatabase, DropTable, Explain, Insert, InsertSelect, Plan,
-                                   PlanNode, PointLookup, PrefixLookup, Residual, ResidualInput,
-                                   Scan, ShowDatabases, ShowTables, Update, UseDatabase, Grant, Revoke,
-                                   ShowGrants)
+                                   PlanNode, PointLookup, PrefixLookup, RangeScan, Residual,
+                                   ResidualInput, Scan, ShowDatabases, ShowTables, Update, UseDatabase,
+                                   Grant, Revoke, ShowGrants)
 from flightstore.sql.plan import CatalogView, parameter_schema, plan
 
 __all__ = [
     "plan", "parameter_schema", "CatalogView", "Plan", "PlanNode", "PointLookup", "PrefixLookup",
-    "Scan", "Count", "Changelog", "Residual", "ResidualInput", "Insert", "InsertSelect", "Delete",
-    "Update", "CreateDatabase", "DropDatabase", "CreateTable", "DropTable", "ShowDatabases",
+    "Scan", "RangeScan", "Count", "Changelog", "Residual", "ResidualInput", "Insert", "InsertSelect",
+    "Delete", "Update", "CreateDatabase", "DropDatabase", "CreateTable", "DropTable", "ShowDatabases",
     "ShowTables", "Describe", "Explain", "UseDatabase", "Grant", "Revoke", "ShowGrants",
 ]

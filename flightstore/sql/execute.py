@@ -2,7 +2,8 @@
 
 The routes of the planner map one-to-one onto the embedded API (``flightstore.store``): point and
 prefix lookups onto KV multi-gets and prefix scans, ``Count`` onto maintained counts, ``Scan`` onto
-column-pruned, statistics-skipping scans (one partition per bucket), ``Changelog`` onto the logs.
+column-pruned, statistics-skipping scans (one partition per bucket), ``RangeScan`` onto RocksDB seek
+ranges (one partition per bucket it visits), ``Changelog`` onto the logs.
 ``Residual`` SQL runs on an embedded DuckDB fed by pruned, pre-filtered Arrow inputs. Statements
 (DDL, writes) run once and answer one ``rows_affected`` row.
 
@@ -38,7 +39,7 @@ __all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
 
 PLAN_CACHE_SIZE = 4096
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
-_QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.Count, n.Changelog, n.Residual,
+_QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.Count, n.Changelog, n.Residual,
                 n.ShowDatabases, n.ShowTables, n.Describe, n.Explain, n.ShowGrants, n.ShowPartitions)
 _DESCRIBE_SCHEMA = pa.schema([pa.field("name", pa.string(), nullable=False),
                               pa.field("type", pa.string(), nullable=False),
@@ -171,7 +172,7 @@ class Executor:
 
     def output_schema(self, plan: n.PlanNode) -> pa.Schema:
         """The exact schema of the plan's result (statements: ``rows_affected``)."""
-        if isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan)):
+        if isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan)):
             return self.store.table(plan.table).projection(plan.columns)
         if isinstance(plan, n.Count):
             return pa.schema([pa.field(plan.column_name, pa.int64(), nullable=False)])
@@ -198,7 +199,9 @@ class Executor:
     def partitions(self, plan: n.PlanNode) -> list[int | None]:
         """Independent pieces of the result: one per bucket for scans (of the pruned partitions of
         a partitioned table: one per partition and bucket), else a single ``None``."""
-        if isinstance(plan, (n.Scan, n.Changelog)) and plan.limit is None:
+        if isinstance(plan, n.RangeScan) and plan.bucket is not None:
+            return [plan.bucket]
+        if isinstance(plan, (n.Scan, n.RangeScan, n.Changelog)) and plan.limit is None:
             if isinstance(plan, n.Changelog) and plan.kind == "binlog":
                 return [None]
             buckets = self.store.table(plan.table).bucket_ids(plan.partitions)
@@ -324,6 +327,11 @@ class Executor:
             table = store.table(plan.table)
             buckets = None if partition is None else [partition]
             yield from table.scan(list(plan.columns), plan.filter, plan.limit, buckets)
+        elif isinstance(plan, n.RangeScan):
+            table = store.table(plan.table)
+            buckets = [partition] if partition is not None else \
+                None if plan.bucket is None else [plan.bucket]
+            yield from table.scan(list(plan.columns), plan.filter, plan.limit, buckets, plan.range)
         elif isinstance(plan, n.Count):
             table = store.table(plan.table)
             count = table.row_count() if plan.partitions is None else table.row_count(plan.partitions)

@@ -16,11 +16,12 @@ import pyarrow as pa
 from flightstore.acl import Operation, Resource
 from flightstore.expressions import (AlwaysTrue, And, Comparison, In, IsNotNull, IsNull, Not, Or,
                                      Predicate, StartsWith)
+from flightstore.kv.ranges import KeyRange
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.sql.literals import render_value
 
 __all__ = [
-    "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "Count", "Changelog", "Residual",
+    "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "RangeScan", "Count", "Changelog", "Residual",
     "ResidualInput", "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
     "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain", "UseDatabase",
     "Grant", "Revoke", "ShowGrants", "AlterTable", "ShowPartitions", "render_predicate", "render_change",
@@ -90,6 +91,8 @@ def _render(value: Any) -> str:
         return value.value
     if isinstance(value, TableDescriptor):
         return _render_descriptor(value)
+    if isinstance(value, KeyRange):
+        return value.describe(render_value)
     if isinstance(value, pa.Table):
         rows = zip(*(column.to_pylist() for column in value.columns)) if value.num_columns else []
         return "[" + ", ".join(_render_row(row) for row in rows) + "]"
@@ -171,6 +174,29 @@ class Scan(PlanNode):
     filter: Predicate | None = None
     limit: int | None = None
     partitions: tuple[str, ...] | None = field(default=None, metadata=_SHOWN_WHEN_SET)
+
+
+@dataclass(frozen=True)
+class RangeScan(PlanNode):
+    """A scan of one primary-key range: a RocksDB seek range in every bucket, or in ``bucket``
+    alone when equalities pin the whole bucket key. ``filter`` holds the part of the WHERE the
+    range does not decide exactly (other columns, bounds on floating-point keys: a NaN key sorts
+    inside a lower-bounded range), applied to every row read."""
+
+    table: TablePath
+    columns: tuple[str, ...]
+    range: KeyRange
+    bucket: int | None = None
+    filter: Predicate | None = None
+    limit: int | None = None
+    partitions: tuple[str, ...] | None = field(default=None, metadata=_SHOWN_WHEN_SET)
+
+    def explain(self) -> str:
+        buckets = "all" if self.bucket is None else f"[{self.bucket}]"
+        shown = "" if self.partitions is None else f", partitions={_render(self.partitions)}"
+        return (f"RangeScan(table={self.table}, columns={_render(self.columns)}, "
+                f"range={_render(self.range)}, buckets={buckets}, filter={_render(self.filter)}, "
+                f"limit={_render(self.limit)}{shown})")
 
 
 @dataclass(frozen=True)

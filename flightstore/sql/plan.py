@@ -4,7 +4,11 @@ Queries take the route table of ARCHITECTURE.md when the SELECT is a plain proje
 (or ``*``) from one table with an optional storage-evaluable WHERE and LIMIT:
 
 * every primary-key column pinned by ``=`` / ``IN`` -> :class:`PointLookup`;
+* leading primary-key columns pinned by ``=`` and the next one bounded by ``<``, ``<=``, ``>``,
+  ``>=`` or ``BETWEEN`` -> :class:`RangeScan` (one RocksDB seek range per bucket, or one bucket when
+  the bucket key is pinned; see :mod:`flightstore.kv.ranges`);
 * every bucket-key column pinned, the bucket key a strict prefix of the PK -> :class:`PrefixLookup`;
+* leading primary-key columns pinned by ``=`` without the bucket key -> :class:`RangeScan`;
 * ``SELECT COUNT(*) FROM t`` -> :class:`Count`;
 * ``FROM t$changelog`` / ``t$binlog`` -> :class:`Changelog`;
 * otherwise -> :class:`Scan` with the WHERE as a bound predicate.
@@ -21,13 +25,14 @@ from sqlglot import exp
 
 from flightstore.errors import InvalidInput, SqlError
 from flightstore.expressions import Predicate, and_all
+from flightstore.kv.ranges import key_range, pinned_bucket, residual_predicates
 from flightstore.partitioning import pruned_names
 from flightstore.sql import ddl, dml, grants
 from flightstore.sql import nodes
 from flightstore.sql.literals import NotALiteral, literal_value
 from flightstore.sql.nodes import *  # noqa: F401,F403 - the nodes are part of this module's API
 from flightstore.sql.nodes import __all__ as _NODES
-from flightstore.sql.nodes import Changelog, Count, Plan, PointLookup, PrefixLookup, Scan
+from flightstore.sql.nodes import Changelog, Count, Plan, PointLookup, PrefixLookup, RangeScan, Scan
 from flightstore.sql.parameters import parameter_schema
 from flightstore.sql.parse import Explain as ParsedExplain
 from flightstore.sql.alter import plan_alter, plan_show_partitions
@@ -235,6 +240,11 @@ def _route(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Pred
                                    filter=and_all(remaining))
             return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit,
                         partitions=partitions)
+        found_range = key_range(predicates, descriptor)
+        if found_range is not None and set(found_range.columns) <= set(descriptor.partition_keys):
+            found_range = None  # a range of partition values only: the pruning decides it
+        if found_range is not None and found_range.bounded:
+            return _range_scan(table, columns, predicates, limit, found_range, partitions)
         # A prefix lookup pins the bucket key (and, partitioned, the partition keys before it).
         prefix_key = tuple(descriptor.partition_keys) + tuple(descriptor.bucket_key)
         if descriptor.bucket_key and len(prefix_key) < len(pk) and pk[: len(prefix_key)] == prefix_key:
@@ -243,6 +253,18 @@ def _route(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Pred
                 prefix, remaining = found
                 return PrefixLookup(table=table.path, prefix=prefix, columns=columns,
                                     filter=and_all(remaining), limit=limit)
+        if found_range is not None:
+            return _range_scan(table, columns, predicates, limit, found_range, partitions)
     return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit,
                 partitions=partitions)
 
+
+def _range_scan(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Predicate],
+                limit: int | None, found_range, partitions: tuple[str, ...] | None) -> RangeScan:
+    """The filter keeps what the range does not decide exactly (other columns, float keys...). A
+    partitioned table's range is read in each pruned partition (a pinned bucket key pins one
+    bucket per partition, which the partition's scan finds itself)."""
+    return RangeScan(table=table.path, columns=columns, range=found_range,
+                     bucket=None if partitions is not None else pinned_bucket(predicates, table.descriptor),
+                     filter=and_all(residual_predicates(predicates, found_range, table.schema)),
+                     limit=limit, partitions=partitions)

@@ -45,7 +45,7 @@ def plan_tables(plan: n.PlanNode) -> tuple[TablePath, ...]:
     """The tables a query plan reads (in order, once each); () for plans that read none."""
     if isinstance(plan, n.Residual):
         found = [item.table for item in plan.inputs]
-    elif isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan, n.Count, n.Changelog)):
+    elif isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.Count, n.Changelog)):
         found = [plan.table]
     else:
         found = []

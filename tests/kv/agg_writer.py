@@ -1,7 +1,7 @@
 """Child process of the exactly-once test: a streaming job writing raw events into an aggregation table.
 
 Usage: python -m tests.kv.agg_writer DATA_DIR CHECKPOINT_SEQUENCE CHECKPOINT_POSITION RUN_SEED
-On start it undoes its writes after the checkpoint (``undo_writer``), then replays the event stream
+On start it undoes its writes after the checkpoint (``Table.undo``), then replays the event stream
 from the checkpoint position in batches of random size (the cut depends on RUN_SEED, so the same
 sequence number carries other events than in the run that crashed), and prints
 ``checkpoint <sequence> <position>`` every CHECKPOINT_EVERY batches and ``done`` at the end.
@@ -14,7 +14,6 @@ import sys
 
 import pyarrow as pa
 
-from flightstore.kv.undo import undo_writer
 from flightstore.store import Store
 
 WRITER = "job"
@@ -41,7 +40,7 @@ def main() -> None:
         table = store.create_table("default.stats", SCHEMA, primary_key=["user"], options=OPTIONS,
                                    if_not_exists=True)
         print("ready", flush=True)
-        undo_writer(table, WRITER, checkpoint)
+        table.undo(WRITER, checkpoint)
         sequence = checkpoint + 1
         while position < TOTAL_EVENTS:
             end = min(TOTAL_EVENTS, position + rng.randint(1, 40))

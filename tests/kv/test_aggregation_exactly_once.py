@@ -24,7 +24,6 @@ from flightstore.kv.ownership import (
     ownership_of,
     release_columns,
 )
-from flightstore.kv.undo import undo_writer
 from flightstore.store import Store
 from tests.kv import agg_writer
 from tests.kv.fold import fold_changelog, kv_contents
@@ -113,17 +112,33 @@ def state(table) -> dict:
     return {r["k"]: (r["n"], r["s"]) for r in table.scan_table().to_pylist()}
 
 
+def test_undo_keeps_other_writers_sums(store):
+    """Issue 10 #7: A writes +10 (seq 0) and +5 (seq 1), B writes +100; undo(A, 0) leaves 110."""
+    table = store.create_table("t", SCHEMA.remove(2), primary_key=["k"],
+                               options={"table.merge-engine": "aggregation", "fields.n.agg": "sum"})
+    one = {"k": pa.array([1], pa.int64())}
+    table.upsert(pa.table({**one, "n": pa.array([10], pa.int64())}), writer_id="A", sequence=0)
+    table.upsert(pa.table({**one, "n": pa.array([5], pa.int64())}), writer_id="A", sequence=1)
+    table.upsert(pa.table({**one, "n": pa.array([100], pa.int64())}), writer_id="B", sequence=0)
+    assert table.undo("A", 0) == 1
+    assert table.lookup(one).to_pylist() == [{"k": 1, "n": 110}]
+    assert table.writer_sequence("A") == 0 and table.writer_sequence("B") == 0
+    table.upsert(pa.table({**one, "n": pa.array([5], pa.int64())}), writer_id="A", sequence=1)
+    assert table.lookup(one).to_pylist() == [{"k": 1, "n": 115}]
+    assert kv_contents(table, ["k"]) == fold_changelog(table, ["k"])
+
+
 def test_undo_restores_before_images_and_accepts_the_replay(store):
     table = store.create_table("t", SCHEMA, primary_key=["k"], options=OPTIONS)
     table.upsert(events((1, 1), (2, 2)), writer_id="w", sequence=0)
     table.upsert(events((1, 10), (3, 3)), writer_id="w", sequence=1)
-    table.upsert(events((3, 30), (4, 4)), writer_id="other", sequence=0)
+    table.upsert(events((4, 4)), writer_id="other", sequence=0)
     table.upsert(events((1, 100), (2, 20)), writer_id="w", sequence=2)
-    assert undo_writer(table, "w", 0) > 0
-    # key 3 was created by w's batch 1 and then updated by "other": undo puts it back to absent.
+    assert table.undo("w", 0) > 0
+    # Only w wrote keys 1, 2 and 3 since its checkpoint: their before-images come back (3: absent).
     assert state(table) == {1: (1, "1"), 2: (2, "2"), 4: (4, "4")}
     assert table.writer_sequence("w") == 0
-    assert undo_writer(table, "w", 0) == 0  # idempotent
+    assert table.undo("w", 0) == 0  # idempotent
     table.upsert(events((1, 5)), writer_id="w", sequence=1)
     assert state(table)[1] == (6, "1,5")
     assert kv_contents(table, ["k"]) == fold_changelog(table, ["k"])
@@ -134,19 +149,32 @@ def test_undo_restores_before_images_and_accepts_the_replay(store):
         assert reopened.writer_sequence("w") == 1 and state(reopened)[1] == (6, "1,5")
 
 
+def test_undo_refuses_a_key_another_writer_changed_through_a_non_invertible_field(store):
+    table = store.create_table("t", SCHEMA, primary_key=["k"], options=OPTIONS)
+    table.upsert(events((1, 1)), writer_id="w", sequence=0)
+    table.upsert(events((1, 10), (3, 3), (5, 5)), writer_id="w", sequence=1)
+    table.upsert(events((3, 30)), writer_id="other", sequence=0)  # s is a listagg: "3,30"
+    before, offsets = state(table), table.end_offsets()
+    with pytest.raises(InvalidInput, match=r"cannot undo writer 'w': key\(s\) 3 were written by other "
+                       r"writers after it, and field\(s\) 's' \(listagg\)"):
+        table.undo("w", 0)
+    assert state(table) == before and table.end_offsets() == offsets  # nothing written
+    assert table.writer_sequence("w") == 1
+
+
 def test_undo_of_a_later_epoch_leaves_undone_records_alone(store):
     table = store.create_table("t", SCHEMA, primary_key=["k"], options=OPTIONS)
     table.upsert(events((1, 1)), writer_id="w", sequence=0)
     table.upsert(events((1, 2)), writer_id="w", sequence=1)
     table.upsert(events((1, 3)), writer_id="w", sequence=2)
-    undo_writer(table, "w", 0)
+    table.undo("w", 0)
     table.upsert(events((1, 20)), writer_id="w", sequence=1)
     table.upsert(events((1, 30)), writer_id="w", sequence=2)
     table.upsert(events((1, 40)), writer_id="w", sequence=3)
-    undo_writer(table, "w", 1)  # undoes only the second epoch's batches 2 and 3
+    table.undo("w", 1)  # undoes only the second epoch's batches 2 and 3
     assert state(table) == {1: (21, "1,20")}
     with pytest.raises(InvalidInput, match="already undone to sequence 1"):
-        undo_writer(table, "w", 0)
+        table.undo("w", 0)
 
 
 def test_undo_interrupted_before_its_fence_is_repeated_harmlessly(store, monkeypatch):
@@ -161,10 +189,10 @@ def test_undo_interrupted_before_its_fence_is_repeated_harmlessly(store, monkeyp
 
     monkeypatch.setattr(undo_module, "_settle", crash)
     with pytest.raises(RuntimeError):
-        undo_writer(table, "w", 0)
+        table.undo("w", 0)
     monkeypatch.setattr(undo_module, "_settle", real)
-    undo_writer(table, "w", 0)
-    undo_writer(table, "w", 0)
+    table.undo("w", 0)
+    table.undo("w", 0)
     assert state(table) == {1: (1, "1"), 2: (2, "2")}
     assert kv_contents(table, ["k"]) == fold_changelog(table, ["k"])
 
@@ -173,10 +201,10 @@ def test_undo_refusals(store):
     wal = store.create_table("wal", SCHEMA, primary_key=["k"],
                              options={**OPTIONS, "table.changelog.image": "WAL"})
     with pytest.raises(InvalidInput, match="'table.changelog.image' = 'FULL'"):
-        undo_writer(wal, "w", 0)
+        wal.undo("w", 0)
     log = store.create_table("log", SCHEMA)
     with pytest.raises(Unsupported):
-        undo_writer(log, "w", 0)
+        log.undo("w", 0)
 
 
 def test_undo_restores_deleted_rows_of_a_last_row_table(store):
@@ -184,7 +212,7 @@ def test_undo_restores_deleted_rows_of_a_last_row_table(store):
     table.upsert(events((1, 1), (2, 2)), writer_id="w", sequence=0)
     table.delete({"k": [1]}, writer_id="w", sequence=1)
     table.write(events((2, 9)), np.array([changetype.UPDATE_AFTER], np.int8), writer_id="w", sequence=2)
-    undo_writer(table, "w", 0)
+    table.undo("w", 0)
     assert state(table) == {1: (1, "1"), 2: (2, "2")}
 
 

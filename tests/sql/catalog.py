@@ -45,11 +45,11 @@ def _schema(*columns: str) -> pa.Schema:
 def sample_catalog() -> DictCatalog:
     """shop.orders (PK order_id), shop.items (PK order_id, item_id; bucket key order_id),
     shop.users (PK user_id), shop.events (log table), shop.daily (PK dt, order_id; partitioned by
-    dt: 2024-01-01, 2024-01-02, 2024-01-03), shop.visits (log table partitioned by day DATE and
+    dt: 2024-01-01, 2024-01-02, 2024-01-03; 3 buckets), shop.visits (log table partitioned by day DATE and
     hour INT: four partitions) and analytics.Metrics (mixed-case names, log table)."""
     daily = TableDescriptor.create(
         "shop.daily", _schema("dt STRING", "order_id BIGINT", "total DOUBLE"),
-        primary_key=["dt", "order_id"], partition_keys=["dt"])
+        primary_key=["dt", "order_id"], partition_keys=["dt"], options={"bucket.num": "3"})
     daily = apply_changes(daily, [AddPartition((d,)) for d in ("2024-01-01", "2024-01-02", "2024-01-03")])
     visits = TableDescriptor.create(
         "shop.visits", _schema("day DATE", "hour INT", "url STRING", "ms BIGINT"),

@@ -39,8 +39,8 @@ CASES = _cases()
 def test_golden_files_cover_every_route() -> None:
     assert len(CASES) >= 40
     expected = "\n".join(case[2] for case in CASES)
-    for kind in ("PointLookup", "PrefixLookup", "Scan", "Count", "Changelog", "Residual", "Insert",
-                 "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
+    for kind in ("PointLookup", "PrefixLookup", "Scan", "RangeScan", "Count", "Changelog", "Residual",
+                 "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
                  "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain",
                  "UseDatabase", "kind=binlog", "AlterTable", "ShowPartitions", "partitions=[", "ERROR"):
         assert f"{kind}(" in expected or kind in expected, kind

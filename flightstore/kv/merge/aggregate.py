@@ -18,6 +18,11 @@ contribution; the others are refused by the engine before anything is written:
 * ``last_value`` / ``last_value_ignore_nulls``: retracting the value the field currently holds sets
   the field to null (the value before it is not kept); retracting any other value changes nothing.
 * A null value in a retraction retracts nothing.
+
+Undo (:mod:`flightstore.kv.undo`). Functions with ``invertible = True`` (sum, product) can take back
+one writer's share of a value that other writers also changed: :meth:`FieldAggregator.contribution`
+recovers what a changelog row added (after minus before, after over before), and ``retract`` takes
+the writer's total back out of the current value.
 """
 
 from __future__ import annotations
@@ -92,6 +97,7 @@ class FieldAggregator:
     name: ClassVar[str] = ""
     params: ClassVar[tuple[str, ...]] = ()
     retractable: ClassVar[bool] = False
+    invertible: ClassVar[bool] = False  # retract(combine(x, p), p) == x: a share can be taken out
 
     def __init__(self, field: pa.Field, params: Mapping[str, str] | None = None) -> None:
         self.field = field
@@ -118,6 +124,13 @@ class FieldAggregator:
 
     def check_retraction(self, values: pa.Array) -> None:
         """Refuse retracted values that cannot be taken back (InvalidInput), before any write."""
+
+    def contribution(self, after: pa.Array, before: pa.Array) -> pa.Array:
+        """What each change from ``before`` (null: no value yet) to ``after`` added to the field,
+        as a partial :meth:`retract` takes back; null where it added nothing (invertible
+        functions only; InvalidInput when a change cannot be inverted)."""
+        raise InvalidInput(f"field {self.field.name!r}: {self.name} cannot take back one writer's "
+                           "share of a value")
 
     def merge(self, inp: FieldInput) -> pa.Array:
         """The value of each group after the batch (commutative: upserts, then retractions)."""
@@ -173,6 +186,13 @@ class SumAgg(FieldAggregator):
         current, partial = _wide(current, partial)
         return self._fit(pc.coalesce(pc.subtract(current, partial), current, pc.negate(partial)))
 
+    invertible = True
+
+    def contribution(self, after, before):
+        after, before = _wide(after, before)
+        zero = pa.scalar(0).cast(after.type)
+        return self._fit(pc.subtract(after, pc.coalesce(before, zero)))
+
 
 class ProductAgg(FieldAggregator):
     name = "product"
@@ -199,6 +219,17 @@ class ProductAgg(FieldAggregator):
         current, partial = _wide(current, partial, cap=37)
         one = pa.array(np.ones(len(partial), dtype=np.int64)).cast(partial.type)
         return self._fit(pc.coalesce(pc.divide(current, partial), current, pc.divide(one, partial)))
+
+    invertible = True
+
+    def contribution(self, after, before):
+        zero = pa.scalar(0).cast(self.type)
+        if pc.any(pc.equal(after, zero)).as_py():
+            raise InvalidInput(f"field {self.field.name!r}: product: a factor of zero cannot be "
+                               "taken back out (the product no longer holds the other factors)")
+        after, before = _wide(after, before, cap=37)
+        one = pa.scalar(1).cast(after.type)
+        return self._fit(pc.divide(after, pc.coalesce(before, one)))
 
 
 class _Extreme(FieldAggregator):
