@@ -45,8 +45,8 @@ from flightstore.errors import InvalidInput, PartitionNotFound
 from flightstore.expressions import Predicate, and_all
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys
-from flightstore.kv.ranges import conjuncts_of
 from flightstore.kv.ownership import ColumnOwnership
+from flightstore.kv.ranges import conjuncts_of
 from flightstore.log.held import read_held, require_held
 from flightstore.partitioning import (
     SEPARATOR,
