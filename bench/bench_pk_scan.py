@@ -27,6 +27,7 @@ from pyarrow import flight
 
 from bench.bench_server import _sql_read, _start_server, _stop_server
 from bench.report import Row, best_interleaved, best_of
+from flightstore.catalog import read_table_dir
 from flightstore.client import connect
 from flightstore.kv.snapshot import open_checkpoint
 from flightstore.store import Store
@@ -83,7 +84,7 @@ def _snapshot_cost(data_dir: Path, uri: str, tmp: Path) -> Row:
         ours = time.perf_counter() - started
     copies = []
     for bucket, info in taken.items():
-        source = next(data_dir.glob(f"default/pk-*/bucket-{bucket}/snapshots/{info['id']:020d}/db"))
+        source = read_table_dir(data_dir, "pk") / f"bucket-{bucket}" / "snapshots" / f"{info['id']:020d}" / "db"
         copy = tmp / f"raw-{bucket}"
         shutil.copytree(source, copy)
         copies.append(open_checkpoint(copy))

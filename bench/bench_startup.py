@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from bench.report import Row
+from flightstore.catalog import read_table_dir
 from flightstore.log.record import RecordHeader, encode_payload, encode_record, payload_checksums
 from flightstore.log.segment import Segment
 from flightstore.store import Store
@@ -75,7 +76,7 @@ def _write_records(directory: Path, count: int) -> None:
 def _build(data_dir: Path, count: int) -> None:
     with Store(data_dir, fsync=False) as store:
         store.create_table("events", SCHEMA)
-        [log_dir] = data_dir.glob("default/events-*/bucket-0/log")
+        log_dir = read_table_dir(data_dir, "events") / "bucket-0" / "log"
     shutil.rmtree(log_dir)
     log_dir.mkdir()
     _write_records(log_dir, count)

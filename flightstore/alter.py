@@ -32,7 +32,8 @@ import pyarrow as pa
 from flightstore.config import FIELD_OPTION_PATTERN, TABLE_OPTIONS, validate_table_options
 from flightstore.errors import AlreadyExists, InvalidInput, InvalidOption, PartitionNotFound, Unsupported
 from flightstore.partitioning import Partition, partition_name
-from flightstore.schema import IDENTIFIER, TableDescriptor, TablePath
+from flightstore.names import check_name
+from flightstore.schema import TableDescriptor, TablePath
 
 __all__ = [
     "MAX_SCHEMA_VERSION",
@@ -230,8 +231,7 @@ class RenameTable(Change):
     target: TablePath
 
     def apply(self, descriptor: TableDescriptor, limits: PartitionLimits) -> TableDescriptor:
-        if not IDENTIFIER.match(self.target.table):
-            raise InvalidInput(f"invalid table name {self.target.table!r}: use letters, digits and _")
+        check_name(self.target.table, "table")
         if self.target.database != descriptor.path.database:
             raise Unsupported(f"ALTER TABLE {descriptor.path} RENAME TO {self.target}: a table stays "
                               "in its database")

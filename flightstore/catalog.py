@@ -1,10 +1,15 @@
 """Databases and tables, persisted in the data directory.
 
 ``<data-dir>/catalog.json`` is the source of truth for what exists; every change rewrites it
-atomically (write, fsync, rename) and bumps its version. Each table owns a data directory
-``<data-dir>/<database>/<table>-<id>/`` named in the catalog. A table listed in the catalog whose
-directory is gone is reported as :class:`~flightstore.errors.CorruptData` on access, never silently
-recreated; a catalog file that does not parse stops start-up with the same error.
+atomically (write, fsync, rename) and bumps its version. Each table owns a data directory named in
+its catalog entry (``dir``, relative to the data directory). New tables get ``tables/<table id>``:
+directories are never built from user text, so no name can reach outside the data directory.
+Entries written before that keep their ``<database>/<table>-<id>`` directory and stay readable.
+
+A table listed in the catalog whose directory is gone is reported as
+:class:`~flightstore.errors.CorruptData` on access, never silently recreated; a catalog file that
+does not parse, names a database or table that breaks :func:`flightstore.names.check_name`, or
+points a ``dir`` outside the data directory stops start-up with the same error.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from pathlib import Path
 
 from flightstore.errors import (AlreadyExists, CorruptData, DatabaseNotFound, InvalidInput,
                                 TableNotFound)
-from flightstore.schema import IDENTIFIER, TableDescriptor, TablePath
+from flightstore.names import check_name, shown_name
+from flightstore.schema import TableDescriptor, TablePath
 
-__all__ = ["Catalog", "DEFAULT_DATABASE", "read_catalog_file"]
+__all__ = ["Catalog", "DEFAULT_DATABASE", "TABLES_DIR", "read_catalog_file", "read_table_dir",
+           "table_directory"]
 
 DEFAULT_DATABASE = "default"
+TABLES_DIR = "tables"  # new tables' directories: <data-dir>/tables/<table id>
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -46,9 +54,49 @@ def read_catalog_file(path: Path) -> tuple[int, dict[str, dict[str, dict]]]:
     on a data directory it must not change."""
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
-        return int(state["version"]), {db: dict(tables) for db, tables in state["databases"].items()}
+        version = int(state["version"])
+        databases = {db: dict(tables) for db, tables in state["databases"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptData(f"catalog file {path} is corrupt: {exc}") from None
+    for database, tables in databases.items():
+        for table, entry in tables.items():
+            try:
+                TablePath.checked(database, table)
+                if not isinstance(entry, dict) or not isinstance(entry.get("dir"), str):
+                    raise InvalidInput("its entry has no 'dir'")
+                table_directory(path.parent, entry["dir"])
+            except (InvalidInput, CorruptData) as exc:
+                raise CorruptData(f"catalog file {path} is corrupt: the entry of table "
+                                  f"{shown_name(database)}.{shown_name(table)} is refused: {exc}") from None
+        try:
+            check_name(database, "database")
+        except InvalidInput as exc:
+            raise CorruptData(f"catalog file {path} is corrupt: {exc}") from None
+    return version, databases
+
+
+def table_directory(data_dir: Path, relative: str) -> Path:
+    """``data_dir / relative`` (a catalog entry's ``dir``) once it is known to stay inside
+    ``data_dir`` (CorruptData otherwise): a hand-edited or old catalog cannot make flightstore
+    write, read or delete elsewhere."""
+    if not relative or "\x00" in relative or Path(relative).is_absolute():
+        raise CorruptData(f"table directory {relative!r} is not a path inside the data directory")
+    root = Path(os.path.realpath(data_dir))
+    directory = Path(os.path.realpath(root / relative))
+    if directory == root or root not in directory.parents:
+        raise CorruptData(f"table directory {relative!r} is outside the data directory")
+    return Path(data_dir) / relative
+
+
+def read_table_dir(data_dir: str | os.PathLike, table: TablePath | str) -> Path:
+    """The data directory of ``table`` as the catalog file of ``data_dir`` names it (reading
+    only, the Store may be closed): for tools and tests that look at a table's files."""
+    path = table if isinstance(table, TablePath) else TablePath.parse(table, DEFAULT_DATABASE)
+    _, databases = read_catalog_file(Path(data_dir) / "catalog.json")
+    entry = databases.get(path.database, {}).get(path.table)
+    if entry is None:
+        raise TableNotFound(f"table {path} does not exist")
+    return table_directory(Path(data_dir), entry["dir"])
 
 
 class Catalog:
@@ -83,8 +131,7 @@ class Catalog:
             return name in self._databases
 
     def create_database(self, name: str, if_not_exists: bool = False) -> None:
-        if not IDENTIFIER.match(name):
-            raise InvalidInput(f"invalid database name {name!r}")
+        check_name(name, "database")
         with self._lock:
             if name in self._databases:
                 if if_not_exists:
@@ -105,7 +152,7 @@ class Catalog:
                 raise InvalidInput(
                     f"database {name!r} is not empty ({len(tables)} tables); use DROP DATABASE "
                     f"{name} CASCADE")
-            dirs = [self.data_dir / entry["dir"] for entry in tables.values()]
+            dirs = [table_directory(self.data_dir, entry["dir"]) for entry in tables.values()]
             del self._databases[name]
             self._save()
         for directory in dirs:
@@ -143,7 +190,7 @@ class Catalog:
     def table_dir(self, path: TablePath) -> Path:
         """The table's data directory; CorruptData if it vanished."""
         with self._lock:
-            directory = self.data_dir / self._entry(path)["dir"]
+            directory = table_directory(self.data_dir, self._entry(path)["dir"])
         if not directory.is_dir():
             raise CorruptData(f"table {path}: data directory {directory} is missing; the table's "
                               "data is lost (drop and recreate it to start over)")
@@ -151,7 +198,7 @@ class Catalog:
 
     def create_table(self, descriptor: TableDescriptor, if_not_exists: bool = False) -> bool:
         """Create a table; returns False when it existed and ``if_not_exists`` was set."""
-        path = descriptor.path
+        path = TablePath.checked(descriptor.path.database, descriptor.path.table)
         with self._lock:
             if path.database not in self._databases:
                 raise DatabaseNotFound(f"database {path.database!r} does not exist")
@@ -159,7 +206,7 @@ class Catalog:
                 if if_not_exists:
                     return False
                 raise AlreadyExists(f"table {path} already exists")
-            relative = f"{path.database}/{path.table}-{uuid.uuid4().hex[:12]}"
+            relative = f"{TABLES_DIR}/{uuid.uuid4().hex}"  # an id: never the user's text
             (self.data_dir / relative).mkdir(parents=True)
             self._databases[path.database][path.table] = {
                 "descriptor": descriptor.with_version(1).to_json(), "dir": relative}
@@ -179,6 +226,7 @@ class Catalog:
             if new == old:
                 return old, new
             if new.path != path:
+                TablePath.checked(new.path.database, new.path.table)
                 if new.path.database != path.database:
                     raise InvalidInput(f"table {path} cannot move to database {new.path.database!r}")
                 if new.path.table in self._databases[path.database]:
@@ -204,6 +252,6 @@ class Catalog:
                 raise
             del self._databases[path.database][path.table]
             self._save()
-        directory = self.data_dir / entry["dir"]
+        directory = table_directory(self.data_dir, entry["dir"])
         shutil.rmtree(directory, ignore_errors=True)
         return directory

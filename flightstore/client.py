@@ -22,7 +22,7 @@ import pyarrow.flight as flight
 
 from flightstore.errors import InvalidOption
 from flightstore.expressions import Predicate
-from flightstore.schema import as_table
+from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
 
 __all__ = ["connect", "Connection", "TableClient", "Subscription"]
@@ -213,6 +213,7 @@ class TableClient:
     RETRIES = 3
 
     def __init__(self, connection: Connection, name: str, *, writer_id: str | None = None) -> None:
+        TablePath.parse(name)  # a bad name fails here, before anything is sent
         self.connection = connection
         self.name = name
         self.writer_id = writer_id or uuid.uuid4().hex

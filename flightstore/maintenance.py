@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flightstore.catalog import read_catalog_file
+from flightstore.catalog import read_catalog_file, table_directory
 from flightstore.errors import DataDirectoryInUse, FlightstoreError, NotFound
 from flightstore.intents import IntentLog
 from flightstore.kv.integrity import check_kv, reconcile_changelog
@@ -103,7 +103,7 @@ def _tables(data_dir: Path, report: Report,
                 continue
             try:
                 descriptor = TableDescriptor.from_json(entry["descriptor"])
-                directory = data_dir / entry["dir"]
+                directory = table_directory(data_dir, entry["dir"])
             except (ValueError, KeyError, TypeError) as exc:
                 report.add("error", f"table {path}", f"its catalog entry is corrupt: {exc}")
                 continue

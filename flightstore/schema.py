@@ -22,12 +22,12 @@ import pyarrow as pa
 
 from flightstore.config import table_option, validate_table_options
 from flightstore.errors import InvalidInput, SchemaMismatch
+from flightstore.names import IDENTIFIER, check_name, shown_name
 from flightstore.partitioning import Partition, check_partition_type
 
 __all__ = ["TablePath", "TableDescriptor", "sql_type_to_arrow", "arrow_type_to_sql", "IDENTIFIER", "as_table",
            "Projections", "conform", "storage_type", "storage_schema"]
 
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True, order=True)
@@ -42,9 +42,15 @@ class TablePath:
         parts = [part.strip().strip('"`') for part in str(text).split(".")]
         if len(parts) == 1:
             parts = [default_database, parts[0]]
-        if len(parts) != 2 or not all(IDENTIFIER.match(p) for p in parts):
-            raise InvalidInput(f"invalid table name {text!r}; expected database.table")
-        return cls(parts[0], parts[1])
+        if len(parts) != 2:
+            raise InvalidInput(f"invalid table name {shown_name(text)}; expected database.table")
+        return cls.checked(parts[0], parts[1])
+
+    @classmethod
+    def checked(cls, database: Any, table: Any) -> "TablePath":
+        """The path of ``database.table`` once both names pass :func:`flightstore.names.check_name`
+        (InvalidInput otherwise): how every path that may create or rename something is built."""
+        return cls(check_name(database, "database"), check_name(table, "table"))
 
     def __str__(self) -> str:
         return f"{self.database}.{self.table}"
@@ -72,8 +78,7 @@ class TableDescriptor:
                partition_keys: Sequence[str] = (), options: Mapping[str, Any] | None = None,
                comment: str = "") -> "TableDescriptor":
         """Validate and build a descriptor; bucket key and count come from the options."""
-        if isinstance(path, str):
-            path = TablePath.parse(path)
+        path = TablePath.parse(path) if isinstance(path, str) else TablePath.checked(path.database, path.table)
         opts = validate_table_options(options or {})
         schema = storage_schema(schema)
         names = schema.names

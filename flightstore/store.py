@@ -869,6 +869,7 @@ def new_table_descriptor(path: TablePath | str, schema: pa.Schema | None = None,
         if schema is None:
             raise InvalidInput("create_table needs a schema")
         descriptor = TableDescriptor.create(path, schema, primary_key, partition_keys, options)
+    TablePath.checked(descriptor.path.database, descriptor.path.table)  # a prepared one too
     if descriptor.merge_engine in ("first_row", "versioned") and \
             descriptor.options.get("table.delete.behavior") == "allow":
         raise InvalidInput(f"table {descriptor.path}: the {descriptor.merge_engine} merge engine "

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from flightstore import changetype
+from flightstore.catalog import read_table_dir
 from flightstore.store import Store
 from tests.kv.test_log_damage import build, flip, log_file, records
 
@@ -143,7 +144,7 @@ def test_log_that_lost_its_tail_behind_the_kv_is_declared_and_repaired(tmp_path,
 def test_corrupt_and_missing_segments_of_a_log_table(tmp_path):
     data_dir = tmp_path / "data"
     rows = add_log_table(data_dir)
-    [log_dir] = data_dir.glob("default/lg-*/bucket-0/log")
+    log_dir = read_table_dir(data_dir, "lg") / "bucket-0" / "log"
     segments = sorted(log_dir.glob("*.log"))
     assert len(segments) >= 6
     flip(segments[1], 20)  # a header of a sealed segment
@@ -166,7 +167,7 @@ def test_corrupt_and_missing_segments_of_a_log_table(tmp_path):
 def test_corrupt_kv_is_reported_and_rebuilt_from_the_complete_log(tmp_path):
     data_dir = tmp_path / "data"
     state, _ = build(data_dir, rounds=400)
-    [kv_dir] = data_dir.glob("default/t-*/bucket-0/kv")
+    kv_dir = read_table_dir(data_dir, "t") / "bucket-0" / "kv"
     sst = max(kv_dir.glob("*.sst"), key=lambda p: p.stat().st_size)
     data = bytearray(sst.read_bytes())
     data[len(data) // 3] ^= 0x40
@@ -188,7 +189,7 @@ def test_corrupt_kv_is_reported_and_rebuilt_from_the_complete_log(tmp_path):
 def test_torn_intent_is_a_warning_not_an_error(tmp_path):
     data_dir = tmp_path / "data"
     build(data_dir)
-    [table_dir] = data_dir.glob("default/t-*")
+    table_dir = read_table_dir(data_dir, "t")
     (table_dir / "intent").write_bytes(b"FSIN" + b"\x00" * 20)  # a crash mid-way through begin()
     done = run("verify", str(data_dir))
     assert done.returncode == 0
@@ -235,7 +236,7 @@ def test_hole_the_kv_has_not_applied_refuses_to_open_until_repaired(tmp_path):
         table = store.create_table("t", pa.schema([pa.field("id", pa.int64(), nullable=False),
                                                    ("v", pa.string())]), primary_key=["id"])
         table.upsert({"id": [1, 2], "v": ["a", "b"]})
-        [kv_dir] = data_dir.glob("default/t-*/bucket-0/kv")
+        kv_dir = read_table_dir(data_dir, "t") / "bucket-0" / "kv"
     shutil.copytree(kv_dir, tmp_path / "old-kv")  # the KV as of offset 2
     with Store(data_dir, fsync=False) as store:
         table = store.table("t")

@@ -42,7 +42,8 @@ from flightstore.cluster.assignment import round_robin
 from flightstore.cluster.ddl import error_response
 from flightstore.cluster.layout import ZkPaths, decode, encode
 from flightstore.errors import AlreadyExists, DatabaseNotFound, FlightstoreError, InvalidInput, TableNotFound
-from flightstore.schema import IDENTIFIER, TableDescriptor, TablePath
+from flightstore.names import check_name
+from flightstore.schema import TableDescriptor, TablePath
 from flightstore.store import new_table_descriptor
 
 __all__ = ["Coordinator"]
@@ -303,9 +304,7 @@ class Coordinator:
         return {"changed": True}
 
     def _create_database(self, request: dict, transaction: Any) -> dict:
-        name = str(request["name"])
-        if not IDENTIFIER.match(name):
-            raise InvalidInput(f"invalid database name {name!r}")
+        name = check_name(request["name"], "database")
         if self._client.exists(self._paths.database(name)) is not None:
             if request.get("if_not_exists"):
                 return {"changed": False, "created": False}

@@ -595,7 +595,7 @@ class FlightSqlServer(flight.FlightServerBase):
     def _ingest(self, command: Any, data: pa.Table, default_database: str) -> int:
         options = command.table_definition_options
         database = command.schema if command.HasField("schema") and command.schema else default_database
-        path = TablePath(database, command.table)
+        path = TablePath.checked(database, command.table)  # before anything is looked up or made
         create = options.if_not_exist  # 0 unspecified, 1 CREATE, 2 FAIL
         exists = options.if_exists      # 0 unspecified, 1 FAIL, 2 APPEND, 3 REPLACE
         self._authorize(_ingest_permissions(path, self.store.catalog.database_exists(path.database)

@@ -13,7 +13,8 @@ import pyarrow as pa
 from sqlglot import exp
 
 from flightstore.errors import DatabaseNotFound, InvalidInput, SqlError, TableNotFound, Unsupported
-from flightstore.schema import IDENTIFIER, TableDescriptor, TablePath
+from flightstore.names import check_name
+from flightstore.schema import TableDescriptor, TablePath
 from flightstore.sql.literals import NotALiteral, datatype_to_arrow, literal_value
 from flightstore.sql.nodes import (CreateDatabase, CreateTable, Describe, DropDatabase, DropTable,
                                    Plan, ShowDatabases, ShowTables, UseDatabase)
@@ -70,9 +71,7 @@ def plan_ddl(statement: exp.Expression, catalog: CatalogView) -> Plan:
 def _database_name(node: exp.Expression) -> str:
     if not isinstance(node, exp.Table) or node.db or not isinstance(node.this, exp.Identifier):
         raise SqlError(f"invalid database name {node.sql()!r}")
-    if not IDENTIFIER.match(node.name):
-        raise SqlError(f"invalid database name {node.name!r}: use letters, digits and _")
-    return node.name
+    return check_name(node.name, "database")
 
 
 def _drop(statement: exp.Drop, catalog: CatalogView) -> Plan:
@@ -111,8 +110,7 @@ def _create_table(statement: exp.Create, catalog: CatalogView) -> CreateTable:
     if not isinstance(schema_node, exp.Schema) or not isinstance(schema_node.this, exp.Table):
         raise SqlError("CREATE TABLE needs a column list: CREATE TABLE t (col TYPE, ...)")
     table_node = schema_node.this
-    if not IDENTIFIER.match(table_node.name):
-        raise InvalidInput(f"invalid table name {table_node.name!r}: use letters, digits and _")
+    check_name(table_node.name, "table")
     database = table_node.db or catalog.default_database
     try:
         database = resolve_database(catalog, database)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from flightstore.catalog import read_table_dir
 from flightstore.errors import DataLoss
 from flightstore.log.walk import walk_records
 from flightstore.store import Store
@@ -32,7 +33,7 @@ def build(data_dir: Path, rounds: int = 40) -> tuple[dict[int, str], list[dict]]
 
 
 def log_file(data_dir: Path) -> Path:
-    [path] = data_dir.glob("default/t-*/bucket-0/log/*.log")
+    [path] = (read_table_dir(data_dir, "t") / "bucket-0" / "log").glob("*.log")
     return path
 
 

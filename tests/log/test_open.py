@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from flightstore.catalog import read_table_dir
 from flightstore.log import LogTablet
 from flightstore.log import segment as segment_module
 from flightstore.log.segment import segment_name
@@ -70,7 +71,7 @@ def test_store_opens_a_100k_record_table_reading_only_summaries(logs, tmp_path) 
     data_dir = tmp_path / "data"
     with Store(data_dir, fsync=False) as store:
         store.create_table("big", SCHEMA)
-        [log_dir] = data_dir.glob("default/big-*/bucket-0/log")
+        log_dir = read_table_dir(data_dir, "big") / "bucket-0" / "log"
     shutil.rmtree(log_dir)
     shutil.copytree(logs[MANY], log_dir)
     with Store(data_dir, fsync=False) as store:

@@ -8,6 +8,7 @@ import pytest
 from pyarrow import flight
 
 import flightstore
+from flightstore.catalog import read_table_dir
 from flightstore.store import Store
 from tests.kv.test_log_damage import build, flip, log_file, records
 from tests.server.conftest import RunningServer
@@ -31,7 +32,7 @@ def test_damaged_log_answers_data_loss_and_the_rest_keeps_serving(tmp_path):
     path = log_file(data_dir)
     bad = records(path)[5]
     flip(path, bad.payload_position + bad.payload_len // 2)
-    [log_path] = data_dir.glob("default/lg-*/bucket-0/log/*.log")
+    [log_path] = (read_table_dir(data_dir, "lg") / "bucket-0" / "log").glob("*.log")
     bad_log = records(log_path)[2]  # holds a = 20..29: flip a byte of the value 25
     flip(log_path, log_path.read_bytes().index((25).to_bytes(8, "little"), bad_log.payload_position))
 

@@ -20,6 +20,7 @@ from rocksdict import AccessType, Options, Rdict
 
 import flightstore
 from flightstore.bucketing import bucket_ids
+from flightstore.catalog import read_table_dir
 from flightstore.errors import DataLoss
 from flightstore.expressions import Comparison
 from tests.server.conftest import RunningServer
@@ -71,7 +72,7 @@ def corrupted(tmp_path):
                     "name": pa.array([f"name-{g}-{i:08d}" for i in range(ROWS_PER_GROUP)])}))
     finally:
         first.stop()  # closing the store flushes the memtables into .sst files
-    kv_dir = next((tmp_path / "data").glob("default/*/bucket-1/kv"))
+    kv_dir = read_table_dir(tmp_path / "data", "p") / "bucket-1" / "kv"
     _flip_a_data_byte(kv_dir)
     readable = _readable_ids(kv_dir)
     assert 0 < len(readable) < ROWS_PER_GROUP, "the flipped byte must cut a plain iteration short"

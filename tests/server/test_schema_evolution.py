@@ -16,6 +16,7 @@ from adbc_driver_flightsql import dbapi
 from pyarrow import flight
 
 import flightstore
+from flightstore.catalog import read_table_dir
 from flightstore.expressions import IsNull
 from tests.server.conftest import RunningServer
 from tests.waiting import wait_until
@@ -74,7 +75,7 @@ def test_add_column_reads_null_for_old_rows_through_every_route_after_restart(tm
     finally:
         server.stop()
 
-    kv_dirs = list((tmp_path / "data").glob("default/kv*/bucket-*/kv"))
+    kv_dirs = list(read_table_dir(tmp_path / "data", "kv").glob("bucket-*/kv"))
     assert len(kv_dirs) == 2
     for kv_dir in kv_dirs:  # the KVs are rebuilt from their version-1 snapshots plus the log after
         shutil.rmtree(kv_dir)
