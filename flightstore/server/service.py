@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import os
 import signal
 import threading
 import time
@@ -32,7 +33,7 @@ from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInp
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.acl import CLUSTER, Operation, Permission, Resource
-from flightstore.server import metadata, protocol, tickets
+from flightstore.server import metadata, protocol, status, tickets
 from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler,
                                      principal_of)
 from flightstore.server.authz import Authorizer
@@ -64,34 +65,39 @@ RESULT_TTL_S = 600
 _CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("flightstore_caller", default=None)
 
 
-def _translate(exc: BaseException) -> BaseException:
-    """The Flight error a client sees for ``exc`` (one place for every RPC)."""
+def _translate(exc: BaseException, hidden: tuple[str, ...] = ()) -> BaseException:
+    """The Flight error a client sees for ``exc`` (one place for every RPC): a status and a
+    message saying what is wrong; ``hidden`` paths (the data directory) never reach the client,
+    nor do tracebacks (:mod:`.status`)."""
     if isinstance(exc, flight.FlightError):
         return exc
     if isinstance(exc, FlightstoreError):
-        message = str(exc)
-        status = exc.flight_status
-        if status in ("invalid_argument", "already_exists"):
+        message = status.client_message(str(exc), hidden)
+        code = exc.flight_status
+        if code in ("invalid_argument", "already_exists"):
             return pa.ArrowInvalid(message)
-        if status == "not_found":
+        if code == "not_found":
             return pa.ArrowKeyError(message)
-        if status == "unimplemented":
+        if code == "unimplemented":
             return NotImplementedError(message)
-        if status == "unauthenticated":
+        if code == "unauthenticated":
             return flight.FlightUnauthenticatedError(message)
-        if status == "unauthorized":
+        if code == "unauthorized":
             return flight.FlightUnauthorizedError(message)
-        if status == "cancelled":
+        if code == "cancelled":
             return flight.FlightCancelledError(message)
-        if status == "unavailable":
+        if code == "unavailable":
             return flight.FlightUnavailableError(message)
-        if status == "data_loss":
+        if code == "data_loss":
             return flight.FlightInternalError(f"DATA_LOSS: {message}")
+        status.log_failure(f"failure: {message}", exc, logging.WARNING)
         return flight.FlightInternalError(message)
     if isinstance(exc, (pa.ArrowInvalid, pa.ArrowTypeError)):
-        return pa.ArrowInvalid(str(exc))
-    log.exception("internal error", exc_info=exc)
-    return flight.FlightInternalError(f"internal error: {type(exc).__name__}: {exc}")
+        return pa.ArrowInvalid(status.client_message(str(exc), hidden))
+    if isinstance(exc, RecursionError):  # a statement or payload nested beyond what we walk
+        return pa.ArrowInvalid("the request is nested too deeply (for instance a SELECT of many nested "
+                               "subqueries); flatten it")
+    return status.internal_error(exc)
 
 
 def _rpc(method: Callable) -> Callable:
@@ -101,18 +107,19 @@ def _rpc(method: Callable) -> Callable:
         try:
             return method(self, context, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - every error leaves through _translate
-            raise _translate(exc) from None
+            raise _translate(exc, self._hidden_paths) from None
         finally:
             _CALLER.reset(caller)
     return wrapper
 
 
-def _guarded(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[pa.RecordBatch | pa.Table]:
+def _guarded(batches: Iterator[pa.RecordBatch | pa.Table],
+             hidden: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch | pa.Table]:
     """Translate errors raised while a stream is being produced."""
     try:
         yield from batches
     except Exception as exc:  # noqa: BLE001 - a client that stops reading closes us (GeneratorExit)
-        raise _translate(exc) from None
+        raise _translate(exc, hidden) from None
 
 
 def rechunk(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[pa.Table]:
@@ -182,7 +189,11 @@ class FlightSqlServer(flight.FlightServerBase):
             location = location.replace("grpc://", "grpc+tls://", 1).replace("grpc+tcp://", "grpc+tls://", 1)
             kwargs.update(tls.server_kwargs())
         super().__init__(location, auth_handler=NoAuthHandler(), **kwargs)
+        status.quiet_tracebacks()  # until shutdown: no traceback in any error a client gets
+        self._quiet = True
         self.store = store
+        self._hidden_paths = tuple({str(store.data_dir), os.path.abspath(store.data_dir),
+                                    os.path.realpath(store.data_dir)})
         self.authz = Authorizer(store.data_dir, enabled=users is not None, super_users=super_users)
         self.executor = Executor(store)
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # by gRPC peer, least recent first
@@ -224,6 +235,9 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self._quiet:
+            self._quiet = False
+            status.loud_tracebacks()
         self.partition_manager.stop()
         self.housekeeping.stop()
         super().shutdown()
@@ -333,7 +347,10 @@ class FlightSqlServer(flight.FlightServerBase):
         if tickets.is_custom(data):
             schema, batches = self._custom_get(tickets.decode_custom(data), context)
         else:
-            command = protocol.unpack_any(data)
+            try:
+                command = protocol.unpack_any(data)
+            except Unsupported:
+                raise InvalidInput("this ticket was not issued by this server") from None
             if command.DESCRIPTOR.name == "TicketStatementQuery":
                 payload = tickets.decode_query_handle(command.statement_handle)
                 plan = self.executor.plan(payload["sql"], tickets.decode_params(payload.get("params")),
@@ -341,6 +358,10 @@ class FlightSqlServer(flight.FlightServerBase):
                 if not is_query(plan):
                     raise InvalidInput("statements run when their FlightInfo is requested")
                 self._authorize(plan)  # tickets are bearer data: check whoever presents one
+                if payload.get("partition") is not None and \
+                        payload["partition"] not in self.executor.partitions(plan):
+                    raise InvalidInput(f"this ticket names partition {payload['partition']}, which "
+                                       "the query does not have")
                 schema = self.executor.output_schema(plan)
                 batches = self.metrics.metered(_result_label(plan),
                                                self.executor.execute(plan, payload.get("partition"), schema))
@@ -349,7 +370,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 schema, batches = table.schema, table
         if isinstance(batches, pa.Table):  # materialized (lookups, counts, metadata): C++ streams it
             return flight.RecordBatchStream(_messages(batches), _IPC_OPTIONS)
-        return flight.GeneratorStream(schema, _guarded(rechunk(batches)))
+        return flight.GeneratorStream(schema, _guarded(rechunk(batches), self._hidden_paths))
 
     # ---- metadata commands --------------------------------------------------------------------
     def _metadata_schema(self, command: Any) -> pa.Schema | None:
@@ -455,6 +476,21 @@ class FlightSqlServer(flight.FlightServerBase):
                               "savepoints or Substrait plans)")
         return iter([protocol.encode_action_result(result)])
 
+    @_rpc
+    def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
+        raise Unsupported("ListFlights is not supported by flightstore; list tables with Flight SQL "
+                          "CommandGetTables (or SHOW TABLES)")
+
+    @_rpc
+    def get_schema(self, context: flight.ServerCallContext,
+                   descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
+        raise Unsupported("GetSchema is not supported by flightstore; GetFlightInfo answers the schema")
+
+    @_rpc
+    def do_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+                    reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter) -> None:
+        raise Unsupported("DoExchange is not supported by flightstore")
+
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         return [(protocol.CREATE_PREPARED_STATEMENT, "prepare a SQL statement"),
                 (protocol.CLOSE_PREPARED_STATEMENT, "close a prepared statement"),
@@ -509,6 +545,8 @@ class FlightSqlServer(flight.FlightServerBase):
     @_rpc
     def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
                reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
+        if descriptor.descriptor_type != flight.DescriptorType.CMD:
+            raise InvalidInput("flightstore answers command descriptors only")
         command_bytes = descriptor.command
         if tickets.is_custom(command_bytes):
             result = self._custom_put(tickets.decode_custom(command_bytes), reader)
@@ -648,6 +686,13 @@ class FlightSqlServer(flight.FlightServerBase):
         table = self.store.table(payload["table"])
         self._authorize_table(Operation.READ, table)
         columns = payload.get("columns")
+        if columns:
+            known = set(changetype.changelog_schema(table.schema).names if op in ("subscribe", "snapshot")
+                        else table.schema.names) | set(changetype.snapshot_schema(table.schema).names
+                                                       if op == "snapshot" else ())
+            unknown = [c for c in columns if c not in known]
+            if unknown:
+                raise InvalidInput(f"table {table.path} has no column {unknown[0]!r}")
         if op in ("lookup", "prefix_lookup"):
             keys = pa.table(payload["keys"])
             schema = table.projection(columns or table.schema.names)
@@ -661,6 +706,9 @@ class FlightSqlServer(flight.FlightServerBase):
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = table.projection(columns or table.schema.names)
             buckets = payload.get("buckets")
+            if buckets is not None and not set(buckets) <= set(table.bucket_ids()):
+                raise InvalidInput(f"table {table.path} has no bucket "
+                                   f"{sorted(set(buckets) - set(table.bucket_ids()))[0]}")
             return schema, self.metrics.metered(str(table.path),
                                                 table.scan(columns, filter, payload.get("limit"), buckets))
         if op == "subscribe":
@@ -700,7 +748,10 @@ class FlightSqlServer(flight.FlightServerBase):
         elif op == "write":
             if changetype.CHANGE_TYPE_COLUMN not in data.column_names:
                 raise InvalidInput("a changelog write needs a _change_type column")
-            kinds = changetype.from_strings(data.column(changetype.CHANGE_TYPE_COLUMN).combine_chunks())
+            try:
+                kinds = changetype.from_strings(data.column(changetype.CHANGE_TYPE_COLUMN).combine_chunks())
+            except (ValueError, pa.ArrowException) as exc:
+                raise InvalidInput(f"column {changetype.CHANGE_TYPE_COLUMN}: {exc}") from None
             rows = data.drop_columns([changetype.CHANGE_TYPE_COLUMN])
             if table.has_primary_key:
                 result = table.write(rows, kinds, columns, writer_id=writer_id, sequence=sequence)
@@ -717,6 +768,8 @@ class FlightSqlServer(flight.FlightServerBase):
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)  # as Fluss's LIST_OFFSETS
             which = payload.get("which", "end")
+            if which not in ("end", "start", "timestamp"):
+                raise InvalidInput(f"unknown offsets {which!r}: use end, start or timestamp")
             if which == "end":
                 offsets = table.end_offsets()
             elif which == "start":

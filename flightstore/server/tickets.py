@@ -24,7 +24,7 @@ from flightstore.errors import InvalidInput
 from flightstore.expressions import _decode_value, _encode_value
 from flightstore.server import protocol
 
-__all__ = ["CUSTOM_PREFIX", "RESULT_PREFIX", "INLINE_RESULT_BYTES", "result_ticket", "is_result",
+__all__ = ["Command", "FIELD_TYPES", "CUSTOM_PREFIX", "RESULT_PREFIX", "INLINE_RESULT_BYTES", "result_ticket", "is_result",
            "decode_result", "encode_custom", "decode_custom", "is_custom", "query_ticket",
            "decode_query_handle", "encode_params", "decode_params"]
 
@@ -42,7 +42,60 @@ def encode_params(params: list | None) -> list | None:
 
 
 def decode_params(params: list | None) -> list | None:
-    return None if params is None else [_decode_value(v) for v in params]
+    if params is None:
+        return None
+    try:
+        return [_decode_value(v) for v in params]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidInput(f"malformed query parameters in the ticket: {exc}") from None
+
+
+class Command(dict):
+    """A decoded command or ticket payload: a missing field is InvalidInput naming it (not a
+    KeyError), and every field :data:`FIELD_TYPES` knows was checked to have its type."""
+
+    def __missing__(self, key: str) -> Any:
+        raise InvalidInput(f"malformed flightstore command {self.get('op', '')!r}: it has no {key!r}")
+
+
+_INT = (int,)
+_NUMBER = (int, float)
+#: The JSON types of the fields of flightstore's commands and query tickets (None allowed for
+#: optional fields; ``bool`` is never taken for an int).
+FIELD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    "op": ((str,), False), "table": ((str,), False), "id": ((str,), False), "sql": ((str,), False),
+    "db": ((str,), True), "query": ((str,), True), "partition": (_INT, True), "params": ((list,), True),
+    "columns": ((list,), True), "writer_id": ((str,), True), "sequence": (_INT, True),
+    "after_sequence": (_INT, False), "keys": ((dict,), False), "filter": ((dict, str), True),
+    "limit": (_INT, True), "buckets": ((list,), True), "bucket": (_INT, False), "at": (_INT, False),
+    "start": ((str, int, dict), True), "until": ((dict,), True), "heartbeat_s": (_NUMBER, True),
+    "which": ((str,), True), "timestamp_ms": (_INT, False), "force": ((bool,), True),
+}
+
+
+def _checked(payload: Any, what: str) -> Command:
+    if not isinstance(payload, dict):
+        raise InvalidInput(f"malformed {what}: not a JSON object")
+    for key, value in payload.items():
+        expected = FIELD_TYPES.get(key)
+        if expected is None or (value is None and expected[1]):
+            continue
+        types, _ = expected
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            names = " or ".join(t.__name__ for t in types)
+            raise InvalidInput(f"malformed {what}: {key!r} must be {names}, not {type(value).__name__}")
+        if key in ("columns",) and not all(isinstance(c, str) for c in value):
+            raise InvalidInput(f"malformed {what}: 'columns' must be a list of column names")
+        if key == "buckets" and not all(isinstance(b, int) and not isinstance(b, bool) for b in value):
+            raise InvalidInput(f"malformed {what}: 'buckets' must be a list of bucket numbers")
+        if key in ("start", "until") and isinstance(value, dict) and not all(
+                (k == "timestamp" or k.isdigit()) and isinstance(v, int) and not isinstance(v, bool)
+                for k, v in value.items()):
+            raise InvalidInput(f"malformed {what}: {key!r} must map bucket numbers (or 'timestamp') "
+                               "to integers")
+        if key == "keys" and not all(isinstance(c, list) for c in value.values()):
+            raise InvalidInput(f"malformed {what}: 'keys' must map column names to lists of values")
+    return Command(payload)
 
 
 def encode_custom(payload: dict[str, Any]) -> bytes:
@@ -53,14 +106,16 @@ def is_custom(data: bytes) -> bool:
     return data.startswith(CUSTOM_PREFIX)
 
 
-def decode_custom(data: bytes) -> dict[str, Any]:
+def decode_custom(data: bytes) -> Command:
+    """The payload of a flightstore command (InvalidInput when it is not a JSON object with an
+    ``op`` and well-typed fields)."""
     try:
         payload = json.loads(data[len(CUSTOM_PREFIX):])
-    except ValueError as exc:
-        raise InvalidInput(f"malformed flightstore command: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"malformed flightstore command: {str(exc)[:200]}") from None
     if not isinstance(payload, dict) or "op" not in payload:
         raise InvalidInput("malformed flightstore command: no 'op'")
-    return payload
+    return _checked(payload, "flightstore command")
 
 
 def query_ticket(payload: dict[str, Any]) -> bytes:
@@ -69,14 +124,14 @@ def query_ticket(payload: dict[str, Any]) -> bytes:
     return protocol.pack_any(protocol.TicketStatementQuery(statement_handle=handle))
 
 
-def decode_query_handle(handle: bytes) -> dict[str, Any]:
+def decode_query_handle(handle: bytes) -> Command:
     try:
         payload = json.loads(handle)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise InvalidInput("unknown or expired statement handle") from None
-    if not isinstance(payload, dict):
+    if not isinstance(payload, dict) or not isinstance(payload.get("sql"), str):
         raise InvalidInput("unknown or expired statement handle")
-    return payload
+    return _checked(payload, "statement handle")
 
 
 def result_ticket(table: pa.Table) -> bytes | None:
@@ -100,5 +155,5 @@ def decode_result(data: bytes) -> pa.Table:
     body = pa.py_buffer(data)[len(RESULT_PREFIX) + _NONCE_BYTES:]
     try:
         return pa.ipc.open_stream(body, options=_READ_OPTIONS).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise InvalidInput(f"malformed result ticket: {exc}") from None
