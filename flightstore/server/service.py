@@ -75,11 +75,11 @@ def _translate(exc: BaseException, hidden: tuple[str, ...] = ()) -> BaseExceptio
         message = status.client_message(str(exc), hidden)
         code = exc.flight_status
         if code in ("invalid_argument", "already_exists"):
-            return pa.ArrowInvalid(message)
+            return status.InvalidArgument(message)
         if code == "not_found":
-            return pa.ArrowKeyError(message)
+            return status.NotFound(message)
         if code == "unimplemented":
-            return NotImplementedError(message)
+            return status.Unimplemented(message)
         if code == "unauthenticated":
             return flight.FlightUnauthenticatedError(message)
         if code == "unauthorized":
@@ -93,9 +93,9 @@ def _translate(exc: BaseException, hidden: tuple[str, ...] = ()) -> BaseExceptio
         status.log_failure(f"failure: {message}", exc, logging.WARNING)
         return flight.FlightInternalError(message)
     if isinstance(exc, (pa.ArrowInvalid, pa.ArrowTypeError)):
-        return pa.ArrowInvalid(status.client_message(str(exc), hidden))
+        return status.InvalidArgument(status.client_message(str(exc), hidden))
     if isinstance(exc, RecursionError):  # a statement or payload nested beyond what we walk
-        return pa.ArrowInvalid("the request is nested too deeply (for instance a SELECT of many nested "
+        return status.InvalidArgument("the request is nested too deeply (for instance a SELECT of many nested "
                                "subqueries); flatten it")
     return status.internal_error(exc)
 
@@ -447,7 +447,10 @@ class FlightSqlServer(flight.FlightServerBase):
                 self._prepared.pop(request.prepared_statement_handle, None)
             return iter([])
         elif kind == protocol.CANCEL_FLIGHT_INFO:
-            info = flight.FlightInfo.deserialize(request.info)
+            try:
+                info = flight.FlightInfo.deserialize(request.info)
+            except pa.ArrowException as exc:
+                raise InvalidInput(f"CancelFlightInfo: the FlightInfo does not parse ({exc})") from None
             with self._lock:  # metadata tickets are the (shared) command bytes: never cancel those
                 self._cancelled.update(e.ticket.ticket for e in info.endpoints
                                        if _is_query_ticket(e.ticket.ticket))

@@ -23,9 +23,10 @@ import traceback
 import uuid
 from typing import Iterable
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
-__all__ = ["quiet_tracebacks", "loud_tracebacks", "client_message", "internal_error", "log_failure",
+__all__ = ["InvalidArgument", "NotFound", "Unimplemented", "quiet_tracebacks", "loud_tracebacks", "client_message", "internal_error", "log_failure",
            "MAX_MESSAGE_CHARS"]
 
 log = logging.getLogger("flightstore.server")
@@ -34,6 +35,26 @@ _TRACEBACK_FRAMES = 200  # what the server log keeps of a traceback (explicit: t
 _lock = threading.Lock()
 _holders = 0
 _saved: tuple[bool, object] = (False, None)  # (sys had tracebacklimit, its value)
+
+
+class InvalidArgument(pa.ArrowInvalid):
+    """INVALID_ARGUMENT (and ALREADY_EXISTS, which pyarrow cannot send). Named as a status in
+    the detail pyarrow appends (``Python exception: InvalidArgument: ...``), not as a pyarrow or
+    Python class."""
+
+    __module__ = "builtins"
+
+
+class NotFound(pa.ArrowKeyError):
+    """NOT_FOUND."""
+
+    __module__ = "builtins"
+
+
+class Unimplemented(NotImplementedError):
+    """UNIMPLEMENTED."""
+
+    __module__ = "builtins"
 
 
 def quiet_tracebacks() -> None:
