@@ -37,6 +37,7 @@ from flightstore.server import metadata, protocol, status, tickets
 from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler,
                                      principal_of)
 from flightstore.server.authz import Authorizer
+from flightstore.server.expiring import ExpiringSet
 from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
 from flightstore.server.partition_manager import AutoPartitionManager
@@ -200,7 +201,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self._prepared: dict[bytes, PreparedStatement] = {}
         self._prepare_cache: dict[tuple, tuple[pa.Schema | None, pa.Schema]] = {}
         self._results: dict[str, tuple[float, pa.Table, str | None]] = {}  # (kept at, rows, owner)
-        self._cancelled: set[bytes] = set()
+        self._cancelled = ExpiringSet()  # cancelled query tickets: bounded (size cap, time to live)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
