@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: run cluster test bench lint clean
+.PHONY: run cluster test fuzz bench lint clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ cluster: $(RUNTIME)
 
 test: $(TESTING)
 	$(PY) -m pytest -q -ra
+
+# A long randomized fuzz run (`make test` runs a short deterministic one); FUZZ_EXAMPLES per test.
+FUZZ_EXAMPLES ?= 5000
+fuzz: $(TESTING)
+	FLIGHTSTORE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -ra -p no:cacheprovider -o timeout=0 tests/fuzz
 
 bench: $(TESTING)
 	$(PY) -m pip install -q -e '.[test,bench]'

@@ -24,7 +24,8 @@ __all__ = ["plan_insert", "plan_delete", "plan_update"]
 
 def _target(catalog: CatalogView, node: exp.Expression, verb: str) -> ResolvedTable:
     if not isinstance(node, exp.Table):
-        raise SqlError(f"{verb} needs a table, not {node.sql()!r}")
+        shown = node.sql() if isinstance(node, exp.Expression) else "nothing"
+        raise SqlError(f"{verb} needs a table, not {shown!r}")
     table = resolve_table_node(catalog, node)
     if table.source != "table":
         raise SqlError(f"cannot {verb} {table.path}${table.source}: it is a read-only view of the log")
