@@ -31,8 +31,8 @@ import pyarrow as pa
 
 from flightstore.config import FIELD_OPTION_PATTERN, TABLE_OPTIONS, validate_table_options
 from flightstore.errors import AlreadyExists, InvalidInput, InvalidOption, PartitionNotFound, Unsupported
-from flightstore.partitioning import Partition, partition_name
 from flightstore.names import check_name
+from flightstore.partitioning import Partition, partition_name
 from flightstore.schema import TableDescriptor, TablePath
 
 __all__ = [

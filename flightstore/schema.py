@@ -47,7 +47,7 @@ class TablePath:
         return cls.checked(parts[0], parts[1])
 
     @classmethod
-    def checked(cls, database: Any, table: Any) -> "TablePath":
+    def checked(cls, database: Any, table: Any) -> TablePath:
         """The path of ``database.table`` once both names pass :func:`flightstore.names.check_name`
         (InvalidInput otherwise): how every path that may create or rename something is built."""
         return cls(check_name(database, "database"), check_name(table, "table"))

@@ -12,9 +12,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
-__all__ = ["ExpiringSet", "CANCELLED_TTL_S", "MAX_CANCELLED"]
+__all__ = ["CANCELLED_TTL_S", "MAX_CANCELLED", "ExpiringSet"]
 
 CANCELLED_TTL_S = 3600.0
 MAX_CANCELLED = 100_000

@@ -712,7 +712,7 @@ class FlightSqlServer(flight.FlightServerBase):
             buckets = payload.get("buckets")
             if buckets is not None and not set(buckets) <= set(table.bucket_ids()):
                 raise InvalidInput(f"table {table.path} has no bucket "
-                                   f"{sorted(set(buckets) - set(table.bucket_ids()))[0]}")
+                                   f"{min(set(buckets) - set(table.bucket_ids()))}")
             return schema, self.metrics.metered(str(table.path),
                                                 table.scan(columns, filter, payload.get("limit"), buckets))
         if op == "subscribe":

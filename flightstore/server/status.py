@@ -21,13 +21,22 @@ import sys
 import threading
 import traceback
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import pyarrow as pa
-import pyarrow.flight as flight
+from pyarrow import flight
 
-__all__ = ["InvalidArgument", "NotFound", "Unimplemented", "quiet_tracebacks", "loud_tracebacks", "client_message", "internal_error", "log_failure",
-           "MAX_MESSAGE_CHARS"]
+__all__ = [
+    "MAX_MESSAGE_CHARS",
+    "InvalidArgument",
+    "NotFound",
+    "Unimplemented",
+    "client_message",
+    "internal_error",
+    "log_failure",
+    "loud_tracebacks",
+    "quiet_tracebacks",
+]
 
 log = logging.getLogger("flightstore.server")
 MAX_MESSAGE_CHARS = 4000

@@ -100,7 +100,7 @@ def test_sql_ddl_with_a_bad_name_is_refused(running, sql) -> None:
 
 
 def test_python_client_refuses_a_bad_table_name_before_sending(running) -> None:
-    server, root = running
+    server, _ = running
     with flightstore.connect(server.uri) as conn:
         for name in ("../../pwn", "", "x" * 5000):
             with pytest.raises(InvalidInput, match="table name"):
