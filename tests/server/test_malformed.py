@@ -128,6 +128,8 @@ CASES = [
     ("info: custom bad table name", info(custom(op="scan", table="../../x")), INVALID, ["table name"]),
     ("sql: 50 nested subqueries in FROM", sql(NESTED_FROM + " WHERE nope = 1"), INVALID, ["nope"]),
     ("sql: 600 nested parentheses", sql(NESTED_PARENS), INVALID, ["nested too deeply"]),
+    ("sql: 50 nested function calls", sql("SELECT " + "abs(" * 50 + "1" + ")" * 50), INVALID,
+     ["nested too deeply"]),
     # DoGet
     ("get: empty ticket", get(b""), INVALID, ["ticket"]),
     ("get: garbage ticket", get(b"\x00\x01garbage"), INVALID, ["malformed"]),

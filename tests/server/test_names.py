@@ -99,6 +99,28 @@ def test_sql_ddl_with_a_bad_name_is_refused(running, sql) -> None:
     assert "name" in message, message
 
 
+def test_adbc_ingest_with_a_bad_table_name_creates_nothing(running) -> None:
+    """What an ADBC user sees: INVALID_ARGUMENT naming the problem, no traceback, no path."""
+    import warnings
+
+    from adbc_driver_flightsql import dbapi
+    server, root = running
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        conn = dbapi.connect(server.uri, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            before = _files(root)
+            with pytest.raises(dbapi.Error) as raised:
+                cur.adbc_ingest("../../pwn", pa.table({"id": [1]}), mode="create_append")
+            message = str(raised.value)
+            assert "INVALID_ARGUMENT" in message and "path separator" in message, message
+            assert "Traceback" not in message and str(root) not in message, message
+            assert _files(root) == before
+    finally:
+        conn.close()
+
+
 def test_python_client_refuses_a_bad_table_name_before_sending(running) -> None:
     server, _ = running
     with flightstore.connect(server.uri) as conn:
