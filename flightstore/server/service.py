@@ -921,6 +921,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     ``metrics_port`` serves Prometheus metrics on ``host``; ``options`` are further server options
     (``serve --option``): retention, partitions and the lake."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    status.full_tracebacks_in_log()  # the server holds sys.tracebacklimit at 0 (see .status)
     from flightstore.lake.settings import LakeSettings
     try:
         options = validate_server_options(options or {})

@@ -6,7 +6,9 @@ the exception formatted by :func:`traceback.format_exception`: a traceback namin
 source files. Only ``FlightError`` subclasses travel without one, and they cannot say
 INVALID_ARGUMENT or NOT_FOUND. So while a server runs, :func:`quiet_tracebacks` holds
 ``sys.tracebacklimit`` at 0 (that detail then reads ``pyarrow.lib.ArrowInvalid: <message>``), and
-failures are logged here with their full traceback (an explicit ``limit`` is not cut).
+failures are logged here with their full traceback (an explicit ``limit`` is not cut); ``serve``
+gives its log handlers a :class:`TracebackFormatter` so background threads' ``log.exception`` keep
+theirs too.
 
 Messages leave through :func:`client_message`: the server's data directory becomes ``<data-dir>``
 and long messages are cut. An unexpected exception (a bug) reaches the client as INTERNAL with an
@@ -30,8 +32,10 @@ __all__ = [
     "MAX_MESSAGE_CHARS",
     "InvalidArgument",
     "NotFound",
+    "TracebackFormatter",
     "Unimplemented",
     "client_message",
+    "full_tracebacks_in_log",
     "internal_error",
     "log_failure",
     "loud_tracebacks",
@@ -89,6 +93,22 @@ def loud_tracebacks() -> None:
                 sys.tracebacklimit = value
             elif hasattr(sys, "tracebacklimit"):
                 del sys.tracebacklimit
+
+
+class TracebackFormatter(logging.Formatter):
+    """A log formatter that prints whole tracebacks even while ``sys.tracebacklimit`` is 0, so
+    ``log.exception`` in the server's background threads keeps its stacks."""
+
+    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+        return "".join(traceback.format_exception(ei[0], ei[1], ei[2], limit=_TRACEBACK_FRAMES)).rstrip("\n")
+
+
+def full_tracebacks_in_log() -> None:
+    """Give every handler of the root logger a :class:`TracebackFormatter` (its format kept)."""
+    for handler in logging.getLogger().handlers:
+        current = handler.formatter
+        handler.setFormatter(TracebackFormatter(current._fmt if current is not None else None,
+                                                current.datefmt if current is not None else None))
 
 
 def client_message(message: str, hidden_paths: Iterable[str | os.PathLike]) -> str:

@@ -260,3 +260,20 @@ def test_a_server_path_in_an_error_is_hidden_from_adbc(tmp_path) -> None:
             conn.close()
     finally:
         server.stop()
+
+
+def test_the_server_log_keeps_whole_tracebacks_while_clients_get_none() -> None:
+    from flightstore.server import status
+    status.quiet_tracebacks()
+    try:
+        import traceback
+        try:
+            {}["k"]
+        except KeyError as exc:
+            assert "Traceback" not in "".join(traceback.format_exception(exc))  # what pyarrow sends
+            record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None,
+                                       (type(exc), exc, exc.__traceback__))
+        logged = status.TracebackFormatter("%(message)s").format(record)
+        assert "Traceback" in logged and "test_malformed.py" in logged
+    finally:
+        status.loud_tracebacks()
