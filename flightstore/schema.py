@@ -39,7 +39,9 @@ class TablePath:
 
     @classmethod
     def parse(cls, text: str, default_database: str = "default") -> "TablePath":
-        parts = [part.strip().strip('"`') for part in str(text).split(".")]
+        if not isinstance(text, str):
+            raise InvalidInput(f"a table name must be a string, not {type(text).__name__}")
+        parts = [part.strip().strip('"`') for part in text.split(".")]
         if len(parts) == 1:
             parts = [default_database, parts[0]]
         if len(parts) != 2:

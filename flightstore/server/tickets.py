@@ -60,16 +60,14 @@ class Command(dict):
 
 _INT = (int,)
 _NUMBER = (int, float)
-#: The JSON types of the fields of flightstore's commands and query tickets (None allowed for
-#: optional fields; ``bool`` is never taken for an int).
-FIELD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
-    "op": ((str,), False), "table": ((str,), False), "id": ((str,), False), "sql": ((str,), False),
-    "db": ((str,), True), "query": ((str,), True), "partition": (_INT, True), "params": ((list,), True),
-    "columns": ((list,), True), "writer_id": ((str,), True), "sequence": (_INT, True),
-    "after_sequence": (_INT, False), "keys": ((dict,), False), "filter": ((dict, str), True),
-    "limit": (_INT, True), "buckets": ((list,), True), "bucket": (_INT, False), "at": (_INT, False),
-    "start": ((str, int, dict), True), "until": ((dict,), True), "heartbeat_s": (_NUMBER, True),
-    "which": ((str,), True), "timestamp_ms": (_INT, False), "force": ((bool,), True),
+#: The JSON types of the fields of flightstore's commands and query tickets (null is let through:
+#: optional fields take their default; ``bool`` is never taken for an int).
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "op": (str,), "table": (str,), "id": (str,), "sql": (str,), "db": (str,), "query": (str,),
+    "partition": _INT, "params": (list,), "columns": (list,), "writer_id": (str,), "sequence": _INT,
+    "after_sequence": _INT, "keys": (dict,), "filter": (dict, str), "limit": _INT, "buckets": (list,),
+    "bucket": _INT, "at": _INT, "start": (str, int, dict), "until": (dict,), "heartbeat_s": _NUMBER,
+    "which": (str,), "timestamp_ms": _INT, "force": (bool,),
 }
 
 
@@ -78,9 +76,9 @@ def _checked(payload: Any, what: str) -> Command:
         raise InvalidInput(f"malformed {what}: not a JSON object")
     for key, value in payload.items():
         expected = FIELD_TYPES.get(key)
-        if expected is None or (value is None and expected[1]):
+        if expected is None or value is None:  # null: the field's default (checked where used)
             continue
-        types, _ = expected
+        types = expected
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             names = " or ".join(t.__name__ for t in types)
             raise InvalidInput(f"malformed {what}: {key!r} must be {names}, not {type(value).__name__}")
