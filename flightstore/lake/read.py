@@ -30,6 +30,7 @@ __all__ = [
     "plan_lake_files",
     "read_lake",
     "resolve_snapshot",
+    "scan_snapshot",
     "to_iceberg",
 ]
 
@@ -95,20 +96,29 @@ def _output_schema(descriptor: TableDescriptor, columns: Sequence[str] | None) -
     return pa.schema([schema.field(c) for c in columns])
 
 
-def _scan(lake_table: IcebergTable, descriptor: TableDescriptor, columns: Sequence[str] | None,
-          filter: fs.Predicate | None, snapshot: Snapshot | None, schema: pa.Schema):
-    bound = filter.bind(table_types(descriptor)) if filter is not None else None
-    return lake_table.scan(row_filter=to_iceberg(bound), selected_fields=tuple(schema.names),
+def scan_snapshot(lake_table: IcebergTable, snapshot: Snapshot | None, columns: Sequence[str],
+                  bound: fs.Predicate | None, limit: int | None = None):
+    """The pyiceberg scan of ``columns`` of ``snapshot`` (None: the current one) filtered by
+    ``bound`` (a predicate bound to :func:`~flightstore.lake.layout.table_types`): what partition
+    and statistics pruning leave is read, rows filtered exactly."""
+    return lake_table.scan(row_filter=to_iceberg(bound), selected_fields=tuple(columns), limit=limit,
                            snapshot_id=snapshot.snapshot_id if snapshot is not None else None)
+
+
+def _scan(lake_table: IcebergTable, descriptor: TableDescriptor, columns: Sequence[str] | None,
+          filter: fs.Predicate | None, snapshot: Snapshot | None, schema: pa.Schema,
+          limit: int | None = None):
+    bound = filter.bind(table_types(descriptor)) if filter is not None else None
+    return scan_snapshot(lake_table, snapshot, schema.names, bound, limit)
 
 
 def read_lake(catalog: LakeCatalog, descriptor: TableDescriptor, *, columns: Sequence[str] | None = None,
               filter: fs.Predicate | None = None, snapshot_id: int | None = None,
-              as_of_ms: int | None = None) -> pa.Table:
+              as_of_ms: int | None = None, limit: int | None = None) -> pa.Table:
     """The lake rows of a table (``columns``, default all plus the meta columns), filtered exactly.
 
     As of ``snapshot_id`` or wall-clock ``as_of_ms`` when given (time travel), else the latest
-    commit. A table nothing was tiered for yet reads as empty. Raises InvalidInput for unknown
+    commit; at most ``limit`` rows. A table nothing was tiered for yet reads as empty. Raises InvalidInput for unknown
     columns, NotFound for an unknown snapshot, LakeUnavailable when the lake cannot be read.
     """
     schema = _output_schema(descriptor, columns)
@@ -122,8 +132,9 @@ def read_lake(catalog: LakeCatalog, descriptor: TableDescriptor, *, columns: Seq
     if snapshot is None:
         return schema.empty_table()
     with lake_failures(f"reading the lake table of {descriptor.path}"):
-        result = _scan(lake_table, descriptor, columns, filter, snapshot, schema).to_arrow()
-    return result.select(schema.names).cast(schema)
+        result = _scan(lake_table, descriptor, columns, filter, snapshot, schema, limit).to_arrow()
+    result = result.select(schema.names).cast(schema)
+    return result if limit is None else result.slice(0, limit)
 
 
 def plan_lake_files(catalog: LakeCatalog, descriptor: TableDescriptor, *,
@@ -142,16 +153,18 @@ def plan_lake_files(catalog: LakeCatalog, descriptor: TableDescriptor, *,
 
 @dataclass(frozen=True)
 class LakeSnapshot:
-    """One tiering commit: snapshot id, wall-clock commit time, rows added, offsets after it."""
+    """One tiering commit: snapshot id, wall-clock commit time, rows added, offsets after it, rows
+    in the lake table after it."""
 
     snapshot_id: int
     timestamp_ms: int
     added_rows: int
     offsets: dict[int, int]
+    total_rows: int = 0
 
 
 def lake_snapshots(catalog: LakeCatalog, descriptor: TableDescriptor) -> list[LakeSnapshot]:
-    """The tiering commits of a table's lake, oldest first (``t$lake$snapshots`` in phase 2)."""
+    """The tiering commits of a table's lake, oldest first (``t$lake$snapshots``)."""
     try:
         lake_table = catalog.load_table(descriptor.path)
     except TableNotFound:
@@ -160,5 +173,6 @@ def lake_snapshots(catalog: LakeCatalog, descriptor: TableDescriptor) -> list[La
     for snapshot in reversed(tiering_snapshots(lake_table)):
         summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
         commits.append(LakeSnapshot(snapshot.snapshot_id, snapshot.timestamp_ms,
-                                    int(summary.get("added-records", 0)), snapshot_offsets(snapshot) or {}))
+                                    int(summary.get("added-records", 0)), snapshot_offsets(snapshot) or {},
+                                    int(summary.get("total-records", 0))))
     return commits

@@ -198,6 +198,10 @@ class FlightSqlServer(flight.FlightServerBase):
         if lake is not None and lake.tiering_enabled:
             from flightstore.lake.tierer import LakeTierer
             self.tierer = LakeTierer(store, lake).start()
+        if lake is not None:  # SQL reads the lake too: union reads, t$lake, time travel
+            from flightstore.lake.catalog import LakeCatalog
+            self.executor.lake = self.tierer.catalog if self.tierer is not None else LakeCatalog(lake)
+            self.executor.tierer = self.tierer
         if retention_interval_s is None:
             retention_interval_s = server_option({}, "log.retention.check-interval") / 1000
         self.housekeeping = Housekeeping(store, retention_interval_s).start()
