@@ -26,14 +26,16 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from flightstore import expressions as fs
-from flightstore.errors import DataLoss, LakeUnavailable, TableNotFound
-from flightstore.lake.catalog import LakeCatalog, lake_failures
+from flightstore.errors import DataLoss, LakeUnavailable, NotFound, TableNotFound, Unsupported
+from flightstore.lake.catalog import LakeCatalog
 from flightstore.lake.layout import BUCKET_COLUMN, table_types
 from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets
-from flightstore.lake.read import scan_snapshot
+from flightstore.lake.catalog import lake_failures
+from flightstore.lake.layout import lake_schema
+from flightstore.lake.read import scan_snapshot, snapshot_batches
 from flightstore.store import Table
 
-__all__ = ["UnionSplit", "read_union", "union_count", "union_split"]
+__all__ = ["UnionSplit", "plan_split", "read_union", "union_count", "union_split"]
 
 _REPLANS = 5  # how often a split whose log part retention deleted meanwhile is planned again
 
@@ -79,7 +81,7 @@ def _log_only(table: Table, cause: LakeUnavailable) -> UnionSplit:
     return UnionSplit(None, None, dict(starts))
 
 
-def union_split(catalog: LakeCatalog | None, table: Table) -> UnionSplit:
+def union_split(catalog: LakeCatalog | None, table: Table, snapshot_id: int | None = None) -> UnionSplit:
     """Plan the split of a union read of log table ``table`` (``catalog`` None: no lake, the log
     answers alone). Raises LakeUnavailable (lake unreadable and the log incomplete), DataLoss (the
     log lost records the lake does not hold)."""
@@ -91,6 +93,10 @@ def union_split(catalog: LakeCatalog | None, table: Table) -> UnionSplit:
         except LakeUnavailable as exc:
             return _log_only(table, exc)
         snapshot = lake_table.current_snapshot() if lake_table is not None else None
+        if snapshot_id is not None:
+            if lake_table is None or lake_table.snapshot_by_id(int(snapshot_id)) is None:
+                raise NotFound(f"table {table.path}: the lake has no snapshot {snapshot_id} (expired?)")
+            snapshot = lake_table.snapshot_by_id(int(snapshot_id))
         recorded = committed_offsets(lake_table, snapshot) if snapshot is not None else {}
         starts = table.start_offsets()
         offsets = {bucket: recorded.get(bucket, start) for bucket, start in starts.items()}
@@ -120,30 +126,30 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     table's schema; ``exact=False`` lets log rows through that only the statistics could not rule
     out, for callers that filter again), at most ``limit`` rows.
 
-    The lake part is read in full before anything is yielded, so an unreadable lake fails the read
-    before its first row (see :func:`union_split` for what then happens)."""
+    The lake part streams as pyiceberg decodes it; a lake that cannot be reached when the read is
+    planned is handled by :func:`union_split`, one that fails mid-read fails the read (never a
+    short answer)."""
     columns = list(columns)
     split = union_split(catalog, table) if split is None else split
     wanted = list(range(table.num_buckets)) if buckets is None else list(buckets)
     remaining = limit
     if split.snapshot is not None and (remaining is None or remaining > 0):
-        schema = table.projection(columns)
-        types = table_types(table.descriptor)
         lake_filter = _lake_filter(filter, buckets, table.num_buckets)
-        bound = lake_filter.bind(types) if lake_filter is not None else None
-        with lake_failures(f"reading the lake part of {table.path}"):
-            scan = scan_snapshot(split.lake_table, split.snapshot, columns, bound, remaining)
-            lake_part = scan.to_arrow()
-        lake_part = lake_part.select(columns).cast(schema)
-        if remaining is not None:
-            lake_part = lake_part.slice(0, remaining)
-            remaining -= lake_part.num_rows
-        if lake_part.num_rows:
-            yield lake_part
+        bound = lake_filter.bind(table_types(table.descriptor)) if lake_filter is not None else None
+        for batch in snapshot_batches(split.lake_table, split.snapshot, table.descriptor, columns,
+                                      bound, remaining):
+            if remaining is not None:
+                remaining -= batch.num_rows
+            yield batch
+        if remaining is not None and remaining <= 0:
+            return
     for bucket in wanted:
         if remaining is not None and remaining <= 0:
             return
         log = table.logs[bucket]
+        if split.offsets[bucket] < log.start_offset:
+            raise DataLoss(f"table {table.path} bucket {bucket}: log records from offset "
+                           f"{split.offsets[bucket]} were deleted; plan the read again")
         for record in log.read(split.offsets[bucket], columns=columns, filter=filter, exact=exact):
             batch = record.batch
             if remaining is not None:
@@ -161,3 +167,32 @@ def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | N
     split = union_split(catalog, table) if split is None else split
     tail = sum(max(0, log.end_offset - split.offsets[bucket]) for bucket, log in enumerate(table.logs))
     return split.lake_rows + tail
+
+
+# Properties of the lake's file IO a reader elsewhere may be given (never credentials).
+_SECRET_WORDS = ("secret", "key-id", "token", "password", "credential", "session")
+
+
+def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate | None = None,
+               snapshot_id: int | None = None) -> dict:
+    """A union read planned for readers elsewhere (Spark executors): the split's snapshot and
+    offsets, the data files a read with ``filter`` (bound to the table's schema) must open after
+    partition and statistics pruning, the files' Arrow schema (IPC bytes) and the lake's file-IO
+    properties without credentials (readers bring their own)."""
+    split = union_split(catalog, table, snapshot_id)
+    files: list[dict] = []
+    if split.snapshot is not None:
+        bound = filter.bind(table_types(table.descriptor)) if filter is not None else None
+        with lake_failures(f"planning a read of the lake table of {table.path}"):
+            tasks = list(scan_snapshot(split.lake_table, split.snapshot,
+                                       table_types(table.descriptor).names, bound).plan_files())
+        if any(task.delete_files for task in tasks):
+            raise Unsupported(f"table {table.path}: its lake has delete files; read it with SQL")
+        files = [{"path": t.file.file_path, "rows": t.file.record_count,
+                  "bytes": t.file.file_size_in_bytes} for t in tasks]
+    io = {} if split.lake_table is None else {
+        k: v for k, v in split.lake_table.io.properties.items()
+        if not any(word in k.lower() for word in _SECRET_WORDS)}
+    return {"snapshot_id": split.snapshot.snapshot_id if split.snapshot is not None else None,
+            "offsets": {str(b): o for b, o in split.offsets.items()}, "files": files,
+            "schema": lake_schema(table.descriptor).serialize().to_pybytes().hex(), "io": io}
