@@ -36,11 +36,11 @@ __all__ = [
     "LakeSnapshot",
     "lake_snapshots",
     "plan_lake_files",
+    "read_data_files",
     "read_lake",
     "resolve_snapshot",
     "scan_snapshot",
     "snapshot_batches",
-    "read_data_files",
     "to_iceberg",
 ]
 

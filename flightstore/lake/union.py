@@ -27,11 +27,9 @@ from pyiceberg.table.snapshots import Snapshot
 
 from flightstore import expressions as fs
 from flightstore.errors import DataLoss, LakeUnavailable, NotFound, TableNotFound, Unsupported
-from flightstore.lake.catalog import LakeCatalog
-from flightstore.lake.layout import BUCKET_COLUMN, table_types
+from flightstore.lake.catalog import LakeCatalog, lake_failures
+from flightstore.lake.layout import BUCKET_COLUMN, lake_schema, table_types
 from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets
-from flightstore.lake.catalog import lake_failures
-from flightstore.lake.layout import lake_schema
 from flightstore.lake.read import scan_snapshot, snapshot_batches
 from flightstore.store import Table
 

@@ -60,7 +60,7 @@ def _sorted(table: pa.Table) -> list[tuple]:
 
 
 def test_batch_read_is_lake_splits_plus_log_tails_and_equals_sql(spark, lake_server):
-    table = _tiered_table(lake_server)
+    _tiered_table(lake_server)
     conn = connect(lake_server.uri)
     df = spark.read.format("flightstore").option("uri", lake_server.uri).option("table", "default.events").load()
     reader = FlightstoreReader({"uri": lake_server.uri, "table": "default.events"}, df.schema)

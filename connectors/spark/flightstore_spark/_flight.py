@@ -138,7 +138,7 @@ def lake_split(conn: Connection, table: str, filter: Any = None, snapshot_id: in
         "snapshot_id": snapshot_id})
 
 
-def lake_io(options: "Options", planned: dict) -> dict[str, str]:
+def lake_io(options: Options, planned: dict) -> dict[str, str]:
     """The file-IO properties executors read the lake with: the server's, then the connector's
     ``lake.<property>`` options (credentials: ``lake.s3.access-key-id`` ...)."""
     own = {key[len("lake."):]: str(value) for key, value in options.raw.items() if key.startswith("lake.")}
