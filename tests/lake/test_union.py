@@ -314,7 +314,10 @@ def test_lake_views_over_flight(data_dir, settings):
         server.tierer.tier_now(table.path)
         with flightstore.connect(server.uri, timeout=60) as conn:
             assert _seqs(conn.sql("SELECT seq FROM events$lake")) == list(range(30))
-            assert conn.sql("SELECT added_rows FROM events$lake$snapshots").column(0).to_pylist() == [30]
+            snapshots = conn.sql("SELECT * FROM events$lake$snapshots")
+            assert snapshots.column("added_rows").to_pylist() == [30]
+            assert [dict(o) for o in snapshots.column("offsets").to_pylist()] == [table.end_offsets()]
+            assert conn.sql("SELECT * FROM events$lake$status").num_rows == 3
             assert conn.sql("SELECT SUM(lag_records) AS lag FROM events$lake$status").column(0).to_pylist() == [0]
             with pytest.raises(pa.ArrowKeyError, match="has no snapshot 7"):  # NOT_FOUND
                 conn.sql("SELECT * FROM events$lake FOR SYSTEM_TIME AS OF 7")
