@@ -33,7 +33,7 @@ from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets
 from flightstore.lake.read import scan_snapshot, snapshot_batches
 from flightstore.store import Table
 
-__all__ = ["UnionSplit", "plan_split", "read_union", "union_count", "union_split"]
+__all__ = ["UnionSplit", "plan_split", "public_io_properties", "read_union", "union_count", "union_split"]
 
 _REPLANS = 5  # how often a split whose log part retention deleted meanwhile is planned again
 
@@ -171,6 +171,11 @@ def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | N
 _SECRET_WORDS = ("secret", "key-id", "token", "password", "credential", "session")
 
 
+def public_io_properties(properties: dict[str, str]) -> dict[str, str]:
+    """File-IO properties safe to hand to a reader elsewhere: endpoint, region... not keys."""
+    return {k: v for k, v in properties.items() if not any(word in k.lower() for word in _SECRET_WORDS)}
+
+
 def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate | None = None,
                snapshot_id: int | None = None) -> dict:
     """A union read planned for readers elsewhere (Spark executors): the split's snapshot and
@@ -188,9 +193,7 @@ def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate |
             raise Unsupported(f"table {table.path}: its lake has delete files; read it with SQL")
         files = [{"path": t.file.file_path, "rows": t.file.record_count,
                   "bytes": t.file.file_size_in_bytes} for t in tasks]
-    io = {} if split.lake_table is None else {
-        k: v for k, v in split.lake_table.io.properties.items()
-        if not any(word in k.lower() for word in _SECRET_WORDS)}
+    io = {} if split.lake_table is None else public_io_properties(split.lake_table.io.properties)
     return {"snapshot_id": split.snapshot.snapshot_id if split.snapshot is not None else None,
             "offsets": {str(b): o for b, o in split.offsets.items()}, "files": files,
             "schema": lake_schema(table.descriptor).serialize().to_pybytes().hex(), "io": io}

@@ -327,3 +327,29 @@ def test_lake_views_over_flight(data_dir, settings):
         server.shutdown()
         thread.join(timeout=30)
         store.close()
+
+
+def test_the_lake_part_is_pruned_by_partition_and_statistics(store, tierer):
+    """What a union read with a filter opens of the lake: a bucket-key equality one bucket's file,
+    a range beyond every file's statistics none (the log part still answers its rows)."""
+    from flightstore.expressions import Comparison
+    from flightstore.lake.union import plan_split, read_union
+    table = create_events(store)
+    table.append(events(0, 300))
+    tierer.tier_now(table.path)
+    table.append(events(300, 30))
+    assert len(plan_split(tierer.catalog, table)["files"]) == 3
+    key = 7 * 123 % 1000
+    assert len(plan_split(tierer.catalog, table, Comparison("k", "=", key))["files"]) == 1
+    beyond = Comparison("seq", ">=", 300)
+    assert plan_split(tierer.catalog, table, beyond)["files"] == []
+    rows = _concat(read_union(tierer.catalog, table, ["seq"], filter=beyond.bind(table.schema)))
+    assert _seqs(rows) == list(range(300, 330))
+    planned = plan_split(tierer.catalog, table)
+    assert planned["offsets"] == {str(b): o for b, o in union_split(tierer.catalog, table).offsets.items()}
+    # Readers elsewhere get the lake's file-IO properties, never its credentials.
+    from flightstore.lake.union import public_io_properties
+    s3 = {"s3.endpoint": "http://minio:9000", "s3.region": "r", "s3.access-key-id": "AK",
+          "s3.secret-access-key": "SK", "s3.session-token": "T", "warehouse": "s3://b/lake"}
+    assert public_io_properties(s3) == {"s3.endpoint": "http://minio:9000", "s3.region": "r",
+                                        "warehouse": "s3://b/lake"}
