@@ -391,7 +391,10 @@ class Executor:
                 "partition_key": [f.name in descriptor.partition_keys for f in descriptor.schema],
             })
         elif isinstance(plan, n.Explain):
-            yield pa.table({"plan": [plan.plan.explain()]})
+            lines = [plan.plan.explain()]
+            if isinstance(plan.plan, n.UnionScan):
+                lines += self._union_parts(plan.plan)
+            yield pa.table({"plan": lines})
         elif isinstance(plan, n.ShowGrants):
             raise Unsupported("SHOW GRANTS needs a server (the embedded store has no users)")
         else:
@@ -481,6 +484,25 @@ class Executor:
             raise Unsupported(f"{path}$lake: this server has no lake (cluster mode, or an embedded "
                               "store); the lake is read where the table is tiered")
         return self.lake
+
+    def _union_parts(self, plan: n.UnionScan) -> list[str]:
+        """What a union read would read now: the lake snapshot and the data files left after
+        pruning, and where each bucket's log part starts (EXPLAIN's lines after the plan)."""
+        from flightstore.errors import FlightstoreError
+        from flightstore.lake.union import plan_split
+        table = self.store.table(plan.table)
+        try:
+            planned = plan_split(self.lake, table, plan.filter)
+        except FlightstoreError as exc:
+            return [f"lake: cannot be planned now ({type(exc).__name__}: {exc})"]
+        offsets = {int(b): o for b, o in planned["offsets"].items()}
+        ends = table.end_offsets()
+        files = planned["files"]
+        lake = "lake: none (nothing tiered yet)" if planned["snapshot_id"] is None else \
+            (f"lake: snapshot {planned['snapshot_id']}, {len(files)} data file(s) after pruning, "
+             f"{sum(f['rows'] for f in files)} row(s) in them")
+        log = "log: " + ", ".join(f"bucket {b} offsets [{offsets[b]}, {ends[b]})" for b in sorted(offsets))
+        return [lake, log]
 
     def _lake_rows(self, path: TablePath, columns: Sequence[str], filter, limit: int | None,
                    snapshot_id: int | None, as_of_ms: int | None) -> pa.Table:

@@ -220,11 +220,22 @@ def test_lake_unavailable_falls_back_to_a_complete_log_only(store, data_dir, tie
 
 
 def test_explain_shows_the_lake_and_the_log_parts(store, tierer, sql):
-    create_events(store)
-    (line,) = sql("EXPLAIN SELECT seq FROM events WHERE k = 5").column("plan").to_pylist()
+    table = create_events(store)
+    line, lake, log = sql("EXPLAIN SELECT seq FROM events WHERE k = 5").column("plan").to_pylist()
     assert line.startswith("UnionScan(table=default.events, columns=[seq], filter=k = 5")
     assert "lake=IcebergScan(snapshot=current, rows=below tiered offsets, columns=[seq], row_filter=k = 5)" in line
     assert "log=LogScan(from=tiered offsets, columns=[seq], filter=k = 5)" in line
+    assert lake == "lake: none (nothing tiered yet)"
+    assert log == "log: bucket 0 offsets [0, 0), bucket 1 offsets [0, 0), bucket 2 offsets [0, 0)"
+    table.append(events(0, 300))
+    tierer.tier_now(table.path)
+    table.append(events(300, 30))
+    ends = table.end_offsets()
+    tiered = lake_snapshots(tierer.catalog, table.descriptor)[-1]
+    _, lake, log = sql("EXPLAIN SELECT seq FROM events WHERE k = 5").column("plan").to_pylist()
+    # k = 5 hashes to one bucket: one of the three data files is left after partition pruning.
+    assert lake.startswith(f"lake: snapshot {tiered.snapshot_id}, 1 data file(s) after pruning"), lake
+    assert log == "log: " + ", ".join(f"bucket {b} offsets [{tiered.offsets[b]}, {ends[b]})" for b in range(3))
 
 
 # ---- t$lake, t$lake$snapshots, t$lake$status, time travel ----------------------------------------
