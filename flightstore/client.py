@@ -162,6 +162,14 @@ class Connection:
         ticket = flight.Ticket(tickets.encode_custom(payload))
         return self._retrying(lambda: self._client.do_get(ticket, self._options))
 
+    def _get_planned(self, payload: dict) -> flight.FlightStreamReader:
+        """DoGet of the ticket GetFlightInfo answers for ``payload``: positions the server
+        resolves while planning (a subscription's "latest") hold from the moment this returns."""
+        descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
+        info = self._retrying(lambda: self._client.get_flight_info(descriptor, self._options))
+        ticket = info.endpoints[0].ticket
+        return self._retrying(lambda: self._client.do_get(ticket, self._options))
+
     def _put(self, payload: dict, data: pa.Table) -> dict:
         descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
 
@@ -345,4 +353,4 @@ class TableClient:
         payload = {"op": "subscribe", "table": self.name, "columns": list(columns) if columns else None,
                    "start": start if not isinstance(start, Mapping) else {str(k): v for k, v in start.items()},
                    "until": None if until is None else {str(k): v for k, v in until.items()}}
-        return Subscription(self.connection._get(payload))
+        return Subscription(self.connection._get_planned(payload))

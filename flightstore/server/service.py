@@ -629,8 +629,14 @@ class FlightSqlServer(flight.FlightServerBase):
     # ---- flightstore's own commands (Python client) -------------------------------------------
     def _custom_info(self, descriptor: flight.FlightDescriptor, payload: dict) -> flight.FlightInfo:
         schema, _ = self._custom_get(payload, None, plan_only=True)
-        return flight.FlightInfo(schema, descriptor,
-                                 [flight.FlightEndpoint(descriptor.command, [])], -1, -1)
+        ticket = descriptor.command
+        if payload["op"] == "subscribe":
+            # The start position holds from now, not from whenever the client calls DoGet: the
+            # ticket carries concrete per-bucket offsets, so a change written between the two
+            # calls is delivered ("latest" resolved at DoGet would skip it).
+            offsets = self.store.table(payload["table"]).resolve_start(payload.get("start", "earliest"))
+            ticket = tickets.encode_custom({**payload, "start": {str(b): o for b, o in offsets.items()}})
+        return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
 
     def _custom_get(self, payload: dict, context: Any, plan_only: bool = False
                     ) -> tuple[pa.Schema, Iterator[pa.RecordBatch | pa.Table] | pa.Table]:
