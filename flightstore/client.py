@@ -239,15 +239,21 @@ class TableClient:
         sequence = self._next_sequence()
         payload = {"op": op, "table": self.name, "columns": list(columns) if columns else None,
                    "writer_id": self.writer_id, "sequence": sequence}
-        for attempt in range(self.RETRIES):
-            try:
-                result = self.connection._put(payload, table)
-                break
-            except flight.FlightUnavailableError:
-                if attempt == self.RETRIES - 1:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
-        self._sequence = sequence
+        try:
+            for attempt in range(self.RETRIES):
+                try:
+                    result = self.connection._put(payload, table)
+                    break
+                except flight.FlightUnavailableError:
+                    if attempt == self.RETRIES - 1:
+                        raise
+                    time.sleep(0.2 * (attempt + 1))
+        except BaseException:
+            # The server applies a large write in chunks (batches sequence, sequence + 1, ...):
+            # after a failure ask it where this writer stands before the next write.
+            self._sequence = None
+            raise
+        self._sequence = result.get("sequence", sequence)
         return result
 
     def append(self, data: Any) -> dict:
