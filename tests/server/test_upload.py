@@ -151,26 +151,34 @@ def test_client_writes_stream_in_sequenced_chunks(server):
         assert conn.table("seq_up", writer_id="job")._next_sequence() == answer["chunks"] + 1
 
 
-def _peak_rss(pid: int) -> int:
-    """The process's peak resident set size (VmHWM) in bytes."""
+def _status_bytes(pid: int | str, key: str) -> int:
+    """A ``/proc/<pid>/status`` memory figure (``VmHWM``: peak RSS, ``VmRSS``: RSS) in bytes."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc/<pid>/status")
+    raise AssertionError(f"no {key} in /proc/{pid}/status")
 
 
-def test_server_memory_stays_bounded_during_an_upload_many_chunks_long(tmp_path):
-    """A 4M-row, 122 MiB upload (62 chunks) grows the server's peak RSS by far less than the
-    upload: it is never held whole (reading it all first grew it by ~600 MiB). What it does grow
-    by (7-15 MiB idle, up to ~40 MiB on a loaded machine, where gRPC buffers messages the server
-    has not read yet) does not depend on the upload's size."""
+BIG_ROWS = 4_000_000
+
+
+def _big_rows(n: int) -> pa.Table:
+    ids = np.arange(n, dtype=np.int64)
+    return pa.table({"id": ids, "v": np.ones(n), "w": np.ones(n), "x": ids})
+
+
+@pytest.fixture(scope="module")
+def big_upload(tmp_path_factory):
+    """A `flightstore serve` process that took a 4M-row, 122 MiB upload through the Python client
+    (after two warm-up writes): its URI and the growth of its peak RSS during that upload."""
     import re
     import subprocess
     import sys
 
+    data_dir = tmp_path_factory.mktemp("big_upload") / "data"
     process = subprocess.Popen(
-        [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(tmp_path / "data"), "--port", "0",
+        [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0",
          "--no-fsync", "--option", "write.chunk-rows=65536"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -180,18 +188,48 @@ def test_server_memory_stays_bounded_during_an_upload_many_chunks_long(tmp_path)
         with flightstore.connect(match.group(0), timeout=300) as conn:
             conn.sql("CREATE TABLE big_up (id BIGINT, v DOUBLE, w DOUBLE, x BIGINT)")
             table = conn.table("big_up")
-
-            def rows(n: int) -> pa.Table:
-                ids = np.arange(n, dtype=np.int64)
-                return pa.table({"id": ids, "v": np.ones(n), "w": np.ones(n), "x": ids})
             for _ in range(2):  # warm up: buffers, caches and allocator pools of a few chunks
-                table.append(rows(200_000))
-            before = _peak_rss(process.pid)
-            data = rows(4_000_000)
-            assert table.append(data)["chunks"] >= 60
-            growth = _peak_rss(process.pid) - before
-            assert growth < data.nbytes / 2, f"peak RSS grew {growth >> 20} MiB for {data.nbytes >> 20} MiB"
-            assert _count(conn, "big_up") == 4_400_000
+                table.append(_big_rows(200_000))
+            before = _status_bytes(process.pid, "VmHWM")
+            data = _big_rows(BIG_ROWS)
+            answer = table.append(data)
+            growth = _status_bytes(process.pid, "VmHWM") - before
+        yield {"uri": match.group(0), "growth": growth, "bytes": data.nbytes, "answer": answer}
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+def test_server_memory_stays_bounded_during_an_upload_many_chunks_long(big_upload):
+    """The 4M-row upload (62 chunks) grows the server's peak RSS by far less than the upload: it
+    is never held whole (reading it all first grew it by ~600 MiB). What it does grow by (7-15 MiB
+    idle, up to ~40 MiB on a loaded machine, where gRPC buffers messages the server has not read
+    yet) does not depend on the upload's size."""
+    assert big_upload["answer"]["chunks"] >= 60 and big_upload["answer"]["rows"] == BIG_ROWS
+    growth, size = big_upload["growth"], big_upload["bytes"]
+    assert growth < size / 2, f"peak RSS grew {growth >> 20} MiB for {size >> 20} MiB"
+    with flightstore.connect(big_upload["uri"], timeout=300) as conn:
+        assert _count(conn, "big_up") == BIG_ROWS + 400_000
+
+
+def test_client_iterators_hold_one_batch_at_a_time(big_upload):
+    """``sql_batches`` and ``scan_batches`` stream a 134 MiB result through the client with its RSS
+    growing by far less than the result (``sql``/``scan`` would hold all of it)."""
+    expected_sum = 2 * sum(range(200_000)) + sum(range(BIG_ROWS))
+    size = (BIG_ROWS + 400_000) * 32
+    with flightstore.connect(big_upload["uri"], timeout=300) as conn:
+        for batches in (lambda: conn.sql_batches("SELECT id, v, w, x FROM big_up"),
+                        lambda: conn.table("big_up").scan_batches()):
+            baseline = _status_bytes("self", "VmRSS")
+            peak, rows, total = 0, 0, 0
+            for batch in batches():
+                assert batch.num_rows <= 65_536
+                rows += batch.num_rows
+                total += pa.compute.sum(batch.column("id")).as_py()
+                peak = max(peak, _status_bytes("self", "VmRSS") - baseline)
+            assert (rows, total) == (BIG_ROWS + 400_000, expected_sum)
+            assert peak < size / 4, f"client RSS grew {peak >> 20} MiB for a {size >> 20} MiB result"
+        # Stopping early cancels the stream; the connection goes on serving.
+        first = next(iter(conn.table("big_up").scan_batches(columns=["id"])))
+        assert first.num_rows > 0
+        assert _count(conn, "big_up") == BIG_ROWS + 400_000
