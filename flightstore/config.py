@@ -186,6 +186,10 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,
                  "Largest record batch sent in one Flight message."),
+    ConfigOption("sql.cache.entries", "int", 1024,
+                 "Entries each SQL cache keeps (query plans, point-lookup templates, residual result "
+                 "schemas, prepared statements' schemas), least recently used forgotten first. "
+                 "Literal point lookups of a known shape are not cached per literal.", minimum=1),
     ConfigOption("write.chunk-rows", "int", 262_144,
                  "A DoPut upload (bulk ingest, parameter rows, client writes) is read message by "
                  "message and applied in chunks of about this many rows: the server holds one chunk, "

@@ -31,6 +31,7 @@ from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInp
                                Unsupported)
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
+from flightstore.cache import LruCache
 from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler,
@@ -189,7 +190,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self.upload_limits = UploadLimits.from_options(store.options)
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # by gRPC peer, least recent first
         self._prepared: dict[bytes, PreparedStatement] = {}
-        self._prepare_cache: dict[tuple, tuple[pa.Schema | None, pa.Schema]] = {}
+        self._prepare_cache: LruCache[tuple, tuple] = LruCache(server_option(store.options, "sql.cache.entries"))
         self._results: dict[str, tuple[float, pa.Table, str | None]] = {}  # (kept at, rows, owner)
         self._cancelled: set[bytes] = set()
         self._lock = threading.Lock()
@@ -475,8 +476,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)
-        with self._lock:
-            schemas = self._prepare_cache.get(key)
+        schemas = self._prepare_cache.get(key)
         if schemas is None:  # ADBC prepares again at every execute: plan each text once
             params_schema = parameter_schema(sql, StoreCatalog(self.store, database)) \
                 if "?" in sql or "$" in sql else pa.schema([])  # no placeholder: skip a parse
@@ -485,10 +485,7 @@ class FlightSqlServer(flight.FlightServerBase):
             permissions = required_permissions(plan)
             self._authorize(permissions)  # before the schema (it describes the tables)
             dataset_schema = self.executor.output_schema(plan) if is_query(plan) else None
-            with self._lock:
-                if len(self._prepare_cache) >= 1024:
-                    self._prepare_cache.pop(next(iter(self._prepare_cache)))
-                self._prepare_cache[key] = (dataset_schema, params_schema, permissions)
+            self._prepare_cache.put(key, (dataset_schema, params_schema, permissions))
         else:
             dataset_schema, params_schema, permissions = schemas
             self._authorize(permissions)
