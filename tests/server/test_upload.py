@@ -151,6 +151,27 @@ def test_client_writes_stream_in_sequenced_chunks(server):
         assert conn.table("seq_up", writer_id="job")._next_sequence() == answer["chunks"] + 1
 
 
+def test_parameter_rows_of_an_executemany_are_applied_chunk_by_chunk(server):
+    """A prepared INSERT bound to 25k parameter rows (ADBC ``executemany``: one DoPut) is applied
+    in chunks of ``write.chunk-rows``; every row lands once."""
+    import adbc_driver_flightsql.dbapi as dbapi
+
+    with flightstore.connect(server.uri, timeout=120) as conn:
+        conn.sql("CREATE TABLE params_up (id BIGINT, v DOUBLE)")
+        rows = _rows(0, 25_000)
+        messages = pa.Table.from_batches(rows.to_batches(max_chunksize=MESSAGE_ROWS))  # 5 messages
+        adbc = dbapi.connect(server.uri, autocommit=True)
+        try:
+            with adbc.cursor() as cursor:
+                cursor.executemany("INSERT INTO params_up VALUES (?, ?)", messages)
+        finally:
+            adbc.close()
+        assert _count(conn, "params_up") == 25_000
+        writes = [record.batch.num_rows for record in server.store.table("params_up").logs[0].read(0)]
+        assert writes == [2 * MESSAGE_ROWS, 2 * MESSAGE_ROWS, MESSAGE_ROWS]  # one write per chunk
+        assert conn.sql("SELECT SUM(id) AS s FROM params_up").column(0)[0].as_py() == sum(range(25_000))
+
+
 def _status_bytes(pid: int | str, key: str) -> int:
     """A ``/proc/<pid>/status`` memory figure (``VmHWM``: peak RSS, ``VmRSS``: RSS) in bytes."""
     with open(f"/proc/{pid}/status") as status:
