@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.flight as flight
+from pyarrow import flight
 
 from bench.report import Row
 

@@ -21,8 +21,9 @@ gRPC's own receive limit, so the check is on the decoded batch).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
 
@@ -41,7 +42,7 @@ class UploadLimits:
     max_message_bytes: int
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> "UploadLimits":
+    def from_options(cls, options: Mapping[str, Any]) -> UploadLimits:
         return cls(server_option(options, "write.chunk-rows"), server_option(options, "write.chunk-bytes"),
                    server_option(options, "write.max-message-bytes"))
 

@@ -101,7 +101,7 @@ _LEXEMES = re.compile(r"""
   | (?P<comment>--[^\n]*|/\*.*?\*/)
   | (?P<number>(?<![\w.])\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.]))
   | (?P<stray>['"`\\]|/\*)
-""", re.X | re.S)
+""", re.VERBOSE | re.DOTALL)
 _SIGN_CONTEXT = "=(,<>"  # a '-' right after one of these negates the number that follows
 
 

@@ -129,7 +129,7 @@ def test_subscription_start_modes_and_column_pruning(server):
 def test_latest_is_fixed_when_the_flight_info_is_answered(server):
     """Issue 10 #8: "latest" is resolved at GetFlightInfo. Rows appended between GetFlightInfo and
     DoGet (a client slow to start reading) are delivered, every time, in every bucket."""
-    import pyarrow.flight as flight
+    from pyarrow import flight
 
     from flightstore.server import tickets
 

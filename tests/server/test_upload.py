@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
+from pyarrow import flight
 
 import flightstore
 from flightstore.server import protocol
@@ -154,7 +154,7 @@ def test_client_writes_stream_in_sequenced_chunks(server):
 def test_parameter_rows_of_an_executemany_are_applied_chunk_by_chunk(server):
     """A prepared INSERT bound to 25k parameter rows (ADBC ``executemany``: one DoPut) is applied
     in chunks of ``write.chunk-rows``; every row lands once."""
-    import adbc_driver_flightsql.dbapi as dbapi
+    from adbc_driver_flightsql import dbapi
 
     with flightstore.connect(server.uri, timeout=120) as conn:
         conn.sql("CREATE TABLE params_up (id BIGINT, v DOUBLE)")

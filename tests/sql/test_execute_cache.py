@@ -5,9 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from flightstore.sql import nodes
-from flightstore.sql.execute import Executor
+from flightstore.sql.execute import Executor, StoreCatalog
 from flightstore.sql.plan import plan as plan_sql
-from flightstore.sql.execute import StoreCatalog
 
 
 def test_cached_and_templated_plans_equal_fresh_plans(store):
@@ -23,6 +22,7 @@ def test_cached_and_templated_plans_equal_fresh_plans(store):
         assert got.explain() == fresh.explain()
     # A value of the wrong kind still goes through the planner and its error.
     import pytest
+
     from flightstore.errors import SqlError
     with pytest.raises(SqlError):
         executor.plan(sql, ["not-a-number", "y"])
@@ -30,7 +30,7 @@ def test_cached_and_templated_plans_equal_fresh_plans(store):
     store.drop_table("t")
     store.create_table("t", pa.schema([("a", pa.int64()), ("b", pa.string())]), primary_key=["a", "b"])
     assert executor.plan(sql.replace("v, a", "a"), [5, "q"]).columns == ("a",)
-    import flightstore.errors as errors
+    from flightstore import errors
     with pytest.raises(errors.SqlError):
         executor.plan(sql, [1, "x"])  # column v is gone
 
@@ -68,8 +68,8 @@ def test_a_thousand_distinct_literal_lookups_skip_the_parser_and_keep_the_caches
     """Issue 15: literal point lookups of a known shape are answered from their shape's template
     (the planner, and so sqlglot, runs only to learn a shape), every cache stays within
     ``cache_entries``, and tricky literals (quotes, negative numbers, NULL) answer correctly."""
-    import flightstore.sql.execute as execute
     from flightstore.cache import LruCache
+    from flightstore.sql import execute
 
     store.create_table("t", pa.schema([("id", pa.int64()), ("name", pa.string())]), primary_key=["id"])
     store.create_table("s", pa.schema([("name", pa.string()), ("n", pa.int64())]), primary_key=["name"])
