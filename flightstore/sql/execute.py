@@ -38,8 +38,14 @@ from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
 from flightstore.sql.parse import literal_shape
 from flightstore.sql.plan import is_union
 from flightstore.sql.plan import plan as plan_sql
-from flightstore.sql.resolve import (binlog_schema, changelog_schema, lake_schema, lake_snapshots_schema,
-                                     lake_status_schema, partitions_schema)
+from flightstore.sql.resolve import (
+    binlog_schema,
+    changelog_schema,
+    lake_schema,
+    lake_snapshots_schema,
+    lake_status_schema,
+    partitions_schema,
+)
 from flightstore.store import Store, Table
 
 __all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
