@@ -195,6 +195,27 @@ def test_a_commit_between_planning_and_reading_changes_nothing(store, tierer):
     assert _seqs(rows) == list(range(200))
 
 
+def test_a_split_whose_log_part_retention_deleted_fails_rather_than_skips(store, tierer):
+    """Retention may delete the log part of a split planned on an older snapshot (the floor moved
+    with a newer commit): the read refuses (DataLoss: plan again), never skips those rows; a split
+    planned now is whole."""
+    from flightstore.errors import DataLoss
+    from flightstore.lake.union import read_union
+    table = create_events(store, table_log_ttl="1ms", table_log_segment_bytes=4096)
+    for first in range(0, 300, 50):
+        table.append(events(first, 50))
+    tierer.tier_now(table.path)
+    old = union_split(tierer.catalog, table)
+    for first in range(300, 600, 50):
+        table.append(events(first, 50))
+    tierer.tier_now(table.path)
+    assert store.enforce_retention(FAR_FUTURE_MS) > 0
+    assert any(log.start_offset > old.offsets[b] for b, log in enumerate(table.logs))
+    with pytest.raises(DataLoss, match="plan the read again"):
+        list(read_union(tierer.catalog, table, ["seq"], split=old))
+    assert _seqs(_concat(read_union(tierer.catalog, table, ["seq"]))) == list(range(600))
+
+
 def test_lake_unavailable_falls_back_to_a_complete_log_only(store, data_dir, tierer, sql):
     table = create_events(store, table_log_ttl="1ms", table_log_segment_bytes=4096)
     for first in range(0, 300, 50):
