@@ -66,7 +66,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "op": (str,), "table": (str,), "id": (str,), "sql": (str,), "db": (str,), "query": (str,),
     "partition": _INT, "params": (list,), "columns": (list,), "writer_id": (str,), "sequence": _INT,
     "after_sequence": _INT, "keys": (dict,), "filter": (dict, str), "limit": _INT, "buckets": (list,),
-    "bucket": _INT, "at": _INT, "start": (str, int, dict), "until": (dict,), "heartbeat_s": _NUMBER,
+    "bucket": _INT, "at": _INT, "start": (str, int, dict), "until": (dict,), "log_from": (dict,), "heartbeat_s": _NUMBER,
     "which": (str,), "timestamp_ms": _INT, "force": (bool,),
 }
 
@@ -86,7 +86,7 @@ def _checked(payload: Any, what: str) -> Command:
             raise InvalidInput(f"malformed {what}: 'columns' must be a list of column names")
         if key == "buckets" and not all(isinstance(b, int) and not isinstance(b, bool) for b in value):
             raise InvalidInput(f"malformed {what}: 'buckets' must be a list of bucket numbers")
-        if key in ("start", "until") and isinstance(value, dict) and not all(
+        if key in ("start", "until", "log_from") and isinstance(value, dict) and not all(
                 (k == "timestamp" or k.isdigit()) and isinstance(v, int) and not isinstance(v, bool)
                 for k, v in value.items()):
             raise InvalidInput(f"malformed {what}: {key!r} must map bucket numbers (or 'timestamp') "
