@@ -66,8 +66,8 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "op": (str,), "table": (str,), "id": (str,), "sql": (str,), "db": (str,), "query": (str,),
     "partition": _INT, "params": (list,), "columns": (list,), "writer_id": (str,), "sequence": _INT,
     "after_sequence": _INT, "keys": (dict,), "filter": (dict, str), "limit": _INT, "buckets": (list,),
-    "bucket": _INT, "at": _INT, "start": (str, int, dict), "until": (dict,), "log_from": (dict,), "heartbeat_s": _NUMBER,
-    "which": (str,), "timestamp_ms": _INT, "force": (bool,),
+    "bucket": _INT, "at": _INT, "start": (str, int, dict), "until": (dict,), "log_from": (dict,),
+    "heartbeat_s": _NUMBER, "which": (str,), "timestamp_ms": _INT, "force": (bool,),
 }
 
 

@@ -104,7 +104,8 @@ def _check(server, client, call) -> None:
         pytest.fail("a fuzzed call hung")
     # any other error (INTERNAL, UNKNOWN, a Python error in the client) fails the example as is
     _ensure_base(server)
-    command = protocol.pack_any(protocol.CommandStatementQuery(query="SELECT COUNT(*) AS n FROM lg"))
+    _sql_query(client, "USE default")  # a fuzzed USE moved this connection's session
+    command = protocol.pack_any(protocol.CommandStatementQuery(query="SELECT COUNT(*) AS n FROM default.lg"))
     info = client.get_flight_info(flight.FlightDescriptor.for_command(command), CALL)
     assert client.do_get(info.endpoints[0].ticket, CALL).read_all().num_rows == 1
 
