@@ -27,7 +27,7 @@ from flightstore.lake.catalog import LakeCatalog
 from flightstore.lake.lease import LeaseStore
 from flightstore.lake.settings import LakeSettings
 from flightstore.lake.status import TableStatus, bucket_statuses
-from flightstore.lake.tiering import RoundResult, tier_log_round
+from flightstore.lake.tiering import RoundResult, hold_untiered, tier_round
 from flightstore.schema import TablePath
 from flightstore.store import Store, Table
 
@@ -170,12 +170,12 @@ class LakeTierer:
         leases = self._lease_store()
         leases.acquire(name, self.holder, self.settings.lease_ms)
         lake_table = self.catalog.ensure_table(table.descriptor, table.directory.name)
-        return tier_log_round(
+        return tier_round(
             table, lake_table, max_rows=self.settings.max_round_rows, hook=self.hook,
             before_commit=lambda: leases.acquire(name, self.holder, self.settings.lease_ms))
 
     def _succeeded(self, table: Table, result: RoundResult) -> None:
-        table.retention_floor = dict(result.end_offsets)
+        hold_untiered(table, result.end_offsets)
         freshness_s = table.descriptor.option("table.datalake.freshness") / 1000
         with self._lock:
             state = self._states.setdefault(table.path, _TableState())
