@@ -876,9 +876,6 @@ def new_table_descriptor(path: TablePath | str, schema: pa.Schema | None = None,
     if descriptor.merge_engine == "aggregation":
         from flightstore.kv.merge.aggregation import validate_aggregation
         validate_aggregation(descriptor)
-    if descriptor.is_partitioned and descriptor.option("table.datalake.enabled"):
-        raise Unsupported(f"table {descriptor.path}: 'table.datalake.enabled' on a partitioned table is "
-                          "not supported yet (the lake layout is per bucket of an unpartitioned table)")
     return descriptor
 
 
