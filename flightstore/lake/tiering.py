@@ -44,7 +44,7 @@ from flightstore.log import LogTablet
 from flightstore.schema import TablePath
 from flightstore.store import Table
 
-__all__ = ["PHASES", "RoundResult", "bucket_logs", "hold_untiered", "read_backlog", "tier_log_round",
+__all__ = ["PHASES", "RoundResult", "StoreSource", "bucket_logs", "hold_untiered", "read_backlog", "tier_log_round",
            "tier_round"]
 
 # Points of a round a hook is called at (tests kill the process there).
@@ -144,32 +144,61 @@ def _last_change_ms(log: LogTablet, at: int) -> int:
     return int(time.time() * 1000)
 
 
-def tier_round(table: Table, lake_table: IcebergTable, *, max_rows: int | None = None,
+class StoreSource:
+    """What a round reads of a table held by this process's :class:`~flightstore.store.Store`.
+
+    A round needs only: the table's ``path`` and ``descriptor``, per-bucket ``offsets()`` (start,
+    end), ``read_changes`` (lake rows of the changelog, with change kinds on a primary-key table)
+    and ``rows_at`` (a bucket's rows at an offset, as lake rows). The Spark tiering job reads the
+    same through Flight (:class:`flightstore.lake.remote.FlightSource`).
+    """
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.path = table.path
+        self.descriptor = table.descriptor
+        self._logs = bucket_logs(table)
+
+    def offsets(self) -> tuple[dict[int, int], dict[int, int]]:
+        return ({b: log.start_offset for b, log in self._logs.items()},
+                {b: log.end_offset for b, log in self._logs.items()})
+
+    def read_changes(self, start: Mapping[int, int], end: Mapping[int, int], max_rows: int | None
+                     ) -> tuple[pa.Table, np.ndarray | None, dict[int, int]]:
+        return _read_changes(self.table, self._logs, start, end, max_rows)
+
+    def rows_at(self, bucket: int, at: int, schema: pa.Schema) -> list[pa.RecordBatch]:
+        return snapshot_rows(self.table.rows_at(bucket, at), bucket, at,
+                             _last_change_ms(self._logs[bucket], at), schema)
+
+
+def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows: int | None = None,
                before_commit: Callable[[], None] | None = None,
                hook: Callable[[str], None] | None = None) -> RoundResult:
-    """Run one round for ``table`` into its lake table; see the module docstring.
+    """Run one round for ``table`` (a store's table, or any source like :class:`StoreSource`) into
+    its lake table; see the module docstring.
 
     ``before_commit`` runs right before the catalog commit (the tierer renews its lease there and
     raises if it lost it); ``hook(phase)`` is called at each of :data:`PHASES`. Lake failures raise
     :class:`~flightstore.errors.LakeUnavailable`; nothing is committed then.
     """
     began = time.monotonic()
-    with lake_failures(f"reading the lake state of {table.path}"):
+    source = StoreSource(table) if isinstance(table, Table) else table
+    with lake_failures(f"reading the lake state of {source.path}"):
         lake_table = lake_table.refresh()
     recorded = committed_offsets(lake_table)
-    logs = bucket_logs(table)
-    schema = lake_schema(table.descriptor)
-    start = {bucket: recorded.get(bucket, log.start_offset) for bucket, log in logs.items()}
-    end = {bucket: log.end_offset for bucket, log in logs.items()}
-    primary_key = list(table.descriptor.primary_key)
+    schema = lake_schema(source.descriptor)
+    log_start, end = source.offsets()
+    start = {bucket: recorded.get(bucket, offset) for bucket, offset in log_start.items()}
+    primary_key = list(source.descriptor.primary_key)
     # A primary-key bucket the lake does not hold yet enters with its rows at its end offset.
-    entering = {b: end[b] for b in logs if primary_key and b not in recorded and end[b] > start[b]}
+    entering = {b: end[b] for b in end if primary_key and b not in recorded and end[b] > start[b]}
     read_from = {**start, **entering}
-    changes, kinds, reached = _read_changes(table, logs, read_from, end, max_rows)
+    changes, kinds, reached = source.read_changes(read_from, end, max_rows)
     backlog_left = any(reached[b] < end[b] for b in end)
-    if all(reached[b] == start[b] for b in logs):
+    if all(reached[b] == start[b] for b in end):
         latest = next(iter(tiering_snapshots(lake_table)), None)
-        return RoundResult(table.path, 0, start, start,
+        return RoundResult(source.path, 0, start, start,
                            snapshot_id=latest.snapshot_id if latest is not None else None,
                            committed_at_ms=latest.timestamp_ms if latest is not None else None,
                            seconds=time.monotonic() - began)
@@ -177,10 +206,9 @@ def tier_round(table: Table, lake_table: IcebergTable, *, max_rows: int | None =
     if hook is not None:
         hook("before-write")
     removed, deleted = [], 0
-    with lake_failures(f"writing the lake files of {table.path}"):
+    with lake_failures(f"writing the lake files of {source.path}"):
         if primary_key:
-            entered = [batch for b, at in entering.items()
-                       for batch in snapshot_rows(table.rows_at(b, at), b, at, _last_change_ms(logs[b], at), schema)]
+            entered = [batch for b, at in entering.items() for batch in source.rows_at(b, at, schema)]
             folded = fold_changes(changes, kinds, primary_key)
             rewrite = plan_rewrite(lake_table, folded.touched, primary_key, schema)
             removed, deleted = rewrite.removed, folded.deleted
@@ -197,14 +225,14 @@ def tier_round(table: Table, lake_table: IcebergTable, *, max_rows: int | None =
         hook("after-write")
     if before_commit is not None:
         before_commit()
-    with lake_failures(f"committing the lake snapshot of {table.path}"):
+    with lake_failures(f"committing the lake snapshot of {source.path}"):
         committed = transaction.commit_transaction()
     snapshot = committed.current_snapshot()
     if hook is not None:
         hook("after-commit")
     summary = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
     tiered = (rows.num_rows - (rewrite.kept.num_rows if primary_key else 0)) + deleted
-    return RoundResult(table.path, tiered, start, reached, committed=True,
+    return RoundResult(source.path, tiered, start, reached, committed=True,
                        snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
                        committed_at_ms=snapshot.timestamp_ms if snapshot is not None else None,
                        seconds=time.monotonic() - began, backlog_left=backlog_left, deleted=deleted,
