@@ -327,6 +327,15 @@ class TableClient:
                 "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
                 "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
 
+    def describe(self) -> dict:
+        """The table's descriptor (``descriptor``: :meth:`TableDescriptor.to_json` text), its
+        incarnation id (``table_id``, new when a table is dropped and created again) and its
+        ``start_offsets``/``end_offsets`` per bucket: what a tiering job needs."""
+        answer = self.connection._action("flightstore.describe", {"table": self.name})
+        return {"descriptor": answer["descriptor"], "table_id": answer["table_id"],
+                "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
+                "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
+
     def read_snapshot(self, bucket: int, at: int, columns: Sequence[str] | None = None) -> pa.Table:
         """The rows of ``bucket`` exactly at log offset ``at``, as ``+I`` changelog rows (null
         ``_log_offset``/``_commit_timestamp``); follow the changelog from ``at`` afterwards."""

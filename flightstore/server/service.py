@@ -757,6 +757,14 @@ class FlightSqlServer(flight.FlightServerBase):
             return tickets.encode_custom({"op": "usage", "bytes": table.disk_usage(),
                                           "start_offsets": {str(k): v for k, v in start.items()},
                                           "end_offsets": {str(k): v for k, v in end.items()}})
+        if kind == "flightstore.describe":
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.DESCRIBE, table)
+            start, end = table.start_offsets(), table.end_offsets()
+            return tickets.encode_custom({"op": "describe", "descriptor": table.descriptor.to_json(),
+                                          "table_id": table.directory.name,
+                                          "start_offsets": {str(k): v for k, v in start.items()},
+                                          "end_offsets": {str(k): v for k, v in end.items()}})
         if kind == "flightstore.writer":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
