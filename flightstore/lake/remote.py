@@ -25,9 +25,11 @@ from flightstore.schema import TableDescriptor
 
 __all__ = ["BucketRead", "FlightSource", "read_bucket_changes"]
 
-# One bucket's read: (bucket, start offset, end offset).
-BucketRead = tuple[int, int, int]
-MapBuckets = Callable[[Sequence[BucketRead]], list[tuple[int, bytes]]]
+# One bucket's read: (bucket, start offset, end offset, row budget or None).
+BucketRead = tuple[int, int, int, "int | None"]
+# What reading it gives: (bucket, lake rows as Arrow IPC bytes, offset reached).
+BucketRows = tuple[int, bytes, int]
+MapBuckets = Callable[[Sequence[BucketRead]], list[BucketRows]]
 
 
 def _ipc(table: pa.Table) -> bytes:
@@ -42,10 +44,14 @@ def _from_ipc(data: bytes) -> pa.Table:
 
 
 def read_bucket_changes(connection: Connection, name: str, descriptor: TableDescriptor,
-                        read: BucketRead) -> bytes:
+                        read: BucketRead) -> BucketRows:
     """The lake rows of one bucket's changelog in ``[start, end)`` as Arrow IPC bytes, with the
-    int8 change kinds in a ``_change_type`` column on a primary-key table."""
-    bucket, start, end = read
+    int8 change kinds in a ``_change_type`` column on a primary-key table, and the offset reached.
+
+    A row budget stops the read after the record that reaches it: rounds end on record
+    boundaries, so a ``-U``/``+U`` pair (one write) is never split between two rounds."""
+    bucket, start, end, budget = read
+    reached = start
     schema = lake_schema(descriptor)
     out = schema.append(pa.field(changetype.CHANGE_TYPE_COLUMN, pa.int8())) \
         if descriptor.has_primary_key else schema
@@ -59,7 +65,12 @@ def read_bucket_changes(connection: Connection, name: str, descriptor: TableDesc
                     kinds = changetype.from_strings(batch.column(changetype.CHANGE_TYPE_COLUMN))
                     rows = pa.RecordBatch.from_arrays(rows.columns + [kinds], schema=out)
                 batches.append(rows)
-    return _ipc(pa.Table.from_batches(batches, schema=out))
+                reached = min(end, batch.column(changetype.LOG_OFFSET_COLUMN)[-1].as_py() + 1)
+                if budget is not None:
+                    budget -= rows.num_rows
+                    if budget <= 0:
+                        break
+    return bucket, _ipc(pa.Table.from_batches(batches, schema=out)), reached
 
 
 class FlightSource:
@@ -75,27 +86,25 @@ class FlightSource:
         self._offsets = (described["start_offsets"], described["end_offsets"])
         self._map = map_buckets or self._sequential
 
-    def _sequential(self, reads: Sequence[BucketRead]) -> list[tuple[int, bytes]]:
-        return [(read[0], read_bucket_changes(self.connection, self.name, self.descriptor, read))
-                for read in reads]
+    def _sequential(self, reads: Sequence[BucketRead]) -> list[BucketRows]:
+        return [read_bucket_changes(self.connection, self.name, self.descriptor, read) for read in reads]
 
     def offsets(self) -> tuple[dict[int, int], dict[int, int]]:
         return dict(self._offsets[0]), dict(self._offsets[1])
 
     def read_changes(self, start: Mapping[int, int], end: Mapping[int, int], max_rows: int | None
                      ) -> tuple[pa.Table, np.ndarray | None, dict[int, int]]:
-        """Every bucket's changelog in ``[start, end)``; offsets are contiguous, so ``max_rows`` is
-        shared out as a per-bucket bound on the end offset."""
+        """Every bucket's changelog in ``[start, end)``; ``max_rows`` is shared out between the
+        buckets (each stops after the record that reaches its share)."""
         pending = sorted(b for b in end if start[b] < end[b])
         share = None if max_rows is None or not pending else max(1, max_rows // len(pending))
         reached = dict(start)
-        reads = []
-        for bucket in pending:
-            stop = end[bucket] if share is None else min(end[bucket], start[bucket] + share)
-            reads.append((bucket, start[bucket], stop))
-            reached[bucket] = stop
+        parts = []
+        for bucket, data, offset in sorted(self._map([(b, start[b], end[b], share) for b in pending]),
+                                           key=lambda answer: answer[0]):
+            parts.append(_from_ipc(data))
+            reached[bucket] = offset
         schema = lake_schema(self.descriptor)
-        parts = [_from_ipc(data) for _, data in sorted(self._map(reads))]
         pk = self.descriptor.has_primary_key
         if not parts:
             return schema.empty_table(), (np.empty(0, np.int8) if pk else None), reached

@@ -26,20 +26,20 @@ from collections.abc import Callable, Sequence
 __all__ = ["main", "spark_bucket_reader", "tier_tables"]
 
 
-def _read_on_executor(uri: str, name: str, descriptor_json: str, read: tuple[int, int, int]) -> tuple[int, bytes]:
+def _read_on_executor(uri: str, name: str, descriptor_json: str, read: tuple) -> tuple[int, bytes, int]:
     import flightstore
     from flightstore.lake.remote import read_bucket_changes
     from flightstore.schema import TableDescriptor
 
     with flightstore.connect(uri) as connection:
-        return read[0], read_bucket_changes(connection, name, TableDescriptor.from_json(descriptor_json), read)
+        return read_bucket_changes(connection, name, TableDescriptor.from_json(descriptor_json), read)
 
 
 def spark_bucket_reader(spark, uri: str, name: str, descriptor_json: str) -> Callable:
     """A ``map_buckets`` for :class:`~flightstore.lake.remote.FlightSource`: one Spark task per
     bucket read, each with its own Flight connection; results come back to the driver."""
 
-    def map_buckets(reads: Sequence[tuple[int, int, int]]) -> list[tuple[int, bytes]]:
+    def map_buckets(reads: Sequence[tuple]) -> list[tuple[int, bytes, int]]:
         if not reads:
             return []
         rdd = spark.sparkContext.parallelize(list(reads), len(reads))
