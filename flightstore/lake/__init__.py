@@ -9,6 +9,7 @@ Modules, in the order data flows:
 * :mod:`~flightstore.lake.offsets` - tiered offsets in the snapshot summaries;
 * :mod:`~flightstore.lake.changes` - primary-key changelogs folded and applied bucket-aligned;
 * :mod:`~flightstore.lake.tiering` - one crash-safe tiering round;
+* :mod:`~flightstore.lake.remote` - a table read through Flight (the Spark tiering job's source);
 * :mod:`~flightstore.lake.lease` - at most one tierer per table;
 * :mod:`~flightstore.lake.tierer` - the server's background tierer (freshness, backoff, retention);
 * :mod:`~flightstore.lake.status` - lag per table and bucket;
