@@ -37,7 +37,13 @@ from pyiceberg.table import Table as IcebergTable
 from flightstore import changetype
 from flightstore.errors import CorruptData, DataLoss
 from flightstore.lake.catalog import lake_failures
-from flightstore.lake.changes import fold_changes, plan_rewrite, snapshot_rows, sort_for_files, stage_overwrite
+from flightstore.lake.changes import (
+    fold_changes,
+    plan_rewrite,
+    snapshot_rows,
+    sort_for_files,
+    stage_overwrite,
+)
 from flightstore.lake.layout import lake_batch, lake_schema
 from flightstore.lake.offsets import OFFSETS_PROPERTY, committed_offsets, encode_offsets, tiering_snapshots
 from flightstore.log import LogTablet

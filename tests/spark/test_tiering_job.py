@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from flightstore_spark.pipelines.tiering import tier_tables
 
 import flightstore
 from flightstore.errors import TieringLeaseHeld
 from flightstore.lake import LakeCatalog, LakeSettings, LakeTierer, read_lake
 from flightstore.lake.offsets import committed_offsets
-from flightstore_spark.pipelines.tiering import tier_tables
 from tests.lake.conftest import EVENTS, events
 
 pytestmark = pytest.mark.slow

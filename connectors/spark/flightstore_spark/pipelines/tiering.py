@@ -19,6 +19,7 @@ The lake is found like the server finds it: ``--data-dir`` gives the embedded de
 from __future__ import annotations
 
 import argparse
+import functools
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -89,7 +90,8 @@ def tier_tables(spark, uri: str, settings, tables: Sequence[str] | None = None, 
                         spark, uri, name, source.descriptor.to_json()))
                     lake_table = catalog.ensure_table(source.descriptor, source.table_id)
                     result = tier_round(source, lake_table, max_rows=settings.max_round_rows, hook=hook,
-                                        before_commit=lambda: leases.acquire(name, holder, settings.lease_ms))
+                                        before_commit=functools.partial(leases.acquire, name, holder,
+                                                                        settings.lease_ms))
                     rounds.append(result)
                     if not result.backlog_left:
                         break
@@ -105,7 +107,6 @@ def tier_tables(spark, uri: str, settings, tables: Sequence[str] | None = None, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from flightstore.lake.settings import LakeSettings
-
     from flightstore_spark.pipelines._common import local_spark
 
     parser = argparse.ArgumentParser(prog="python -m flightstore_spark.pipelines.tiering",
