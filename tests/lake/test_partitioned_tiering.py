@@ -60,6 +60,11 @@ def test_partitioned_log_table_tiers_by_partition_then_bucket(store, tierer):
     lake = read_lake(tierer.catalog, table.descriptor)
     assert sorted(lake.column("seq").to_pylist()) == list(range(900))
     assert committed_offsets(lake_table) == table.end_offsets()
+    table.append(_rows(900, 5))
+    status = tierer.status(table.path)  # per table-wide bucket, like the offsets
+    assert [b.bucket for b in status.buckets] == sorted(table.end_offsets())
+    assert [b.tiered_offset for b in status.buckets] == [second.end_offsets[b] for b in sorted(table.end_offsets())]
+    assert status.lag_records == 5
 
 
 def test_partitioned_log_table_without_bucket_key_uses_identity_bucket(store, tierer):

@@ -171,3 +171,26 @@ def test_other_merge_engines_tier_what_the_kv_holds(store, tierer, merge_engine)
     Model().upsert(table, np.arange(25, 75), "b", 1)
     tierer.tier_now(table.path)
     assert rows_of(read_lake(tierer.catalog, table.descriptor)) == rows_of(table.scan_table())
+
+
+@pytest.mark.slow
+def test_primary_key_tiering_with_the_warehouse_on_s3(data_dir, s3_options):
+    from flightstore.lake import LakeSettings, LakeTierer
+    from flightstore.store import Store
+    with Store(data_dir) as store:
+        tierer = LakeTierer(store, LakeSettings.from_options(data_dir, s3_options))
+        table = create_pk(store)
+        model = Model()
+        model.upsert(table, np.arange(200), "a", 0)
+        first = tierer.tier_now(table.path)
+        before = model.state()
+        model.upsert(table, np.arange(150, 260), "b", 1)
+        model.update_scores(table, [1, 2, 3], 77)
+        model.delete(table, [10, 11, 250])
+        second = tierer.tier_now(table.path)
+        assert second.files_removed > 0 and second.deleted == 3
+        assert tierer.catalog.load_table(table.path).location().startswith("s3://")
+        assert rows_of(read_lake(tierer.catalog, table.descriptor)) == model.state() == \
+            rows_of(table.scan_table())
+        assert rows_of(read_lake(tierer.catalog, table.descriptor, snapshot_id=first.snapshot_id)) == before
+        tierer.stop()
