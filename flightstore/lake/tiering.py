@@ -198,11 +198,12 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
     start = {bucket: recorded.get(bucket, offset) for bucket, offset in log_start.items()}
     primary_key = list(source.descriptor.primary_key)
     # A primary-key bucket the lake does not hold yet enters with its rows at its end offset.
-    entering = {b: end[b] for b in end if primary_key and b not in recorded and end[b] > start[b]}
+    # (Its log may start at its end: the KV snapshot holds the rows then.)
+    entering = {b: end[b] for b in end if primary_key and b not in recorded and end[b] > 0}
     read_from = {**start, **entering}
     changes, kinds, reached = source.read_changes(read_from, end, max_rows)
     backlog_left = any(reached[b] < end[b] for b in end)
-    if all(reached[b] == start[b] for b in end):
+    if not entering and all(reached[b] == start[b] for b in end):
         latest = next(iter(tiering_snapshots(lake_table)), None)
         return RoundResult(source.path, 0, start, start,
                            snapshot_id=latest.snapshot_id if latest is not None else None,
