@@ -469,7 +469,8 @@ class FlightSqlServer(flight.FlightServerBase):
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
                 ("flightstore.release", "release the columns a writer owns"),
                 ("flightstore.snapshot", "take a KV snapshot of a primary-key table's buckets now"),
-                ("flightstore.usage", "bytes a table holds on disk (KV, snapshots, log) and its offsets")]
+                ("flightstore.usage", "bytes a table holds on disk (KV, snapshots, log) and its offsets"),
+                ("flightstore.describe", "a table's descriptor, incarnation id and offsets (tiering jobs)")]
 
     def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)

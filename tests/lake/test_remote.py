@@ -55,3 +55,19 @@ def test_remote_rounds_with_a_budget_keep_the_lake_equal_to_the_kv(server):
     assert read_lake(catalog, table.descriptor, columns=PK.names).sort_by("k").to_pylist() == \
         table.scan_table().sort_by("k").to_pylist()
     catalog.reset()
+
+
+def test_describe_gives_a_tiering_job_the_descriptor_incarnation_and_offsets(server):
+    from flightstore.schema import TableDescriptor
+    table = server.store.create_table("default.accounts", PK, primary_key=["k"], options={
+        "bucket.num": 2, "table.datalake.enabled": "true"})
+    table.upsert(pa.table({"k": [1, 2, 3], "name": ["a", "b", "c"], "n": [1, 2, 3]}, schema=PK))
+    with flightstore.connect(server.uri) as conn:
+        described = conn.table("default.accounts").describe()
+        assert TableDescriptor.from_json(described["descriptor"]) == table.descriptor
+        assert described["table_id"] == table.directory.name
+        assert described["end_offsets"] == table.end_offsets()
+        assert described["start_offsets"] == table.start_offsets()
+        assert "flightstore.describe" in [a.type for a in conn._client.list_actions(conn._options)]
+        with pytest.raises(pa.ArrowKeyError, match="nope"):
+            conn.table("default.nope").describe()
