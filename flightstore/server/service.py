@@ -164,7 +164,8 @@ class FlightSqlServer(flight.FlightServerBase):
         """``users`` (a UserStore, or a dict of plain passwords for tests and embedded use) turns
         on authentication and authorization; ``tls`` serves ``grpc+tls://`` (``location`` may say
         ``grpc://``: the scheme follows ``tls``). ``lake`` (a :class:`flightstore.lake.LakeSettings`)
-        starts the background tierer of datalake-enabled tables unless its ``tiering_enabled`` is off.
+        starts the background tierer of datalake-enabled tables (which only follows the lake's
+        commits for retention and status when its ``tiering_enabled`` is off).
         A background thread (:mod:`.housekeeping`) takes the KV snapshots ``kv.snapshot.interval``
         makes due and applies ``table.log.ttl`` every ``retention_interval_s`` (default: the
         ``log.retention.check-interval`` option); it stops with :meth:`shutdown`."""
@@ -198,7 +199,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
         self.partition_manager = AutoPartitionManager(store).start()
         self.tierer: Any = None  # the lake's LakeTierer when this server tiers (flightstore.lake)
-        if lake is not None and lake.tiering_enabled:
+        if lake is not None:  # with tiering off it follows what a tiering job commits (retention, status)
             from flightstore.lake.tierer import LakeTierer
             self.tierer = LakeTierer(store, lake).start()
         if retention_interval_s is None:
@@ -790,8 +791,7 @@ class FlightSqlServer(flight.FlightServerBase):
             else:
                 self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.tierer is None:
-                raise Unsupported("this server does not tier tables into the lake "
-                                  "(datalake.tiering.enabled is off)")
+                raise Unsupported("this server does not tier tables into the lake (cluster mode)")
             statuses = ([self.tierer.status(payload["table"])] if payload.get("table")
                         else self.tierer.statuses())
             return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})
