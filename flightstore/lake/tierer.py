@@ -27,7 +27,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flightstore.errors import FlightstoreError, InvalidInput, LakeUnavailable, TableNotFound, TieringLeaseHeld
+from flightstore.errors import (
+    FlightstoreError,
+    InvalidInput,
+    LakeUnavailable,
+    TableNotFound,
+    TieringLeaseHeld,
+)
 from flightstore.lake.catalog import LakeCatalog
 from flightstore.lake.lease import LeaseStore
 from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets, tiering_snapshots
