@@ -20,6 +20,7 @@ the status, so the log of a table tiered elsewhere still shrinks and its lag sti
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -246,6 +247,9 @@ class LakeTierer:
         table = self.store.table(path)
         if not table.descriptor.option("table.datalake.enabled"):
             raise InvalidInput(f"table {path} is not datalake-enabled ('table.datalake.enabled')")
+        if not self.settings.tiering_enabled:  # following another tierer: what the lake says now
+            with contextlib.suppress(FlightstoreError):  # unreachable: the last known state, the error
+                self.tier_now(path)
         with self._lock:
             state = self._states.get(path) or _TableState()
             tiered = None if state.tiered is None else dict(state.tiered)

@@ -190,9 +190,9 @@ def test_with_tiering_off_the_server_follows_a_jobs_commits_for_retention_and_st
     tiered = table.end_offsets()
     for first in range(300, 600, 30):
         table.append(events(first, 30))
-    following.tier_now(table.path)  # learns the job's offsets
-    status = following.status(table.path)
+    status = following.status(table.path)  # asks the lake: the job's offsets at once
     assert {b.bucket: b.tiered_offset for b in status.buckets} == tiered and status.lag_records == 300
+    following.tier_now(table.path)  # its rounds do the same in the background
     table.enforce_retention(now_ms=2**62)
     starts = table.start_offsets()
     assert any(starts[b] > 0 for b in starts) and all(starts[b] <= tiered[b] for b in starts)
