@@ -246,9 +246,11 @@ class FlightSqlServer(flight.FlightServerBase):
                 stopped = self.queries.cancel_all("shutdown")
                 log.warning("shutdown grace of %.1f s passed: stopping %d running queries", grace_s, stopped)
 
-        threading.Thread(target=abort_after_grace, name="flightstore-shutdown-grace", daemon=True).start()
+        grace = threading.Thread(target=abort_after_grace, name="flightstore-shutdown-grace", daemon=True)
+        grace.start()
         super().shutdown()
         finished.set()
+        grace.join()  # no thread of ours may be left waiting when the process exits
         if self.tierer is not None:
             self.tierer.stop()
         self.metrics.close()
@@ -887,11 +889,29 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
     return [list(row) for row in zip(*columns)]
 
 
-def _exit_after(seconds: float) -> None:
-    """Exit the process if it is still running ``seconds`` from now: calls that ignored the
-    shutdown (no query to stop: a write in progress) do not keep it alive. Like a crash, this
-    loses no acknowledged write."""
-    time.sleep(seconds)
+def _wait_for_signal(grace_s: float) -> None:
+    """Return at SIGTERM/SIGINT. The server listens from its construction: the main thread waits
+    here, in Python, where signal handlers run (Arrow's own ``serve()`` would shut the server down
+    on the signal itself, waiting for running calls forever)."""
+    requested = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if not requested.is_set():
+            log.info("signal %d: stopping (grace %.1f s)", signum, grace_s)
+        requested.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not requested.wait(1.0):
+        pass
+
+
+def _exit_unless(finished: threading.Event, seconds: float) -> None:
+    """Exit the process unless ``finished`` within ``seconds`` of the stop signal: calls that no
+    query control reaches (a write in progress) do not keep it alive. Like a crash, this loses no
+    acknowledged write."""
+    if finished.wait(seconds):
+        return
     log.error("calls still running %.1f s after the stop signal: exiting now", seconds)
     logging.shutdown()
     os._exit(1)
@@ -951,20 +971,20 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         print(f"flightstore metrics at http://{host}:{bound}/metrics", flush=True)
 
     grace_s = server_option(options, "server.shutdown-grace") / 1000
-
-    def stop(signum: int, frame: Any) -> None:
-        log.info("signal %d: stopping (grace %.1f s)", signum, grace_s)
-        threading.Thread(target=server.shutdown, args=(grace_s,), daemon=True).start()
-        threading.Thread(target=_exit_after, args=(grace_s + HARD_EXIT_MARGIN_S,), daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    finished = threading.Event()
+    guard = threading.Thread(target=_exit_unless, args=(finished, grace_s + HARD_EXIT_MARGIN_S),
+                             name="flightstore-exit-guard", daemon=True)
     try:
-        server.serve()
+        _wait_for_signal(grace_s)
+        guard.start()
+        server.shutdown(grace_s)  # stops accepting, waits grace_s, then stops running queries
     finally:
         if server.cluster is not None:
             server.cluster.stop()
         if server.tierer is not None:
             server.tierer.stop()
         store.close()
+        finished.set()
+        if guard.is_alive():
+            guard.join()  # no thread of ours may be left running when the interpreter finalizes
         print("flightstore stopped", flush=True)

@@ -86,6 +86,9 @@ class SqlEngine:
         self._closed.set()
         with self._lock:
             db, self._db = self._db, None
+            watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.join()  # no thread of ours may be left waiting when the process exits
         if db is not None:
             db.close()
 

@@ -46,6 +46,7 @@ from flightstore.store import Store, Table
 __all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
 
 PLAN_CACHE_SIZE = 4096
+INPUT_BATCH_ROWS = 32_768
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.Count, n.Changelog, n.Residual,
                 n.ShowDatabases, n.ShowTables, n.Describe, n.Explain, n.ShowGrants, n.ShowPartitions)
@@ -444,7 +445,7 @@ class Executor:
             table = self.store.table(item.table)
             if stream:
                 return (self._input_schema(item),
-                        table.scan(list(item.columns), item.filter, exact=False))
+                        _small_batches(table.scan(list(item.columns), item.filter, exact=False)))
             return table.scan_table(list(item.columns), item.filter, exact=False)
         if item.source == "partitions":
             full = self._partitions_table(item.table)
@@ -516,6 +517,14 @@ class Executor:
             raise ResourceExhausted(f"the query returns more than {self.max_result_rows:,} rows "
                                     "(server option query.max-result-rows); it was stopped")
         return rows
+
+
+def _small_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` as zero-copy slices of at most :data:`INPUT_BATCH_ROWS` rows: DuckDB reads
+    ahead a fixed number of input batches, so their size bounds what a streamed input holds."""
+    for batch in batches:
+        for start in range(0, batch.num_rows, INPUT_BATCH_ROWS):
+            yield batch.slice(start, INPUT_BATCH_ROWS)
 
 
 def _with_filter_columns(columns: Sequence[str], filter) -> list[str]:
