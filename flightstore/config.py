@@ -266,6 +266,11 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "nothing written.", minimum=1),
     ConfigOption("max.bucket.num", "int", 128_000,
                  "Most buckets one table may hold (`bucket.num` times its partitions).", minimum=1),
+    ConfigOption("max.table-bucket.num", "int", 1024,
+                 "Most buckets (`bucket.num`) CREATE TABLE may give a table (each partition of a "
+                 "partitioned one); more is refused at once. Each bucket of a primary-key table is "
+                 "a RocksDB instance opened with the table: about 7 MB of memory and 70 ms to "
+                 "create each.", minimum=1),
     ConfigOption("client.writer.dynamic-create-partition.enabled", "bool", True,
                  "A write to a partition that does not exist creates it (within `max.partition.num` "
                  "and `max.bucket.num`); `false` refuses such writes."),
