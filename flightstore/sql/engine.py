@@ -68,8 +68,7 @@ class SqlEngine:
     def _database(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
             if self._db is None:
-                config = {"enable_external_access": False, "memory_limit": f"{self.memory_limit}B",
-                          "preserve_insertion_order": False}
+                config = {"enable_external_access": False, "memory_limit": f"{self.memory_limit}B"}
                 if self.spill_dir is not None and self.spill_limit > 0:
                     shutil.rmtree(self.spill_dir, ignore_errors=True)  # a crashed run's leftovers
                     config["temp_directory"] = str(self.spill_dir)
