@@ -39,7 +39,10 @@ def _info(client: flight.FlightClient, sql: str) -> flight.FlightInfo:
 
 
 def _idle(served) -> bool:
-    return served.server.queries.count() == 0 and served.server.executor.engine.running() == 0
+    """No query stream registered, none inside DuckDB, and the active-queries metric at 0."""
+    active = served.server.metrics.active_queries._value.get()
+    return served.server.queries.count() == 0 and served.server.executor.engine.running() == 0 \
+        and active == 0
 
 
 def _still_serving(served) -> None:
