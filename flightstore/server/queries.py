@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Iterator, TypeVar
+from collections.abc import Iterator
+from typing import TypeVar
 
 from flightstore.sql.control import QueryControl
 
-__all__ = ["RunningQueries", "MAX_CANCELLED_IDS"]
+__all__ = ["MAX_CANCELLED_IDS", "RunningQueries"]
 
 MAX_CANCELLED_IDS = 10_000
 T = TypeVar("T")

@@ -14,8 +14,8 @@ import collections
 import re
 import shutil
 import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -23,7 +23,7 @@ import pyarrow as pa
 from flightstore.errors import Cancelled, FlightstoreError, ResourceExhausted, SqlError
 from flightstore.sql.control import QueryControl
 
-__all__ = ["SqlEngine", "InputRescanned", "WATCHDOG_INTERVAL_S"]
+__all__ = ["WATCHDOG_INTERVAL_S", "InputRescanned", "SqlEngine"]
 
 WATCHDOG_INTERVAL_S = 0.05
 _CONSUMED = "has already been consumed"
@@ -197,6 +197,6 @@ def engine_message(message: str, inputs: Mapping) -> str:
     out-of-memory error (the user cannot SET anything)."""
     kept = [line for line in message.splitlines() if line.strip()]
     cut = next((i for i, line in enumerate(kept)
-                if line.startswith("LINE ") or line.startswith("Possible solutions")), len(kept))
+                if line.startswith(("LINE ", "Possible solutions"))), len(kept))
     text = " ".join(kept[:cut])
     return re.sub(r'"?__t\d+"?(?: AS )?', "", text).strip()
