@@ -11,6 +11,7 @@ the DuckDB work of every query whose :class:`~flightstore.sql.control.QueryContr
 from __future__ import annotations
 
 import collections
+import logging
 import re
 import shutil
 import threading
@@ -26,6 +27,7 @@ from flightstore.sql.control import QueryControl
 __all__ = ["WATCHDOG_INTERVAL_S", "InputRescanned", "SqlEngine"]
 
 WATCHDOG_INTERVAL_S = 0.05
+log = logging.getLogger("flightstore.sql.engine")
 _CONSUMED = "has already been consumed"
 
 
@@ -159,11 +161,11 @@ class SqlEngine:
             with self._lock:
                 entries = list(self._running.values())
             for cursor, control in entries:
-                if control.reason is not None:
-                    try:
+                try:
+                    if control.reason is not None:
                         cursor.interrupt()
-                    except duckdb.Error:  # closed meanwhile
-                        pass
+                except Exception:  # noqa: BLE001 - closed meanwhile; the watchdog must live on
+                    log.debug("interrupting a query failed", exc_info=True)
 
     def _error(self, exc: BaseException, control: QueryControl | None, streams: dict,
                inputs: Mapping) -> FlightstoreError:

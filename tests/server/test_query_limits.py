@@ -16,19 +16,33 @@ from tests.waiting import wait_until
 
 ROWS = 20_000
 CROSS_JOIN = "SELECT a.id, b.id, a.v FROM t a, t b"
+# A stream of slowish batches (400M pairs hashed for 800k rows): it runs for long.
+SLOW_STREAM = "SELECT a.id, b.id FROM t a, t b WHERE hash(a.id * 31 + b.id) % 500 = 0"
 # One batch that takes DuckDB long (2.5 G hashes) before any row comes out.
 SLOW_AGGREGATE = "SELECT max(hash(a.id + b.id + c.id)) FROM t a, t b, t c WHERE c.id < 6"
 CAP = 300_000
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    running = RunningServer(tmp_path_factory.mktemp("limits") / "data",
-                            options={"query.max-result-rows": str(CAP), "query.timeout": "2s"})
+def _server(data_dir, options: dict[str, str]) -> RunningServer:
+    running = RunningServer(data_dir, options=options)
     table = running.store.create_table("t", pa.schema([("id", pa.int64()), ("v", pa.float64())]),
                                        options={"bucket.num": "2"})
     ids = np.arange(ROWS, dtype=np.int64)
     table.append(pa.table({"id": ids, "v": ids.astype(np.float64)}))
+    return running
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """No row cap, a long timeout: only the client stops these queries."""
+    running = _server(tmp_path_factory.mktemp("limits") / "data", {"query.max-result-rows": "0"})
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def limited(tmp_path):
+    running = _server(tmp_path / "data", {"query.max-result-rows": str(CAP), "query.timeout": "2s"})
     yield running
     running.stop()
 
@@ -66,7 +80,7 @@ def _drain_until_error(reader) -> BaseException:
 
 def test_cancel_flight_info_stops_a_running_stream(served) -> None:
     client = flight.FlightClient(served.uri)
-    info = _info(client, CROSS_JOIN)
+    info = _info(client, SLOW_STREAM)
     reader = client.do_get(info.endpoints[0].ticket)
     assert reader.read_chunk().data.num_rows > 0
     wait_until(lambda: served.server.executor.engine.running() == 1, "the query running in DuckDB")
@@ -83,7 +97,7 @@ def test_cancel_flight_info_stops_a_running_stream(served) -> None:
 
 def test_a_client_that_disconnects_stops_its_query(served) -> None:
     client = flight.FlightClient(served.uri)
-    reader = client.do_get(_info(client, CROSS_JOIN).endpoints[0].ticket)
+    reader = client.do_get(_info(client, SLOW_STREAM).endpoints[0].ticket)
     assert reader.read_chunk().data.num_rows > 0
     wait_until(lambda: served.server.executor.engine.running() == 1, "the query running in DuckDB")
     reader.cancel()
@@ -92,7 +106,8 @@ def test_a_client_that_disconnects_stops_its_query(served) -> None:
     _still_serving(served)
 
 
-def test_a_query_past_its_timeout_is_interrupted_mid_batch(served) -> None:
+def test_a_query_past_its_timeout_is_interrupted_mid_batch(limited) -> None:
+    served = limited
     client = flight.FlightClient(served.uri)
     stopped = served.server.executor.engine.stopped["timeout"]
     with pytest.raises(flight.FlightTimedOutError, match="query.timeout"):
@@ -103,7 +118,8 @@ def test_a_query_past_its_timeout_is_interrupted_mid_batch(served) -> None:
     client.close()
 
 
-def test_a_result_past_the_row_cap_is_refused_with_resource_exhausted(served) -> None:
+def test_a_result_past_the_row_cap_is_refused_with_resource_exhausted(limited) -> None:
+    served = limited
     client = flight.FlightClient(served.uri)
     reader = client.do_get(_info(client, CROSS_JOIN).endpoints[0].ticket)
     error = _drain_until_error(reader)
