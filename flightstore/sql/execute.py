@@ -58,6 +58,7 @@ from flightstore.store import Store, Table
 __all__ = ["ROWS_AFFECTED_SCHEMA", "Executor", "StoreCatalog", "is_query"]
 
 INPUT_BATCH_ROWS = 32_768
+MAX_TEMPLATE_LITERALS = 32  # more literals than any primary key has columns
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.UnionScan, n.LakeScan, n.Count,
                 n.Changelog, n.Residual,
@@ -149,6 +150,8 @@ class Executor:
         shape's template without parsing, and is not cached per literal text: a stream of
         distinct literals neither reparses nor fills the caches."""
         shape = literal_shape(sql) if params is None else None
+        if shape is not None and len(shape[1]) > MAX_TEMPLATE_LITERALS:
+            shape = None  # a template is one key row: a long literal list (IN) never makes one
         if shape is not None:
             planned = self._from_template(*shape, database)
             if planned is not None:
