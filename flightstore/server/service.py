@@ -33,8 +33,8 @@ from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.server import metadata, protocol, tickets
-from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler,
-                                     principal_of)
+from flightstore.server.auth import (AUTH_MIDDLEWARE, CALLER_TOKEN, BasicAuthMiddlewareFactory,
+                                     NoAuthHandler, principal_of, token_of)
 from flightstore.server.authz import Authorizer
 from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
@@ -98,11 +98,13 @@ def _rpc(method: Callable) -> Callable:
     @functools.wraps(method)
     def wrapper(self: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
         caller = _CALLER.set(principal_of(context))
+        token = CALLER_TOKEN.set(token_of(context))
         try:
             return method(self, context, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - every error leaves through _translate
             raise _translate(exc) from None
         finally:
+            CALLER_TOKEN.reset(token)
             _CALLER.reset(caller)
     return wrapper
 
@@ -291,8 +293,20 @@ class FlightSqlServer(flight.FlightServerBase):
         for partition in partitions:
             payload = {"sql": sql, "params": tickets.encode_params(params), "db": database,
                        "partition": partition, "query": query_id}
-            endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
+            endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload),
+                                                   self._bucket_locations(plan, partition)))
         return flight.FlightInfo(schema, descriptor, endpoints, -1, -1)
+
+    def _bucket_locations(self, plan: nodes.PlanNode, partition: int | None) -> list[str]:
+        """Where a per-bucket endpoint is served: in a cluster, the URI of the bucket's leader
+        (UNAVAILABLE naming it when it is down: no client gets a partial answer)."""
+        if partition is None or self.cluster is None:
+            return []
+        routed = self.store.table(plan.table)
+        place = routed.location(partition) if hasattr(routed, "location") else None
+        if place is None:
+            return [self.cluster.config.advertised_uri]
+        return [place.require().uri]
 
     def _answer_now(self, plan: nodes.PlanNode, schema: pa.Schema) -> pa.Table:
         """The whole result of a small query (GetFlightInfo ships it in the ticket): grants come
@@ -464,6 +478,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 (protocol.CLOSE_SESSION, "close the session"),
                 ("flightstore.offsets", "log offsets of a table's buckets"),
                 ("flightstore.cluster", "this server's view of its cluster (servers, bucket leaders)"),
+                ("flightstore.locations", "a table's bucketing and the URI of each bucket's leader"),
                 ("flightstore.writer", "the last batch sequence a writer applied"),
                 ("flightstore.buckets", "the buckets a scan with a filter reads (partitions pruned)"),
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
@@ -648,11 +663,15 @@ class FlightSqlServer(flight.FlightServerBase):
         table = self.store.table(payload["table"])
         self._authorize_table(Operation.READ, table)
         columns = payload.get("columns")
+        forwarded = bool(payload.get("local")) and hasattr(table, "check_owned")  # from a cluster peer
         if op in ("lookup", "prefix_lookup"):
-            keys = pa.table(payload["keys"])
+            keys = tickets.decode_table(payload["keys_ipc"]) if "keys_ipc" in payload \
+                else pa.table(payload["keys"])
             schema = table.projection(columns or table.schema.names)
             if plan_only:
                 return schema, iter(())
+            if forwarded:
+                table = table.owner_side_keys(keys)
             found = table.lookup(keys, columns) if op == "lookup" else \
                 table.prefix_lookup(keys, columns, payload.get("limit"))
             self.metrics.sent(str(table.path), found)
@@ -661,27 +680,50 @@ class FlightSqlServer(flight.FlightServerBase):
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = table.projection(columns or table.schema.names)
             buckets = payload.get("buckets")
-            return schema, self.metrics.metered(str(table.path),
-                                                table.scan(columns, filter, payload.get("limit"), buckets))
+            if forwarded:
+                if buckets is None:
+                    raise InvalidInput("a forwarded scan names its buckets")
+                table = table.check_owned(buckets)
+            return schema, self.metrics.metered(str(table.path), table.scan(
+                columns, filter, payload.get("limit"), buckets, exact=bool(payload.get("exact", True))))
         if op == "subscribe":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
             stop = threading.Event() if context is None else _CallStop(context, self._stop)
             if not plan_only:
                 self.metrics.mark_subscription(context)
+            if forwarded:
+                table = table.local
             return schema, self.metrics.metered(str(table.path), table.subscribe(
                 payload.get("start", "earliest"), columns=columns, stop=stop,
                 heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until")))
+        if op == "changelog":
+            full = changetype.changelog_schema(table.schema)
+            schema = pa.schema([full.field(c) for c in (columns or full.names)])
+            if plan_only:
+                return schema, iter(())
+            bucket = int(payload["bucket"])
+            if forwarded:
+                table = table.check_owned([bucket])
+            return schema, self.metrics.metered(str(table.path), table.read_changelog(
+                bucket, payload.get("from_offset"), columns=columns, to_offset=payload.get("to_offset"),
+                max_rows=payload.get("max_rows")))
         if op == "snapshot":
             full = changetype.snapshot_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
             if plan_only:
                 return schema, iter(())
+            if forwarded:
+                table = table.check_owned([int(payload["bucket"])])
             return schema, self.metrics.metered(str(table.path), table.read_snapshot(
                 int(payload["bucket"]), int(payload["at"]), columns))
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
-            return schema, pa.table({"count": [table.row_count()]}, schema=schema)
+            if forwarded:
+                table = table.local
+            partitions = payload.get("partitions")
+            count = table.row_count() if partitions is None else table.row_count(partitions)
+            return schema, pa.table({"count": [count]}, schema=schema)
         raise InvalidInput(f"unknown flightstore read command {op!r}")
 
     def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader) -> dict:
@@ -691,6 +733,8 @@ class FlightSqlServer(flight.FlightServerBase):
         data = reader.read_all()
         writer_id, sequence = payload.get("writer_id"), payload.get("sequence")
         columns = payload.get("columns")
+        if payload.get("local") and hasattr(table, "owner_side"):  # forwarded by a cluster peer
+            table = table.owner_side(data, columns, op)
         if op == "append":
             result = table.append(data, writer_id=writer_id, sequence=sequence)
         elif op == "upsert":
@@ -716,6 +760,8 @@ class FlightSqlServer(flight.FlightServerBase):
         if kind == "flightstore.offsets":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)  # as Fluss's LIST_OFFSETS
+            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
+                table = table.local
             which = payload.get("which", "end")
             if which == "end":
                 offsets = table.end_offsets()
@@ -773,6 +819,16 @@ class FlightSqlServer(flight.FlightServerBase):
             statuses = ([self.tierer.status(payload["table"])] if payload.get("table")
                         else self.tierer.statuses())
             return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})
+        if kind == "flightstore.locations":
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.DESCRIBE, table)
+            descriptor = table.descriptor
+            places = table.locations() if hasattr(table, "locations") else []
+            return tickets.encode_custom({
+                "op": "locations", "num_buckets": descriptor.num_buckets,
+                "bucket_key": list(descriptor.bucket_key), "partitioned": descriptor.is_partitioned,
+                "primary_key": list(descriptor.primary_key),
+                "leaders": [p.server.uri if p.server is not None else None for p in places]})
         if kind == "flightstore.cluster":
             self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.cluster is None:
@@ -891,6 +947,8 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         from flightstore.cluster.member import join
         try:
             server.cluster = join(cluster, store, host, server.port)
+            if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
+                server.authenticator.secret = server.cluster.secret
         except FlightstoreError as exc:
             server.shutdown()
             store.close()
