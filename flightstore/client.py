@@ -8,6 +8,14 @@ Security: ``grpc+tls://`` URIs verify the server against ``tls_root_certs`` (PEM
 path; default: the system's roots); ``cert_chain`` and ``private_key`` present a client certificate
 for mutual TLS. With ``username`` the connection authenticates (HTTP Basic, once) and sends the
 bearer token it gets; when the server says the token expired, it authenticates again and retries.
+
+Cluster mode: a :class:`TableClient` asks once where the table's buckets live
+(``flightstore.locations``) and sends each lookup, write and scan straight to the leaders of the
+buckets it touches (it computes buckets as the servers do), over one connection per server with
+the same credentials; what it cannot place (a log table without bucket key, counts,
+subscriptions, a partitioned table's scans) goes to the server it is connected to, which forwards
+per bucket. When a leader does not answer, the call goes through that server instead (which then
+names the unavailable bucket and server), and the locations are asked again next time.
 """
 
 from __future__ import annotations
@@ -65,6 +73,8 @@ class Connection:
         if override_hostname is not None:
             tls["override_hostname"] = override_hostname
         self._client = flight.FlightClient(uri, **tls)
+        self._tls = tls
+        self._peers: dict[str, Connection] = {}  # cluster mode: connections to other servers
         self._timeout = timeout
         self._credentials = (username, password or "") if username is not None else None
         self._options = flight.FlightCallOptions(timeout=timeout)
@@ -93,7 +103,21 @@ class Connection:
         self.close()
 
     def close(self) -> None:
+        for peer in self._peers.values():
+            peer.close()
+        self._peers.clear()
         self._client.close()
+
+    def _peer(self, uri: str) -> "Connection":
+        """The connection to another server of the cluster (same credentials and TLS settings)."""
+        if uri == self.uri:
+            return self
+        peer = self._peers.get(uri)
+        if peer is None:
+            username, password = self._credentials or (None, None)
+            peer = self._peers[uri] = Connection(uri, username=username, password=password,
+                                                 timeout=self._timeout, **self._tls)
+        return peer
 
     # ---- SQL ----------------------------------------------------------------------------------
     def sql(self, text: str) -> pa.Table:
@@ -217,6 +241,52 @@ class TableClient:
         self.name = name
         self.writer_id = writer_id or uuid.uuid4().hex
         self._sequence = None
+        self._layout: dict | None = None  # cluster mode: bucketing and leaders (flightstore.locations)
+
+    # ---- cluster mode: where buckets live --------------------------------------------------------
+    def _locations(self) -> dict | None:
+        """The table's bucketing and each bucket's leader URI; None on a single server (or when a
+        bucket has no live leader: then the connected server answers, naming it)."""
+        if self._layout is None:
+            try:
+                self._layout = self.connection._action("flightstore.locations", {"table": self.name})
+            except (flight.FlightError, pa.ArrowException):  # may not describe it, or no such table:
+                self._layout = {"leaders": []}              # the connected server answers and says
+        layout = self._layout
+        if not layout.get("leaders") or None in layout["leaders"]:
+            return None
+        return layout
+
+    def _by_leader(self, rows: pa.Table, key: Sequence[str] | None = None) -> list[tuple[str, pa.Table]] | None:
+        """``rows`` split by the URI of their bucket's leader; None when the connected server
+        should route them (single server, no bucket key, key columns missing)."""
+        layout = self._locations()
+        if layout is None or layout["partitioned"]:
+            return None
+        key = list(key or layout["bucket_key"])
+        if not key or any(c not in rows.column_names for c in key) or rows.num_rows == 0:
+            return None
+        from flightstore.bucketing import bucket_ids  # numpy: only in cluster mode
+        try:
+            buckets = bucket_ids(rows.select(key), key, layout["num_buckets"])
+        except (pa.ArrowException, TypeError, ValueError):
+            return None
+        leaders = [layout["leaders"][b] for b in buckets.tolist()]
+        uris = list(dict.fromkeys(leaders))
+        if len(uris) == 1:
+            return [(uris[0], rows)]
+        import numpy as np
+        marks = np.array(leaders)
+        return [(uri, rows.filter(pa.array(marks == uri))) for uri in uris]
+
+    def _direct(self, uri: str, call: Callable[["Connection"], T], fallback: Callable[[], T]) -> T:
+        """``call`` on the leader at ``uri``; through the connected server if the leader does not
+        answer (it forwards, or names the unavailable bucket), asking for locations again later."""
+        try:
+            return call(self.connection._peer(uri))
+        except flight.FlightUnavailableError:
+            self._layout = None
+            return fallback()
 
     # ---- writes -------------------------------------------------------------------------------
     def _next_sequence(self) -> int:
@@ -231,16 +301,24 @@ class TableClient:
         sequence = self._next_sequence()
         payload = {"op": op, "table": self.name, "columns": list(columns) if columns else None,
                    "writer_id": self.writer_id, "sequence": sequence}
-        for attempt in range(self.RETRIES):
-            try:
-                result = self.connection._put(payload, table)
-                break
-            except flight.FlightUnavailableError:
-                if attempt == self.RETRIES - 1:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+        parts = self._by_leader(table) or [(self.connection.uri, table)]
+        results = []
+        for uri, part in parts:  # each part to its leader, same writer id and sequence
+            for attempt in range(self.RETRIES):
+                try:
+                    results.append(self._direct(uri, lambda c, part=part: c._put(payload, part),
+                                                lambda part=part: self.connection._put(payload, part)))
+                    break
+                except flight.FlightUnavailableError:
+                    if attempt == self.RETRIES - 1:
+                        raise
+                    time.sleep(0.2 * (attempt + 1))
         self._sequence = sequence
-        return result
+        if len(results) == 1:
+            return results[0]
+        return {"op": "written", "rows": sum(r["rows"] for r in results),
+                "duplicate": any(r["duplicate"] for r in results),
+                "offsets": {k: v for r in results for k, v in r["offsets"].items()}}
 
     def append(self, data: Any) -> dict:
         """Append rows to a log table."""
@@ -285,13 +363,22 @@ class TableClient:
     def lookup(self, keys: Any, columns: Sequence[str] | None = None) -> pa.Table:
         payload = {"op": "lookup", "table": self.name, "keys": self._keys(keys),
                    "columns": list(columns) if columns else None}
-        return self.connection._get(payload).read_all()
+        return self._read_one(keys, payload)
+
+    def _read_one(self, keys: Any, payload: dict) -> pa.Table:
+        """A lookup from the leader of its keys when they share one (the connected server
+        otherwise: it splits them by leader and keeps the key order)."""
+        parts = self._by_leader(as_table(keys))
+        if parts is None or len(parts) != 1:
+            return self.connection._get(payload).read_all()
+        return self._direct(parts[0][0], lambda c: c._get(payload).read_all(),
+                            lambda: self.connection._get(payload).read_all())
 
     def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
         payload = {"op": "prefix_lookup", "table": self.name, "keys": self._keys(prefix),
                    "columns": list(columns) if columns else None, "limit": limit}
-        return self.connection._get(payload).read_all()
+        return self._read_one(prefix, payload)
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None) -> pa.Table:
@@ -299,7 +386,21 @@ class TableClient:
         payload = {"op": "scan", "table": self.name, "columns": list(columns) if columns else None,
                    "filter": filter.to_dict() if filter is not None else None, "limit": limit,
                    "buckets": list(buckets) if buckets is not None else None}
-        return self.connection._get(payload).read_all()
+        layout = self._locations()
+        if layout is None or layout["partitioned"] or limit is not None:
+            return self.connection._get(payload).read_all()
+        wanted = list(range(layout["num_buckets"])) if buckets is None else [int(b) for b in buckets]
+        if not wanted or any(not 0 <= b < layout["num_buckets"] for b in wanted):
+            return self.connection._get(payload).read_all()  # the server names the bad bucket
+        by_uri: dict[str, list[int]] = {}
+        for bucket in wanted:
+            by_uri.setdefault(layout["leaders"][bucket], []).append(bucket)
+        parts = []
+        for uri, mine in by_uri.items():  # each leader streams its own buckets
+            one = {**payload, "buckets": mine}
+            parts.append(self._direct(uri, lambda c, one=one: c._get(one).read_all(),
+                                      lambda one=one: self.connection._get(one).read_all()))
+        return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
 
     def row_count(self) -> int:
         return self.connection._get({"op": "count", "table": self.name}).read_all().column(0)[0].as_py()

@@ -255,6 +255,30 @@ class RoutedTable:
         self.check_owned(np.unique(local.buckets_of(conformed)).tolist())
         return local
 
+    def accept_gap(self, writer_id: str | None, sequence: int | None) -> None:
+        """Let ``writer_id``'s batch ``sequence`` follow whatever this server saw of it before.
+
+        A writer's batches are split by leader, so a server sees only those with rows in its
+        buckets: a gap in its sequence is another server's share, not a lost batch. A retried
+        batch is still applied once (its sequence is not above what the buckets applied)."""
+        if writer_id is None or sequence is None or int(sequence) <= 0:
+            return
+        local = self.local
+        last = local._writers.sequence(writer_id)
+        if last is None or last < int(sequence) - 1:
+            local._writers.note(writer_id, int(sequence) - 1, local._clock())
+
+    def writer_sequence(self, writer_id: str) -> int | None:
+        """The last batch sequence of ``writer_id`` any leader of this table applied."""
+        known = [self.local.writer_sequence(writer_id)]
+        token = CALLER_TOKEN.get()
+        for place in self._servers():
+            known.append(self.peers.action(place, "flightstore.writer",
+                                           {"table": str(self.local.path), "writer_id": writer_id},
+                                           token)["sequence"])
+        found = [s for s in known if s is not None]
+        return max(found) if found else None
+
     def _conformed(self, op: str, data: Any, columns: Sequence[str] | None) -> pa.Table:
         local = self.local
         if op == "append" or not local.has_primary_key:
@@ -340,6 +364,7 @@ class RoutedTable:
     def _write_local(self, op: str, part: pa.Table, columns: Sequence[str] | None, kinds: pa.Array | None,
                      writer_id: str | None, sequence: int | None) -> WriteResult:
         local = self.local
+        self.accept_gap(writer_id, sequence)
         if op == "append":
             local.round_robin_buckets = self.owned() or None
             return local.append(part, writer_id=writer_id, sequence=sequence)

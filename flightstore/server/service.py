@@ -734,6 +734,7 @@ class FlightSqlServer(flight.FlightServerBase):
         writer_id, sequence = payload.get("writer_id"), payload.get("sequence")
         columns = payload.get("columns")
         if payload.get("local") and hasattr(table, "owner_side"):  # forwarded by a cluster peer
+            table.accept_gap(writer_id, sequence)
             table = table.owner_side(data, columns, op)
         if op == "append":
             result = table.append(data, writer_id=writer_id, sequence=sequence)
@@ -806,6 +807,8 @@ class FlightSqlServer(flight.FlightServerBase):
         if kind == "flightstore.writer":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
+            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
+                table = table.local
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
         if kind == "flightstore.lake-status":

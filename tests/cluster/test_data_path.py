@@ -19,6 +19,7 @@ from pyarrow import flight
 
 import flightstore
 from flightstore.bucketing import bucket_ids
+from flightstore.expressions import Comparison
 from flightstore.server import protocol, tickets
 from tests.cluster.conftest import CALL, Observer, Servers, describe
 from tests.server.conftest import RunningServer
@@ -182,3 +183,42 @@ def test_per_bucket_endpoints_name_every_leader(cluster):
         assert sorted(ids) == list(range(100))
     finally:
         client.close()
+
+
+def _client_scenario(uri: str) -> dict:
+    """The Python client's writes and reads (each bucket's from its leader in a cluster)."""
+    with flightstore.connect(uri) as conn:
+        conn.sql("CREATE TABLE shop.kv (k BIGINT, v STRING, n BIGINT, PRIMARY KEY (k) NOT ENFORCED) "
+                 "WITH ('bucket.num' = '6')")
+        kv = conn.table("shop.kv")
+        kv.upsert(pa.table({"k": pa.array(range(50), pa.int64()), "v": [f"v{i}" for i in range(50)],
+                            "n": pa.array(range(50), pa.int64())}))
+        kv.upsert(pa.table({"k": pa.array([3, 4], pa.int64()), "n": pa.array([300, 400], pa.int64())}),
+                  columns=["k", "n"])
+        kv.delete(pa.table({"k": pa.array([5, 6, 7], pa.int64())}))
+        ends = kv.offsets("end")
+        with kv.subscribe("earliest", until=ends) as subscription:
+            changes = pa.Table.from_batches(list(subscription))
+        answers = {
+            "one": kv.lookup({"k": [4]}).to_pylist(),
+            "many": kv.lookup({"k": [9, 3, 77, 5, 20]}).to_pylist(),
+            "count": kv.row_count(),
+            "scan": sorted(kv.scan(columns=["k", "n"]).to_pylist(), key=lambda r: r["k"]),
+            "filtered": sorted(kv.scan(filter=Comparison("n", ">", 45)).column("k").to_pylist()),
+            "changes": Counter(changes.column("_change_type").to_pylist()),
+            "sql": conn.sql("SELECT SUM(n) AS s, COUNT(*) AS c FROM shop.kv").to_pylist(),
+            "direct": sorted(conn._peers),
+        }
+        return answers
+
+
+def test_python_client_reads_and_writes_leaders_directly(cluster, single):
+    servers, observer, uris = cluster
+    got = _client_scenario(uris[1])
+    want = _client_scenario(single.uri)
+    assert want.pop("direct") == []
+    assert got.pop("direct") == sorted([uris[2], uris[3]])  # it talked to the other leaders itself
+    assert got == want
+    assert got["one"] == [{"k": 4, "v": "v4", "n": 400}] and got["count"] == 47
+    held = {i: _local_count(uris[i], "shop.kv") for i in SERVER_IDS}
+    assert sum(held.values()) == 47 and all(held.values())
