@@ -23,6 +23,7 @@ from flightstore.expressions import Comparison
 from flightstore.server import protocol, tickets
 from tests.cluster.conftest import CALL, Observer, Servers, describe
 from tests.server.conftest import RunningServer
+from tests.spark.conftest import spark  # noqa: F401 - the session fixture, for the Spark test
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -222,3 +223,22 @@ def test_python_client_reads_and_writes_leaders_directly(cluster, single):
     assert got["one"] == [{"k": 4, "v": "v4", "n": 400}] and got["count"] == 47
     held = {i: _local_count(uris[i], "shop.kv") for i in SERVER_IDS}
     assert sum(held.values()) == 47 and all(held.values())
+
+
+@pytest.mark.slow
+def test_spark_reads_and_writes_through_any_server(cluster, spark):
+    servers, observer, uris = cluster
+    with flightstore.connect(uris[3]) as conn:
+        conn.sql("CREATE TABLE shop.sk (k BIGINT, a STRING, b BIGINT, PRIMARY KEY (k) NOT ENFORCED) "
+                 "WITH ('bucket.num' = '6')")
+    frame = spark.range(0, 300).selectExpr("id AS k", "concat('a', id) AS a", "id * 2 AS b")
+    frame.write.format("flightstore").option("uri", uris[2]).option("table", "shop.sk").mode("append").save()
+    held = {i: _local_count(uris[i], "shop.sk") for i in SERVER_IDS}
+    assert sum(held.values()) == 300 and all(held.values())
+    read = spark.read.format("flightstore").option("uri", uris[1]).option("table", "shop.sk").load()
+    assert read.rdd.getNumPartitions() == 6
+    rows = {r["k"]: (r["a"], r["b"]) for r in read.collect()}
+    assert rows == {k: (f"a{k}", 2 * k) for k in range(300)}
+    pushed = (spark.read.format("flightstore").option("uri", uris[2])
+              .option("query", "SELECT k, b FROM shop.sk WHERE b >= 500").load())
+    assert sorted(r["k"] for r in pushed.collect()) == [k for k in range(250, 300)]

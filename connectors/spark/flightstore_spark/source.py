@@ -131,14 +131,17 @@ class FlightstoreReader(DataSourceReader):
         with options.connect() as conn:
             if options.query:
                 info = _flight.query_endpoints(conn, options.query)
-                return [InputPartition({"ticket": e.ticket.ticket}) for e in info.endpoints]
+                return [InputPartition({"ticket": e.ticket.ticket, "uri": _flight.endpoint_uri(e)})
+                        for e in info.endpoints]
             client = conn.table(options.table)
+            leaders = _flight.leaders(conn, options.table)  # in a cluster: read each bucket at its leader
             if wants_changelog(options):
                 starts, ends = client.offsets("start"), client.offsets("end")
                 columns = self.schema.fieldNames()
                 return [InputPartition({"payload": {
                     "op": "subscribe", "table": options.table, "columns": columns,
-                    "start": {str(b): starts[b]}, "until": {str(b): ends[b]}}})
+                    "start": {str(b): starts[b]}, "until": {str(b): ends[b]}},
+                    "uri": leaders[b % len(leaders)] if leaders else None})
                     for b in sorted(ends) if ends[b] > starts[b]]
             # One input partition per bucket; of a partitioned table, per (partition, bucket) of
             # the partitions the pushed filters cannot rule out.
@@ -146,11 +149,12 @@ class FlightstoreReader(DataSourceReader):
         columns = options.columns or self.schema.fieldNames()
         filter_json = self.pushed.to_dict() if self.pushed is not None else None
         return [InputPartition({"payload": {"op": "scan", "table": options.table, "columns": columns,
-                                            "filter": filter_json, "buckets": [bucket]}})
+                                            "filter": filter_json, "buckets": [bucket]},
+                                "uri": leaders[bucket % len(leaders)] if leaders else None})
                 for bucket in buckets]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        with self.options.connect() as conn:
+        with self.options.connect(partition.value.get("uri")) as conn:
             value = partition.value
             if "ticket" in value:
                 batches = _flight.read_ticket(conn, value["ticket"])
