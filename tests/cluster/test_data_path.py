@@ -23,6 +23,7 @@ from flightstore.expressions import Comparison
 from flightstore.server import protocol, tickets
 from tests.cluster.conftest import CALL, Observer, Servers, describe
 from tests.server.conftest import RunningServer
+from tests.server.test_flightsql_dbapi import DBAPI_SCRIPT, dbapi_python, port_of, run_client  # noqa: F401
 from tests.spark.conftest import spark  # noqa: F401 - the session fixture, for the Spark test
 
 pytestmark = pytest.mark.timeout(900)
@@ -242,3 +243,14 @@ def test_spark_reads_and_writes_through_any_server(cluster, spark):
     pushed = (spark.read.format("flightstore").option("uri", uris[2])
               .option("query", "SELECT k, b FROM shop.sk WHERE b >= 500").load())
     assert sorted(r["k"] for r in pushed.collect()) == [k for k in range(250, 300)]
+
+
+def test_flightsql_dbapi_through_a_server_that_leads_few_buckets(cluster, single, dbapi_python, tmp_path):
+    """flightsql-dbapi's whole script (DDL, DML, lookups, GROUP BY, joins, prepared statements,
+    metadata) through server 2 answers what it answers on a single server."""
+    servers, observer, uris = cluster
+    got = run_client(dbapi_python, tmp_path, DBAPI_SCRIPT, int(uris[2].rsplit(":", 1)[1]))
+    want = run_client(dbapi_python, tmp_path, DBAPI_SCRIPT, port_of(single))
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name] == want[name], name
