@@ -177,6 +177,7 @@ class RoutedTable:
         self._view = view
         self.peers = peers
         self._round_robin = itertools.count()
+        self._placed: tuple[ClusterView | None, list[BucketLocation], np.ndarray] = (None, [], np.zeros(0))
 
     def __getattr__(self, name: str) -> Any:  # descriptor, schema, projection, bucket_ids, ...
         return getattr(self.local, name)
@@ -184,10 +185,21 @@ class RoutedTable:
     # ---- where buckets live -------------------------------------------------------------------
     def locations(self) -> list[BucketLocation]:
         """Each bucket's leader (by bucket number within a partition) in the current view."""
+        return self._placement()[0]
+
+    def _placement(self) -> tuple[list[BucketLocation], np.ndarray]:
+        """The locations and leader ids of the current view (computed once per view)."""
+        view = self._view()
+        cached = self._placed
+        if cached[0] is view:
+            return cached[1], cached[2]
         try:
-            return self._view().locations(self.local.path)
+            places = view.locations(self.local.path)
         except TableNotFound:  # not in this view yet (the mirror runs ahead): nothing to route
-            return []
+            places = []
+        leaders = np.array([p.leader for p in places], dtype=np.int64)
+        self._placed = (view, places, leaders)
+        return places, leaders
 
     def location(self, bucket: int) -> BucketLocation | None:
         """The leader of table-wide bucket ``bucket``; None when this server serves it itself."""
@@ -205,10 +217,9 @@ class RoutedTable:
         return [p.bucket for p in places if p.leader == self.server_id]
 
     def _leaders(self, buckets: np.ndarray) -> tuple[np.ndarray, list[BucketLocation]]:
-        places = self.locations()
+        places, leaders = self._placement()
         if not places:
             return np.full(len(buckets), self.server_id), []
-        leaders = np.array([p.leader for p in places], dtype=np.int64)
         return leaders[np.asarray(buckets, dtype=np.int64) % len(places)], places
 
     def _place_of(self, server_id: int, places: list[BucketLocation]) -> BucketLocation:
