@@ -128,9 +128,13 @@ class Connection:
         return self.read_info(info)
 
     def read_info(self, info: flight.FlightInfo) -> pa.Table:
-        """Read every endpoint of ``info`` (in order) into one table."""
-        parts = [self._retrying(lambda ticket=endpoint.ticket: self._client.do_get(ticket, self._options).read_all())
-                 for endpoint in info.endpoints]
+        """Read every endpoint of ``info`` (in order) into one table, each from the server its
+        location names (a bucket's leader in a cluster), else from this one."""
+        parts = []
+        for endpoint in info.endpoints:
+            server = self._peer(endpoint.locations[0].uri.decode()) if endpoint.locations else self
+            parts.append(server._retrying(
+                lambda server=server, ticket=endpoint.ticket: server._client.do_get(ticket, server._options).read_all()))
         if not parts:
             return info.schema.empty_table()
         return pa.concat_tables(parts)

@@ -185,6 +185,10 @@ def test_per_bucket_endpoints_name_every_leader(cluster):
         assert sorted(ids) == list(range(100))
     finally:
         client.close()
+    with flightstore.connect(uris[3]) as conn:  # the Python client reads each endpoint at its leader
+        conn.set_session_options({"flightstore.per-bucket-endpoints": True})
+        assert sorted(conn.sql("SELECT id FROM shop.clicks").column("id").to_pylist()) == list(range(100))
+        assert sorted(conn._peers) == sorted([uris[1], uris[2]])
 
 
 def _client_scenario(uri: str) -> dict:
