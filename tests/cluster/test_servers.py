@@ -102,8 +102,11 @@ def test_three_servers_assign_survive_kills_and_reelect(servers, observer):
     view = observer.wait(lambda v: set(v.servers) == {1, 2, 3}, "server 3 registering again")
     assert all(loc.available for loc in view.locations(ORDERS))
     assert [loc.leader for loc in view.locations(ORDERS)] == [loc.leader for loc in locations]
-    assert describe(uris[3], "shop.orders")["tables"]["shop.orders"]["buckets"] == \
-        describe(uris[1], "shop.orders")["tables"]["shop.orders"]["buckets"]
+    # Each server's own cache follows ZooKeeper by watches: wait until both see server 3 back.
+    def all_available(d: dict) -> bool:
+        return all(b["available"] for b in d["tables"]["shop.orders"]["buckets"])
+    assert observer_wait_remote(uris[3], all_available)["tables"]["shop.orders"]["buckets"] == \
+        observer_wait_remote(uris[1], all_available)["tables"]["shop.orders"]["buckets"]
     # Every acknowledged write is there, read through the restarted server.
     expected = {i: i + 0.5 for i in range(1, 31)} | {k: 100.0 for k in live_new}
     rows = _sql(uris[3], "SELECT id, amount FROM shop.orders").to_pylist()
