@@ -23,17 +23,18 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
-import pyarrow.flight as flight
+from pyarrow import flight
 
 from flightstore.errors import InvalidOption
 from flightstore.expressions import Predicate
 from flightstore.schema import as_table
 from flightstore.server import protocol, tickets
 
-__all__ = ["connect", "Connection", "TableClient", "Subscription"]
+__all__ = ["Connection", "Subscription", "TableClient", "connect"]
 
 MAX_SEND_BYTES = 4 * 1024 * 1024  # per Flight message, far below gRPC's 16 MiB limit
 T = TypeVar("T")
@@ -50,7 +51,7 @@ def _pem(value: Pem | None) -> bytes | None:
 def connect(uri: str = "grpc://127.0.0.1:8815", *, username: str | None = None,
             password: str | None = None, timeout: float | None = None,
             tls_root_certs: Pem | None = None, cert_chain: Pem | None = None,
-            private_key: Pem | None = None, override_hostname: str | None = None) -> "Connection":
+            private_key: Pem | None = None, override_hostname: str | None = None) -> Connection:
     """Connect to a flightstore server (see the module doc for TLS and authentication)."""
     return Connection(uri, username=username, password=password, timeout=timeout,
                       tls_root_certs=tls_root_certs, cert_chain=cert_chain, private_key=private_key,
@@ -96,7 +97,7 @@ class Connection:
             self._authenticate()
             return call()
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -108,7 +109,7 @@ class Connection:
         self._peers.clear()
         self._client.close()
 
-    def _peer(self, uri: str) -> "Connection":
+    def _peer(self, uri: str) -> Connection:
         """The connection to another server of the cluster (same credentials and TLS settings)."""
         if uri == self.uri:
             return self
@@ -177,7 +178,7 @@ class Connection:
         return {key: getattr(value, value.WhichOneof("option_value")) for key, value in options.items()
                 if value.WhichOneof("option_value") not in (None, "string_list_value")}
 
-    def table(self, name: str, *, writer_id: str | None = None) -> "TableClient":
+    def table(self, name: str, *, writer_id: str | None = None) -> TableClient:
         return TableClient(self, name, writer_id=writer_id)
 
     def lake_status(self, table: str | None = None) -> list[dict]:
@@ -228,7 +229,7 @@ class Subscription:
     def close(self) -> None:
         self._reader.cancel()
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -283,7 +284,7 @@ class TableClient:
         marks = np.array(leaders)
         return [(uri, rows.filter(pa.array(marks == uri))) for uri in uris]
 
-    def _direct(self, uri: str, call: Callable[["Connection"], T], fallback: Callable[[], T]) -> T:
+    def _direct(self, uri: str, call: Callable[[Connection], T], fallback: Callable[[], T]) -> T:
         """``call`` on the leader at ``uri``; through the connected server if the leader does not
         answer (it forwards, or names the unavailable bucket), asking for locations again later."""
         try:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from flightstore.alter import Change, RenameTable, apply_changes
-from flightstore.cluster.routing import Peers, RoutedTable
+from flightstore.cluster.peers import Peers
+from flightstore.cluster.routing import RoutedTable
 from flightstore.config import SERVER_OPTIONS
 from flightstore.errors import CoordinatorUnavailable
 from flightstore.schema import TableDescriptor, TablePath

@@ -19,22 +19,35 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.flight as flight
+from pyarrow import flight
 
 from flightstore import changetype
+from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
-from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
-                               Unsupported)
+from flightstore.errors import (
+    DataDirectoryInUse,
+    FlightstoreError,
+    InvalidInput,
+    NotFound,
+    TableNotFound,
+    Unsupported,
+)
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
-from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.server import metadata, protocol, tickets
-from flightstore.server.auth import (AUTH_MIDDLEWARE, CALLER_TOKEN, BasicAuthMiddlewareFactory,
-                                     NoAuthHandler, principal_of, token_of)
+from flightstore.server.auth import (
+    AUTH_MIDDLEWARE,
+    CALLER_TOKEN,
+    BasicAuthMiddlewareFactory,
+    NoAuthHandler,
+    principal_of,
+    token_of,
+)
 from flightstore.server.authz import Authorizer
 from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
@@ -43,13 +56,13 @@ from flightstore.server.session import Session, apply_options, option_values
 from flightstore.server.tls import TlsConfig
 from flightstore.server.users import UserStore
 from flightstore.sql import nodes
-from flightstore.sql.privileges import plan_tables, required_permissions, table_resource
-from flightstore.sql.resolve import resolve_database
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
 from flightstore.sql.plan import parameter_schema
+from flightstore.sql.privileges import plan_tables, required_permissions, table_resource
+from flightstore.sql.resolve import resolve_database
 from flightstore.store import Store
 
-__all__ = ["FlightSqlServer", "serve", "rechunk", "MAX_BATCH_BYTES"]
+__all__ = ["MAX_BATCH_BYTES", "FlightSqlServer", "rechunk", "serve"]
 
 log = logging.getLogger("flightstore.server")
 # Flight messages of at most 2 MiB: the client decodes one while the next is on the wire. A 24 MB
@@ -393,7 +406,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _metadata_table(self, command: Any, session: Session) -> pa.Table:
         name = command.DESCRIPTOR.name
-        optional = lambda field: getattr(command, field) if command.HasField(field) else None  # noqa: E731
+        optional = lambda field: getattr(command, field) if command.HasField(field) else None
         if name == "CommandGetCatalogs":
             return metadata.catalogs_table()
         if name == "CommandGetDbSchemas":

@@ -25,9 +25,21 @@ from flightstore.errors import InvalidInput
 from flightstore.expressions import _decode_value, _encode_value
 from flightstore.server import protocol
 
-__all__ = ["CUSTOM_PREFIX", "RESULT_PREFIX", "INLINE_RESULT_BYTES", "result_ticket", "is_result",
-           "decode_result", "encode_custom", "decode_custom", "is_custom", "query_ticket",
-           "decode_query_handle", "encode_params", "decode_params"]
+__all__ = [
+    "CUSTOM_PREFIX",
+    "INLINE_RESULT_BYTES",
+    "RESULT_PREFIX",
+    "decode_custom",
+    "decode_params",
+    "decode_query_handle",
+    "decode_result",
+    "encode_custom",
+    "encode_params",
+    "is_custom",
+    "is_result",
+    "query_ticket",
+    "result_ticket",
+]
 
 CUSTOM_PREFIX = b"flightstore/1 "
 RESULT_PREFIX = b"flightstore/result "

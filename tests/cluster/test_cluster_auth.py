@@ -63,8 +63,8 @@ def test_tokens_work_on_every_server_and_travel_with_forwarded_calls(servers, ob
             other.do_get(ticket, _with_token(eve_token)).read_all()
     finally:
         other.close()
-    with flightstore.connect(uris[2], username="eve", password="s3cret-eve") as conn:
-        with pytest.raises(flight.FlightUnauthorizedError):
-            conn.table("t").upsert(pa.table({"k": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}))
+    with flightstore.connect(uris[2], username="eve", password="s3cret-eve") as conn, \
+            pytest.raises(flight.FlightUnauthorizedError):
+        conn.table("t").upsert(pa.table({"k": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}))
     with flightstore.connect(uris[2], username="admin", password="s3cret-admin") as conn:
         assert conn.sql("SELECT v FROM t WHERE k = 1").to_pylist() == [{"v": "v1"}]

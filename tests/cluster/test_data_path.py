@@ -23,8 +23,7 @@ from flightstore.expressions import Comparison
 from flightstore.server import protocol, tickets
 from tests.cluster.conftest import CALL, Observer, Servers, describe
 from tests.server.conftest import RunningServer
-from tests.server.test_flightsql_dbapi import DBAPI_SCRIPT, dbapi_python, port_of, run_client  # noqa: F401
-from tests.spark.conftest import spark  # noqa: F401 - the session fixture, for the Spark test
+from tests.server.test_flightsql_dbapi import DBAPI_SCRIPT, port_of, run_client
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -40,7 +39,7 @@ def cluster(tmp_path_factory, zookeeper):
         uris = {i: running.start(i).uri for i in SERVER_IDS}
         watching.wait(lambda v: set(v.servers) == set(SERVER_IDS) and v.coordinator is not None,
                       "three servers and a coordinator")
-        yield running, watching, uris
+        yield uris
     finally:
         running.stop_all()
         watching.close()
@@ -77,10 +76,10 @@ def _local_count(uri: str, table: str) -> int:
 
 DDL = [
     "CREATE DATABASE shop",
-    "CREATE TABLE shop.users (id BIGINT, name STRING, score DOUBLE, PRIMARY KEY (id) NOT ENFORCED) "
-    "WITH ('bucket.num' = '6')",
-    "CREATE TABLE shop.orders (oid BIGINT, user_id BIGINT, amount DOUBLE, PRIMARY KEY (oid) NOT ENFORCED) "
-    "WITH ('bucket.num' = '6')",
+    ("CREATE TABLE shop.users (id BIGINT, name STRING, score DOUBLE, PRIMARY KEY (id) NOT ENFORCED) "
+     "WITH ('bucket.num' = '6')"),
+    ("CREATE TABLE shop.orders (oid BIGINT, user_id BIGINT, amount DOUBLE, PRIMARY KEY (oid) NOT ENFORCED) "
+     "WITH ('bucket.num' = '6')"),
     "CREATE TABLE shop.clicks (id BIGINT, page STRING) WITH ('bucket.num' = '6', 'bucket.key' = 'id')",
 ]
 WRITES = [
@@ -101,8 +100,8 @@ QUERIES = [
     "SELECT * FROM shop.users ORDER BY id",
     "SELECT id FROM shop.users WHERE score > 20 ORDER BY id",
     "SELECT page, COUNT(*) AS n, SUM(id) AS s FROM shop.clicks GROUP BY page ORDER BY page",
-    "SELECT u.name, SUM(o.amount) AS total FROM shop.orders o JOIN shop.users u ON o.user_id = u.id "
-    "GROUP BY u.name ORDER BY u.name",
+    ("SELECT u.name, SUM(o.amount) AS total FROM shop.orders o JOIN shop.users u ON o.user_id = u.id "
+     "GROUP BY u.name ORDER BY u.name"),
     "SELECT id, _change_type FROM shop.users$changelog ORDER BY id, _log_offset",
     "SELECT * FROM shop.clicks WHERE id = 42",
 ]
@@ -129,7 +128,7 @@ def _scenario(connect, uris: list[str]) -> list:
 
 
 def test_data_lives_on_leaders_and_any_server_answers_like_one(cluster, single, tmp_path):
-    servers, observer, uris = cluster
+    uris = cluster
     cluster_answers = _scenario(_adbc, [uris[i] for i in SERVER_IDS])
     single_answers = _scenario(_adbc, [single.uri])
     for sql, got, want in zip(QUERIES, cluster_answers, single_answers):
@@ -164,7 +163,7 @@ def test_data_lives_on_leaders_and_any_server_answers_like_one(cluster, single, 
 
 
 def test_per_bucket_endpoints_name_every_leader(cluster):
-    servers, observer, uris = cluster
+    uris = cluster
     client = flight.FlightClient(uris[2])
     try:
         request = protocol.SetSessionOptionsRequest()
@@ -219,7 +218,7 @@ def _client_scenario(uri: str) -> dict:
 
 
 def test_python_client_reads_and_writes_leaders_directly(cluster, single):
-    servers, observer, uris = cluster
+    uris = cluster
     got = _client_scenario(uris[1])
     want = _client_scenario(single.uri)
     assert want.pop("direct") == []
@@ -232,7 +231,7 @@ def test_python_client_reads_and_writes_leaders_directly(cluster, single):
 
 @pytest.mark.slow
 def test_spark_reads_and_writes_through_any_server(cluster, spark):
-    servers, observer, uris = cluster
+    uris = cluster
     with flightstore.connect(uris[3]) as conn:
         conn.sql("CREATE TABLE shop.sk (k BIGINT, a STRING, b BIGINT, PRIMARY KEY (k) NOT ENFORCED) "
                  "WITH ('bucket.num' = '6')")
@@ -252,7 +251,7 @@ def test_spark_reads_and_writes_through_any_server(cluster, spark):
 def test_flightsql_dbapi_through_a_server_that_leads_few_buckets(cluster, single, dbapi_python, tmp_path):
     """flightsql-dbapi's whole script (DDL, DML, lookups, GROUP BY, joins, prepared statements,
     metadata) through server 2 answers what it answers on a single server."""
-    servers, observer, uris = cluster
+    uris = cluster
     got = run_client(dbapi_python, tmp_path, DBAPI_SCRIPT, int(uris[2].rsplit(":", 1)[1]))
     want = run_client(dbapi_python, tmp_path, DBAPI_SCRIPT, port_of(single))
     assert got.keys() == want.keys()
