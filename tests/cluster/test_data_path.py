@@ -246,7 +246,6 @@ def test_spark_reads_and_writes_through_any_server(cluster, spark):
     assert rows == {k: (f"a{k}", 2 * k) for k in range(300)}
 
 
-
 def test_flightsql_dbapi_through_a_server_that_leads_few_buckets(cluster, single, dbapi_python, tmp_path):
     """flightsql-dbapi's whole script (DDL, DML, lookups, GROUP BY, joins, prepared statements,
     metadata) through server 2 answers what it answers on a single server."""
