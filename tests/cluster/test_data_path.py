@@ -81,6 +81,8 @@ DDL = [
     ("CREATE TABLE shop.orders (oid BIGINT, user_id BIGINT, amount DOUBLE, PRIMARY KEY (oid) NOT ENFORCED) "
      "WITH ('bucket.num' = '6')"),
     "CREATE TABLE shop.clicks (id BIGINT, page STRING) WITH ('bucket.num' = '6', 'bucket.key' = 'id')",
+    ("CREATE TABLE shop.visits (dt STRING, user_id BIGINT, url STRING, PRIMARY KEY (dt, user_id) NOT ENFORCED) "
+     "PARTITIONED BY (dt) WITH ('bucket.num' = '3')"),
 ]
 WRITES = [
     "INSERT INTO shop.users VALUES " + ", ".join(f"({i}, 'u{i}', {i}.5)" for i in range(1, 41)),
@@ -91,6 +93,8 @@ WRITES = [
     "DELETE FROM shop.users WHERE id = 1",
     "DELETE FROM shop.users WHERE id > 35",
     "UPDATE shop.orders SET amount = 0.0 WHERE user_id = 3",
+    "INSERT INTO shop.visits VALUES " + ", ".join(f"('d{i % 2}', {i}, '/p{i}')" for i in range(30)),
+    "DELETE FROM shop.visits WHERE dt = 'd1' AND user_id = 7",
 ]
 QUERIES = [
     "SELECT * FROM shop.users WHERE id = 2",
@@ -104,6 +108,9 @@ QUERIES = [
      "GROUP BY u.name ORDER BY u.name"),
     "SELECT id, _change_type FROM shop.users$changelog ORDER BY id, _log_offset",
     "SELECT * FROM shop.clicks WHERE id = 42",
+    "SELECT dt, COUNT(*) AS n, MAX(url) AS m FROM shop.visits GROUP BY dt ORDER BY dt",
+    "SELECT url FROM shop.visits WHERE dt = 'd0' AND user_id = 4",
+    "SELECT user_id FROM shop.visits WHERE dt = 'd1' ORDER BY user_id",
 ]
 
 
@@ -136,17 +143,18 @@ def test_data_lives_on_leaders_and_any_server_answers_like_one(cluster, single, 
     assert cluster_answers[2] == [{"n": 34}]
 
     # Buckets on all three servers; each holds exactly the rows of the buckets it leads.
-    for table, key in (("shop.users", "id"), ("shop.clicks", "id"), ("shop.orders", "oid")):
+    for table, key in (("shop.users", "id"), ("shop.clicks", "id"), ("shop.orders", "oid"),
+                       ("shop.visits", "user_id")):  # a partitioned table: by bucket within partitions
         buckets = describe(uris[1], table)["tables"][table]["buckets"]
         leaders = [b["leader"] for b in buckets]
-        assert Counter(leaders) == {1: 2, 2: 2, 3: 2}
+        assert Counter(leaders) == dict.fromkeys(SERVER_IDS, len(leaders) // 3)
         reference = _adbc(single.uri)
         try:
             ids = pa.table({key: pa.array([r[key] for r in _rows(reference, f"SELECT {key} FROM {table}")],
                                           pa.int64())})
         finally:
             reference.close()
-        expected = Counter(leaders[b] for b in bucket_ids(ids, [key], 6))
+        expected = Counter(leaders[b] for b in bucket_ids(ids, [key], len(leaders)))
         held = {i: _local_count(uris[i], table) for i in SERVER_IDS}
         assert held == {i: expected[i] for i in SERVER_IDS}, (table, held)
         assert all(n > 0 for n in held.values()), (table, held)
