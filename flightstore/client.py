@@ -128,6 +128,21 @@ class Connection:
             flight.FlightDescriptor.for_command(command), self._options))
         return self.read_info(info)
 
+    def sql_batches(self, text: str) -> Iterator[pa.RecordBatch]:
+        """Run one SQL query and iterate over its record batches as they arrive: the client holds
+        one batch at a time, whatever the size of the result (:meth:`sql` holds it all)."""
+        command = protocol.pack_any(protocol.CommandStatementQuery(query=text))
+        info = self._retrying(lambda: self._client.get_flight_info(
+            flight.FlightDescriptor.for_command(command), self._options))
+        return self.iter_info(info)
+
+    def iter_info(self, info: flight.FlightInfo) -> Iterator[pa.RecordBatch]:
+        """The record batches of every endpoint of ``info`` (in order), read one at a time."""
+        for endpoint in info.endpoints:  # each from the server its location names (a leader)
+            server = self._peer(endpoint.locations[0].uri.decode()) if endpoint.locations else self
+            yield from _batches(server._retrying(lambda server=server, ticket=endpoint.ticket:
+                                                 server._client.do_get(ticket, server._options)))
+
     def read_info(self, info: flight.FlightInfo) -> pa.Table:
         """Read every endpoint of ``info`` (in order) into one table, each from the server its
         location names (a bucket's leader in a cluster), else from this one."""
@@ -191,6 +206,14 @@ class Connection:
         ticket = flight.Ticket(tickets.encode_custom(payload))
         return self._retrying(lambda: self._client.do_get(ticket, self._options))
 
+    def _get_planned(self, payload: dict) -> flight.FlightStreamReader:
+        """DoGet of the ticket GetFlightInfo answers for ``payload``: positions the server
+        resolves while planning (a subscription's "latest") hold from the moment this returns."""
+        descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
+        info = self._retrying(lambda: self._client.get_flight_info(descriptor, self._options))
+        ticket = info.endpoints[0].ticket
+        return self._retrying(lambda: self._client.do_get(ticket, self._options))
+
     def _put(self, payload: dict, data: pa.Table) -> dict:
         descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
 
@@ -209,6 +232,22 @@ class Connection:
         results = self._retrying(lambda: list(self._client.do_action(flight.Action(kind, body),
                                                                      self._options)))
         return tickets.decode_custom(results[0].body.to_pybytes())
+
+
+def _batches(reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
+    """The non-empty batches of a DoGet stream, one at a time; the stream is cancelled when the
+    caller stops iterating early."""
+    try:
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            if chunk.data is not None and chunk.data.num_rows:
+                yield chunk.data
+    except GeneratorExit:
+        reader.cancel()
+        raise
 
 
 class Subscription:
@@ -308,22 +347,30 @@ class TableClient:
                    "writer_id": self.writer_id, "sequence": sequence}
         parts = self._by_leader(table) or [(self.connection.uri, table)]
         results = []
-        for uri, part in parts:  # each part to its leader, same writer id and sequence
-            for attempt in range(self.RETRIES):
-                try:
-                    results.append(self._direct(uri, lambda c, part=part: c._put(payload, part),
-                                                lambda part=part: self.connection._put(payload, part)))
-                    break
-                except flight.FlightUnavailableError:
-                    if attempt == self.RETRIES - 1:
-                        raise
-                    time.sleep(0.2 * (attempt + 1))
-        self._sequence = sequence
+        try:
+            for uri, part in parts:  # each part to its leader, same writer id and base sequence
+                for attempt in range(self.RETRIES):
+                    try:
+                        results.append(self._direct(uri, lambda c, part=part: c._put(payload, part),
+                                                    lambda part=part: self.connection._put(payload, part)))
+                        break
+                    except flight.FlightUnavailableError:
+                        if attempt == self.RETRIES - 1:
+                            raise
+                        time.sleep(0.2 * (attempt + 1))
+        except BaseException:
+            # The server applies a large write in chunks (batches sequence, sequence + 1, ...):
+            # after a failure ask it where this writer stands before the next write.
+            self._sequence = None
+            raise
+        # Each leader numbered its chunks from ``sequence``: continue after the longest run.
+        self._sequence = max(sequence if r.get("sequence") is None else r["sequence"] for r in results)
         if len(results) == 1:
             return results[0]
         return {"op": "written", "rows": sum(r["rows"] for r in results),
-                "duplicate": any(r["duplicate"] for r in results),
-                "offsets": {k: v for r in results for k, v in r["offsets"].items()}}
+                "duplicate": all(r["duplicate"] for r in results),
+                "offsets": {k: v for r in results for k, v in r["offsets"].items()},
+                "chunks": max(r.get("chunks", 1) for r in results), "sequence": self._sequence}
 
     def append(self, data: Any) -> dict:
         """Append rows to a log table."""
@@ -388,9 +435,7 @@ class TableClient:
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None) -> pa.Table:
         """Current rows (only ``columns``, filtered on the server; ``buckets``: only those)."""
-        payload = {"op": "scan", "table": self.name, "columns": list(columns) if columns else None,
-                   "filter": filter.to_dict() if filter is not None else None, "limit": limit,
-                   "buckets": list(buckets) if buckets is not None else None}
+        payload = self._scan_payload(columns, filter, limit, buckets)
         layout = self._locations()
         if layout is None or layout["partitioned"] or limit is not None:
             return self.connection._get(payload).read_all()
@@ -406,6 +451,20 @@ class TableClient:
             parts.append(self._direct(uri, lambda c, one=one: c._get(one).read_all(),
                                       lambda one=one: self.connection._get(one).read_all()))
         return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
+
+    def scan_batches(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+                     limit: int | None = None, buckets: Sequence[int] | None = None
+                     ) -> Iterator[pa.RecordBatch]:
+        """As :meth:`scan`, as an iterator of record batches read one at a time (bounded client
+        memory for a scan of any size)."""
+        payload = self._scan_payload(columns, filter, limit, buckets)
+        return _batches(self.connection._get(payload))
+
+    def _scan_payload(self, columns: Sequence[str] | None, filter: Predicate | None, limit: int | None,
+                      buckets: Sequence[int] | None) -> dict:
+        return {"op": "scan", "table": self.name, "columns": list(columns) if columns else None,
+                "filter": filter.to_dict() if filter is not None else None, "limit": limit,
+                "buckets": list(buckets) if buckets is not None else None}
 
     def row_count(self) -> int:
         return self.connection._get({"op": "count", "table": self.name}).read_all().column(0)[0].as_py()
@@ -451,4 +510,4 @@ class TableClient:
         payload = {"op": "subscribe", "table": self.name, "columns": list(columns) if columns else None,
                    "start": start if not isinstance(start, Mapping) else {str(k): v for k, v in start.items()},
                    "until": None if until is None else {str(k): v for k, v in until.items()}}
-        return Subscription(self.connection._get(payload))
+        return Subscription(self.connection._get_planned(payload))

@@ -455,6 +455,26 @@ class RoutedTable:
         return self._offsets("timestamp", {"timestamp_ms": int(timestamp_ms)},
                              lambda: self.local.offsets_for_timestamp(timestamp_ms))
 
+    def resolve_start(self, start: Any) -> dict[int, int]:
+        """Per-bucket offsets of a start position, each bucket's from its leader (explicit
+        offsets are checked by the leaders when the subscription reads them)."""
+        if start in (None, "earliest"):
+            return self.start_offsets()
+        if start == "latest":
+            return self.end_offsets()
+        if isinstance(start, int) and not isinstance(start, bool):
+            return self.offsets_for_timestamp(start)
+        if isinstance(start, Mapping) and "timestamp" in start:
+            return self.offsets_for_timestamp(int(start["timestamp"]))
+        if isinstance(start, Mapping):
+            offsets = self.start_offsets()
+            for bucket, offset in start.items():
+                if int(bucket) not in offsets:
+                    raise InvalidInput(f"table {self.local.path} has no bucket {bucket}")
+                offsets[int(bucket)] = int(offset)
+            return offsets
+        return self.local.resolve_start(start)  # the single server's refusal
+
     def subscribe(self, start: Any = "earliest", *, columns: Sequence[str] | None = None,
                   stop: Any = None, heartbeat_s: float | None = 1.0,
                   until: Mapping | None = None) -> Iterator[pa.RecordBatch]:
