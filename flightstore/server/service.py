@@ -28,6 +28,7 @@ from pyarrow import flight
 
 from flightstore import changetype
 from flightstore.acl import CLUSTER, Operation, Permission, Resource
+from flightstore.cache import LruCache
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
 from flightstore.errors import (
     DataDirectoryInUse,
@@ -39,7 +40,6 @@ from flightstore.errors import (
 )
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
-from flightstore.cache import LruCache
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.auth import (
     AUTH_MIDDLEWARE,

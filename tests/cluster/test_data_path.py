@@ -36,7 +36,8 @@ def cluster(tmp_path_factory, zookeeper):
     running = Servers(tmp_path_factory.mktemp("cluster"), address)
     watching = Observer(address)
     try:
-        uris = {i: running.start(i).uri for i in SERVER_IDS}
+        # Small write chunks: an upload is applied as several batches (sequences) per leader.
+        uris = {i: running.start(i, "--option", "write.chunk-rows=2000").uri for i in SERVER_IDS}
         watching.wait(lambda v: set(v.servers) == set(SERVER_IDS) and v.coordinator is not None,
                       "three servers and a coordinator")
         yield uris
@@ -209,6 +210,10 @@ def _client_scenario(uri: str) -> dict:
         kv.upsert(pa.table({"k": pa.array([3, 4], pa.int64()), "n": pa.array([300, 400], pa.int64())}),
                   columns=["k", "n"])
         kv.delete(pa.table({"k": pa.array([5, 6, 7], pa.int64())}))
+        many = pa.table({"k": pa.array(range(1000, 13_000), pa.int64()), "v": ["x"] * 12_000,
+                         "n": pa.array([1] * 12_000, pa.int64())})
+        kv.upsert(many)  # chunks of 2000 rows: each leader numbers its own run of batches
+        kv.upsert(pa.table({"k": pa.array([1000], pa.int64()), "n": pa.array([2], pa.int64())}), columns=["k", "n"])
         ends = kv.offsets("end")
         with kv.subscribe("earliest", until=ends) as subscription:
             changes = pa.Table.from_batches(list(subscription))
@@ -232,9 +237,9 @@ def test_python_client_reads_and_writes_leaders_directly(cluster, single):
     assert want.pop("direct") == []
     assert got.pop("direct") == sorted([uris[2], uris[3]])  # it talked to the other leaders itself
     assert got == want
-    assert got["one"] == [{"k": 4, "v": "v4", "n": 400}] and got["count"] == 47
+    assert got["one"] == [{"k": 4, "v": "v4", "n": 400}] and got["count"] == 12_047
     held = {i: _local_count(uris[i], "shop.kv") for i in SERVER_IDS}
-    assert sum(held.values()) == 47 and all(held.values())
+    assert sum(held.values()) == 12_047 and all(held.values())
 
 
 @pytest.mark.slow
