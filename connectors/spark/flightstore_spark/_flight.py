@@ -181,8 +181,10 @@ def put_once(conn: Connection, op: str, table: str, data: pa.Table, *, writer_id
             results = [conn._peer(uri)._put(payload, part) for uri, part in parts]
             result = results[0] if len(results) == 1 else {
                 "op": "written", "rows": sum(r["rows"] for r in results),
-                "duplicate": any(r["duplicate"] for r in results),
-                "offsets": {k: v for r in results for k, v in r["offsets"].items()}}
+                "duplicate": all(r["duplicate"] for r in results),
+                "offsets": {k: v for r in results for k, v in r["offsets"].items()},
+                # each leader numbered its chunks from ``sequence``: the longest run counts
+                "sequence": max(sequence if r.get("sequence") is None else r["sequence"] for r in results)}
             break
         except flight.FlightUnavailableError:
             attempt += 1
