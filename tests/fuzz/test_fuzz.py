@@ -197,8 +197,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                                  max_size=4),
                     max_leaves=12)
-OPS = ["scan", "lookup", "prefix_lookup", "count", "snapshot", "result", "append", "upsert", "delete",
-       "write", "explode"]  # not "subscribe": a valid one streams until its end offsets
+OPS = ["scan", "lookup", "prefix_lookup", "count", "snapshot", "changelog", "result", "append", "upsert",
+       "delete", "write", "explode"]  # not "subscribe": a valid one streams until its end offsets
 FIELDS = sorted(set(tickets.FIELD_TYPES) - {"op"})
 TABLE_NAMES = st.sampled_from(["t", "lg", "default.t", "nope", "", "..", "../../pwn", "a/b", "x" * 5000])
 

@@ -150,6 +150,8 @@ CASES = [
     ("get: lookup keys not lists", get(custom(op="lookup", table="t", keys={"id": 1})), INVALID, ["'keys'"]),
     ("get: lookup keys of the wrong type", get(custom(op="lookup", table="t", keys={"id": ["x"]})),
      INVALID, ["id"]),
+    ("get: changelog of a bucket the table lacks", get(custom(op="changelog", table="t", bucket=9)),
+     INVALID, ["no bucket 9"]),
     ("get: snapshot bucket as a string", get(custom(op="snapshot", table="t", bucket="0", at=0)),
      INVALID, ["'bucket'"]),
     ("get: subscribe from a bad position", get(custom(op="subscribe", table="t", start={"x": 1})),
