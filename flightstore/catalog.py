@@ -22,13 +22,18 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from flightstore.errors import (AlreadyExists, CorruptData, DatabaseNotFound, InvalidInput,
-                                TableNotFound)
+from flightstore.errors import AlreadyExists, CorruptData, DatabaseNotFound, InvalidInput, TableNotFound
 from flightstore.names import check_name, shown_name
 from flightstore.schema import TableDescriptor, TablePath
 
-__all__ = ["Catalog", "DEFAULT_DATABASE", "TABLES_DIR", "read_catalog_file", "read_table_dir",
-           "table_directory"]
+__all__ = [
+    "DEFAULT_DATABASE",
+    "TABLES_DIR",
+    "Catalog",
+    "read_catalog_file",
+    "read_table_dir",
+    "table_directory",
+]
 
 DEFAULT_DATABASE = "default"
 TABLES_DIR = "tables"  # new tables' directories: <data-dir>/tables/<table id>

@@ -99,7 +99,7 @@ class TracebackFormatter(logging.Formatter):
     """A log formatter that prints whole tracebacks even while ``sys.tracebacklimit`` is 0, so
     ``log.exception`` in the server's background threads keeps its stacks."""
 
-    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+    def formatException(self, ei) -> str:
         return "".join(traceback.format_exception(ei[0], ei[1], ei[2], limit=_TRACEBACK_FRAMES)).rstrip("\n")
 
 
