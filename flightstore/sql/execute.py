@@ -398,6 +398,8 @@ class Executor:
 
     # ---- residual SQL on DuckDB ---------------------------------------------------------------
     def _input_schema(self, item: n.ResidualInput) -> pa.Schema:
+        if item.partial is not None:
+            return self._partial_schema(item)
         descriptor = self.store.table(item.table).descriptor
         if item.source == "table":
             full = descriptor.schema
@@ -410,6 +412,8 @@ class Executor:
         return _fields(full, item.columns)
 
     def _input_data(self, item: n.ResidualInput) -> pa.Table:
+        if item.partial is not None:
+            return self._partial_data(item)
         if item.source == "table":
             # The WHERE stays in the residual SQL: the filter only has to skip batches by their
             # statistics; DuckDB filters the rows (faster than a second, Arrow-side pass).
@@ -423,6 +427,25 @@ class Executor:
         if item.filter is not None:
             full = full.filter(item.filter.bind(full.schema).to_arrow())
         return full.select(list(item.columns))
+
+    # ---- partial aggregates (flightstore.sql.partial) ------------------------------------------
+    def _partial_schema(self, item: n.ResidualInput) -> pa.Schema:
+        """The schema of ``item.partial``'s rows (DuckDB on an empty input)."""
+        rows = _fields(self.store.table(item.table).descriptor.schema, item.columns)
+        return self._duckdb(item.partial, {item.name: rows.empty_table()}).schema
+
+    def _partial_data(self, item: n.ResidualInput) -> pa.Table:
+        """``item.partial`` run on each bucket's rows (pruned, skipped by statistics), where they
+        are; the union of the buckets' partial aggregates."""
+        table = self.store.table(item.table)
+        rows_schema = _fields(table.descriptor.schema, item.columns)
+        schema = self._partial_schema(item)
+        parts = []
+        for bucket in table.bucket_ids(item.partitions):
+            batches = table.scan(list(item.columns), item.filter, buckets=[bucket], exact=False)
+            rows = pa.Table.from_batches(list(batches), schema=rows_schema)
+            parts.append(_cast(self._duckdb(item.partial, {item.name: rows}), schema))
+        return pa.concat_tables(parts) if parts else schema.empty_table()
 
     def _partitions_table(self, path: TablePath) -> pa.Table:
         """``t$partitions``: every partition with its values, buckets and maintained row count."""
