@@ -126,22 +126,41 @@ def test_explain_shows_the_partial_and_the_merge(loaded):
                             'AS "a" FROM "__t0" GROUP BY "__g0"\'')
 
 
-def test_each_bucket_sends_its_partial_rows_not_its_rows(loaded, monkeypatch):
+def test_the_partial_streams_the_rows_and_the_merge_reads_partial_rows(loaded, monkeypatch):
     executor, expected = loaded
     seen = []
     original = Executor._duckdb
 
     def recording(self, sql, inputs):
+        kinds = {name: (type(data).__name__, getattr(data, "num_rows", None)) for name, data in inputs.items()}
         result = original(self, sql, inputs)
-        seen.append((sql, {name: data.num_rows for name, data in inputs.items()}, result.num_rows))
+        seen.append((sql, kinds))
         return result
 
     monkeypatch.setattr(Executor, "_duckdb", recording)
     planned = executor.plan("SELECT grp, COUNT(*) AS c FROM pk GROUP BY grp ORDER BY grp")
     got = executor.execute_table(planned)
-    partial = [s for s in seen if s[0] == planned.inputs[0].partial and s[1]["__t0"] > 0]
-    assert len(partial) == 4  # one partial per bucket, over that bucket's rows
-    assert sum(s[1]["__t0"] for s in partial) == expected["pk"].num_rows
-    merge = [s for s in seen if s[0] == planned.sql]
-    assert merge and merge[-1][1]["__t0"] <= 4 * 5  # the merge reads at most 5 groups per bucket
+    partial = [kinds for sql, kinds in seen if sql == planned.inputs[0].partial
+               and kinds["__t0"][0] == "RecordBatchReader"]
+    assert len(partial) == 1  # the buckets' rows stream into one partial where they are
+    merge = [kinds for sql, kinds in seen if sql == planned.sql]
+    assert merge[-1]["__t0"][0] == "Table" and merge[-1]["__t0"][1] <= 5  # at most 5 groups
     assert sum(got.column("c").to_pylist()) == expected["pk"].num_rows
+
+
+def test_a_storage_error_while_streaming_the_partial_keeps_its_kind(loaded, monkeypatch):
+    from flightstore.errors import DataLoss
+    from flightstore.store import Table
+
+    executor, _ = loaded
+    original = Table.scan
+
+    def failing(self, *args, **kwargs):
+        for index, batch in enumerate(original(self, *args, **kwargs)):
+            if index == 1:
+                raise DataLoss("table default.pk bucket 1: RocksDB read failed")
+            yield batch
+
+    monkeypatch.setattr(Table, "scan", failing)
+    with pytest.raises(DataLoss, match="bucket 1"):
+        executor.execute_table(executor.plan("SELECT grp, SUM(x) FROM pk GROUP BY grp"))
