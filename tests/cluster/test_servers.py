@@ -77,8 +77,11 @@ def test_three_servers_assign_survive_kills_and_reelect(servers, observer):
     view = observer.wait(lambda v: set(v.servers) == {1, 2, 3}, "server 3 registering again")
     assert all(loc.available for loc in view.locations(ORDERS))
     assert [loc.leader for loc in view.locations(ORDERS)] == [loc.leader for loc in locations]
-    assert describe(uris[3], "shop.orders")["tables"]["shop.orders"]["buckets"] == \
-        describe(uris[1], "shop.orders")["tables"]["shop.orders"]["buckets"]
+    # Each server's own cache follows ZooKeeper by watches: wait until both see server 3 back.
+    def all_available(d: dict) -> bool:
+        return all(b["available"] for b in d["tables"]["shop.orders"]["buckets"])
+    assert observer_wait_remote(uris[3], all_available)["tables"]["shop.orders"]["buckets"] == \
+        observer_wait_remote(uris[1], all_available)["tables"]["shop.orders"]["buckets"]
     assert _sql(uris[3], "SELECT SUM(amount) AS s FROM shop.orders").to_pylist() == [{"s": 7.5}]
 
     # kill -9 the coordinator. A DDL sent right away waits for the re-election and is answered

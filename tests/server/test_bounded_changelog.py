@@ -53,7 +53,8 @@ class Server:
     """`python -m flightstore serve` on a free port, killed with SIGKILL or stopped."""
 
     def __init__(self, data_dir: Path) -> None:
-        command = [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0"]
+        command = [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0",
+                   "--no-fsync"]  # kill -9 keeps the page cache: what is written survives without fsync
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.process.stdout.readline()
         match = re.search(r"grpc://127\.0\.0\.1:\d+", line)
