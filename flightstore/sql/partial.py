@@ -92,6 +92,8 @@ def _shape_allows(select: exp.Expression) -> bool:
 
 def _key(node: exp.Expression) -> str:
     """A comparable text of an expression: table qualifiers dropped, identifiers lower-cased."""
+    if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier):
+        return node.name.lower()  # what the general case gives a column, without a copy
     copy = node.copy()
     for column in list(copy.find_all(exp.Column)):
         column.set("table", None)
@@ -157,8 +159,10 @@ def _split(select: exp.Select, input_schema: pa.Schema) -> tuple[str, str] | Non
     group_of = {_key(k): i for i, k in enumerate(keys)}
     partials = _Partials()
 
+    key_kinds = tuple({type(k) for k in keys})  # only nodes of these kinds can be a grouping key
+
     def substitute(node: exp.Expression) -> exp.Expression:
-        index = group_of.get(_key(node)) if not isinstance(node, (exp.Alias, exp.Ordered)) else None
+        index = group_of.get(_key(node)) if key_kinds and isinstance(node, key_kinds) else None
         if index is not None:
             return _column(f"{GROUP_PREFIX}{index}")
         if isinstance(node, exp.AggFunc):
@@ -223,7 +227,7 @@ def _bound(original_sql: str, partial: exp.Select, merge: exp.Select, input_sche
     try:
         connection.register(source, input_schema.empty_table())
         one_step = connection.sql(original_sql)
-        names, types = one_step.columns, [str(t) for t in one_step.types]
+        names, types = list(one_step.columns), [str(t) for t in one_step.types]
         partial_sql = partial.sql(dialect="duckdb")
         partial_rows = connection.sql(partial_sql).to_arrow_table()
         aliases = {name.lower() for name in names} | {
@@ -240,17 +244,17 @@ def _bound(original_sql: str, partial: exp.Select, merge: exp.Select, input_sche
                 return None  # a column outside a grouping key or an aggregate
         connection.unregister(source)
         connection.register(source, partial_rows)
-        merged = connection.sql(merge.sql(dialect="duckdb"))
-        if [str(t) for t in merged.types] != types:
-            for index, (got, wanted) in enumerate(zip(merged.types, types)):
-                if str(got) != wanted:
+        merge_sql = merge.sql(dialect="duckdb")
+        merged = [str(t) for t in connection.sql(merge_sql).types]
+        if merged != types:
+            for index, (got, wanted) in enumerate(zip(merged, types)):
+                if got != wanted:
                     item = merge.expressions[index]
                     item.set("this", exp.cast(item.this, exp.DataType.build(wanted, dialect="duckdb")))
-            merged = connection.sql(merge.sql(dialect="duckdb"))
-            if [str(t) for t in merged.types] != types:
+            merge_sql = merge.sql(dialect="duckdb")
+            relation = connection.sql(merge_sql)
+            if [str(t) for t in relation.types] != types or list(relation.columns) != names:
                 return None
-        if merged.columns != names:
-            return None
-        return partial_sql, merge.sql(dialect="duckdb")
+        return partial_sql, merge_sql
     finally:
         connection.close()
