@@ -5,11 +5,12 @@ shares a process (or the GIL, or gRPC's threads) with the client that measures i
 cut into the same messages as our server sends (``rechunk``), then served by ``RecordBatchStream``:
 no SQL, no storage, nothing in Python per message.
 
-    python -m bench.bare_flight scan|wide|narrow
+    python -m bench.bare_flight scan|wide|narrow|lookup
         -> prints "bare Flight at grpc://127.0.0.1:PORT"
 
 ``scan`` is the full-scan table of ``bench_server``; ``wide`` its 100-column table; ``narrow`` the
-first 10 columns of ``wide`` (what a pruned scan of it moves).
+first 10 columns of ``wide`` (what a pruned scan of it moves); ``lookup`` one row of the lookup
+table of ``bench_lookup_cpu`` (a canned point-lookup answer).
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ def table(name: str) -> pa.Table:
         return _wide(WIDE_ROWS)
     if name == "narrow":
         return _wide(WIDE_ROWS).select(NARROW_COLUMNS)
-    raise SystemExit(f"unknown table {name!r}: scan, wide or narrow")
+    if name == "lookup":
+        from bench.bench_lookup_cpu import lookup_rows
+        return lookup_rows(1)
+    raise SystemExit(f"unknown table {name!r}: scan, wide, narrow or lookup")
 
 
 def main() -> None:

@@ -49,8 +49,33 @@ def _fmix(h: np.ndarray, length: np.ndarray) -> np.ndarray:
     return h
 
 
+_SCALAR_ROWS = 8  # up to this many keys (point lookups), plain Python beats numpy's call overhead
+_M32 = 0xFFFFFFFF
+
+
+def _mix_h_int(h: int, k: int) -> int:
+    k = (k * 0xCC9E2D51) & _M32
+    k = ((k << 15) | (k >> 17)) & _M32
+    h ^= (k * 0x1B873593) & _M32
+    h = ((h << 13) | (h >> 19)) & _M32
+    return (h * 5 + 0xE6546B64) & _M32
+
+
+def _hash_long_int(value: int) -> int:
+    """murmur3_32 of one int64 as 8 little-endian bytes (the scalar twin of :func:`_hash_longs`)."""
+    unsigned = value & 0xFFFFFFFFFFFFFFFF
+    h = _mix_h_int(_mix_h_int(0, unsigned & _M32), unsigned >> 32) ^ 8
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _M32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
 def _hash_longs(values: np.ndarray) -> np.ndarray:
     """murmur3_32 of each int64 as 8 little-endian bytes."""
+    if len(values) <= _SCALAR_ROWS:
+        return np.array([_hash_long_int(int(v)) for v in values], dtype=np.uint32)
     as_u32 = np.ascontiguousarray(values.astype("<i8")).view("<u4").reshape(-1, 2)
     with np.errstate(over="ignore"):
         h = np.zeros(len(values), dtype=np.uint32)
@@ -134,6 +159,9 @@ def bucket_ids(data: pa.Table | pa.RecordBatch, key_columns: Sequence[str], num_
     """The bucket (0..num_buckets-1, int32) of every row of ``data`` by its bucket key columns."""
     if num_buckets == 1 or not key_columns:
         return np.zeros(data.num_rows, dtype=np.int32)
+    if data.num_rows <= _SCALAR_ROWS and all(pa.types.is_integer(data.schema.field(name).type)
+                                             for name in key_columns):
+        return _small_integer_bucket_ids(data, key_columns, num_buckets)
     combined: np.ndarray | None = None
     with np.errstate(over="ignore"):
         for name in key_columns:
@@ -141,3 +169,16 @@ def bucket_ids(data: pa.Table | pa.RecordBatch, key_columns: Sequence[str], num_
             combined = h if combined is None else combined * np.uint32(31) + h
     assert combined is not None
     return ((combined & np.uint32(0x7FFFFFFF)) % np.uint32(num_buckets)).astype(np.int32)
+
+
+def _small_integer_bucket_ids(data: pa.Table | pa.RecordBatch, key_columns: Sequence[str],
+                              num_buckets: int) -> np.ndarray:
+    """:func:`bucket_ids` of a few rows of integer keys (point lookups) in plain Python."""
+    combined = [0] * data.num_rows
+    for index, name in enumerate(key_columns):
+        values = data.column(name).to_pylist()
+        if None in values:
+            raise InvalidInput("bucket key columns must not contain nulls")
+        hashes = [_hash_long_int(v) for v in values]
+        combined = hashes if index == 0 else [(c * 31 + h) & _M32 for c, h in zip(combined, hashes)]
+    return np.array([(h & 0x7FFFFFFF) % num_buckets for h in combined], dtype=np.int32)

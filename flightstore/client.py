@@ -103,6 +103,20 @@ class Connection:
             flight.FlightDescriptor.for_command(command), self._options))
         return self.read_info(info)
 
+    def sql_batches(self, text: str) -> Iterator[pa.RecordBatch]:
+        """Run one SQL query and iterate over its record batches as they arrive: the client holds
+        one batch at a time, whatever the size of the result (:meth:`sql` holds it all)."""
+        command = protocol.pack_any(protocol.CommandStatementQuery(query=text))
+        info = self._retrying(lambda: self._client.get_flight_info(
+            flight.FlightDescriptor.for_command(command), self._options))
+        return self.iter_info(info)
+
+    def iter_info(self, info: flight.FlightInfo) -> Iterator[pa.RecordBatch]:
+        """The record batches of every endpoint of ``info`` (in order), read one at a time."""
+        for endpoint in info.endpoints:
+            yield from _batches(self._retrying(lambda ticket=endpoint.ticket: self._client.do_get(
+                ticket, self._options)))
+
     def read_info(self, info: flight.FlightInfo) -> pa.Table:
         """Read every endpoint of ``info`` (in order) into one table."""
         parts = [self._retrying(lambda ticket=endpoint.ticket: self._client.do_get(ticket, self._options).read_all())
@@ -162,6 +176,14 @@ class Connection:
         ticket = flight.Ticket(tickets.encode_custom(payload))
         return self._retrying(lambda: self._client.do_get(ticket, self._options))
 
+    def _get_planned(self, payload: dict) -> flight.FlightStreamReader:
+        """DoGet of the ticket GetFlightInfo answers for ``payload``: positions the server
+        resolves while planning (a subscription's "latest") hold from the moment this returns."""
+        descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
+        info = self._retrying(lambda: self._client.get_flight_info(descriptor, self._options))
+        ticket = info.endpoints[0].ticket
+        return self._retrying(lambda: self._client.do_get(ticket, self._options))
+
     def _put(self, payload: dict, data: pa.Table) -> dict:
         descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
 
@@ -180,6 +202,22 @@ class Connection:
         results = self._retrying(lambda: list(self._client.do_action(flight.Action(kind, body),
                                                                      self._options)))
         return tickets.decode_custom(results[0].body.to_pybytes())
+
+
+def _batches(reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
+    """The non-empty batches of a DoGet stream, one at a time; the stream is cancelled when the
+    caller stops iterating early."""
+    try:
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            if chunk.data is not None and chunk.data.num_rows:
+                yield chunk.data
+    except GeneratorExit:
+        reader.cancel()
+        raise
 
 
 class Subscription:
@@ -231,15 +269,21 @@ class TableClient:
         sequence = self._next_sequence()
         payload = {"op": op, "table": self.name, "columns": list(columns) if columns else None,
                    "writer_id": self.writer_id, "sequence": sequence}
-        for attempt in range(self.RETRIES):
-            try:
-                result = self.connection._put(payload, table)
-                break
-            except flight.FlightUnavailableError:
-                if attempt == self.RETRIES - 1:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
-        self._sequence = sequence
+        try:
+            for attempt in range(self.RETRIES):
+                try:
+                    result = self.connection._put(payload, table)
+                    break
+                except flight.FlightUnavailableError:
+                    if attempt == self.RETRIES - 1:
+                        raise
+                    time.sleep(0.2 * (attempt + 1))
+        except BaseException:
+            # The server applies a large write in chunks (batches sequence, sequence + 1, ...):
+            # after a failure ask it where this writer stands before the next write.
+            self._sequence = None
+            raise
+        self._sequence = result.get("sequence", sequence)
         return result
 
     def append(self, data: Any) -> dict:
@@ -296,10 +340,21 @@ class TableClient:
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None) -> pa.Table:
         """Current rows (only ``columns``, filtered on the server; ``buckets``: only those)."""
-        payload = {"op": "scan", "table": self.name, "columns": list(columns) if columns else None,
-                   "filter": filter.to_dict() if filter is not None else None, "limit": limit,
-                   "buckets": list(buckets) if buckets is not None else None}
-        return self.connection._get(payload).read_all()
+        return self.connection._get(self._scan_payload(columns, filter, limit, buckets)).read_all()
+
+    def scan_batches(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+                     limit: int | None = None, buckets: Sequence[int] | None = None
+                     ) -> Iterator[pa.RecordBatch]:
+        """As :meth:`scan`, as an iterator of record batches read one at a time (bounded client
+        memory for a scan of any size)."""
+        payload = self._scan_payload(columns, filter, limit, buckets)
+        return _batches(self.connection._get(payload))
+
+    def _scan_payload(self, columns: Sequence[str] | None, filter: Predicate | None, limit: int | None,
+                      buckets: Sequence[int] | None) -> dict:
+        return {"op": "scan", "table": self.name, "columns": list(columns) if columns else None,
+                "filter": filter.to_dict() if filter is not None else None, "limit": limit,
+                "buckets": list(buckets) if buckets is not None else None}
 
     def row_count(self) -> int:
         return self.connection._get({"op": "count", "table": self.name}).read_all().column(0)[0].as_py()
@@ -345,4 +400,4 @@ class TableClient:
         payload = {"op": "subscribe", "table": self.name, "columns": list(columns) if columns else None,
                    "start": start if not isinstance(start, Mapping) else {str(k): v for k, v in start.items()},
                    "until": None if until is None else {str(k): v for k, v in until.items()}}
-        return Subscription(self.connection._get(payload))
+        return Subscription(self.connection._get_planned(payload))

@@ -186,6 +186,20 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,
                  "Largest record batch sent in one Flight message."),
+    ConfigOption("sql.cache.entries", "int", 1024,
+                 "Entries each SQL cache keeps (query plans, point-lookup templates, residual result "
+                 "schemas, prepared statements' schemas), least recently used forgotten first. "
+                 "Literal point lookups of a known shape are not cached per literal.", minimum=1),
+    ConfigOption("write.chunk-rows", "int", 262_144,
+                 "A DoPut upload (bulk ingest, parameter rows, client writes) is read message by "
+                 "message and applied in chunks of about this many rows: the server holds one chunk, "
+                 "not the upload, and readers go on between chunks. A message is never split.",
+                 minimum=1),
+    ConfigOption("write.chunk-bytes", "int", 16 * 1024 * 1024,
+                 "A DoPut chunk is also closed once its messages hold this many bytes.", minimum=1),
+    ConfigOption("write.max-message-bytes", "int", 16 * 1024 * 1024,
+                 "Largest Flight message (decoded record batch) a DoPut may send; a larger one is "
+                 "refused with INVALID_ARGUMENT before any of it is written.", minimum=1),
     ConfigOption("zookeeper.address", "str", None,
                  "ZooKeeper `HOST:PORT[,HOST:PORT...][/chroot]` of the cluster this server joins; "
                  "unset runs one server alone, with no coordination."),

@@ -45,3 +45,20 @@ def test_negative_zero_float_keys_share_the_bucket_of_zero():
         for buckets in (2, 7, 16, 64):
             ids = bucket_ids(data, ["k"], buckets)
             assert ids[0] == ids[1]
+
+
+def test_a_few_integer_keys_hash_as_the_vectorized_path_does():
+    """Point lookups hash their few keys in plain Python: same buckets as the numpy path."""
+    import numpy as np
+    import pyarrow as pa
+
+    from flightstore.bucketing import bucket_ids
+
+    rng = np.random.default_rng(1)
+    for n in (1, 3, 8):
+        for buckets in (2, 7, 128):
+            few = pa.table({"a": pa.array(rng.integers(-2**62, 2**62, size=n)),
+                            "c": pa.array(rng.integers(-100, 100, size=n).astype(np.int32))})
+            many = pa.concat_tables([few] * 3)  # above the scalar limit: the vectorized path
+            for keys in (["a"], ["a", "c"]):
+                assert (bucket_ids(many, keys, buckets)[:n] == bucket_ids(few, keys, buckets)).all()

@@ -156,6 +156,8 @@ class ServerMetrics:
         ProcessCollector(registry=r)
         r.register(_StoreCollector(store))
         self._http: tuple | None = None
+        self._rpc_series: dict[tuple, tuple] = {}  # (method, status) -> (counter, histogram) children
+        self._out_series: dict[str, tuple] = {}    # table label -> (rows, bytes) counter children
         self._lock = threading.Lock()
 
     # ---- recording ----------------------------------------------------------------------------
@@ -163,9 +165,13 @@ class ServerMetrics:
         return MetricsMiddlewareFactory(self)
 
     def record(self, method: flight.FlightMethod, status: str, seconds: float) -> None:
-        name = method_name(method)
-        self.rpcs.labels(name, status).inc()
-        self.latency.labels(name, status).observe(seconds)
+        series = self._rpc_series.get((method, status))
+        if series is None:  # labels() costs more than the update: keep each pair's children
+            name = method_name(method)
+            series = self._rpc_series[(method, status)] = (self.rpcs.labels(name, status),
+                                                           self.latency.labels(name, status))
+        series[0].inc()
+        series[1].observe(seconds)
 
     def refused(self, method: flight.FlightMethod) -> None:
         """A call authentication refused before it started."""
@@ -176,8 +182,13 @@ class ServerMetrics:
         self.bytes_in.labels(str(table)).inc(data.nbytes)
 
     def sent(self, table: str, data: pa.Table | pa.RecordBatch) -> None:
-        self.rows_out.labels(table).inc(data.num_rows)
-        self.bytes_out.labels(table).inc(data.nbytes)
+        series = self._out_series.get(table)
+        if series is None:
+            if len(self._out_series) >= 4096:  # tables come and go: do not keep every name
+                self._out_series.clear()
+            series = self._out_series[table] = (self.rows_out.labels(table), self.bytes_out.labels(table))
+        series[0].inc(data.num_rows)
+        series[1].inc(data.get_total_buffer_size())  # nbytes walks the buffers in Python-visible steps
 
     def metered(self, table: str, batches: Iterator[pa.RecordBatch | pa.Table]
                 ) -> Iterator[pa.RecordBatch | pa.Table]:

@@ -31,6 +31,7 @@ from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInp
                                Unsupported)
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
+from flightstore.cache import LruCache
 from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler,
@@ -41,6 +42,7 @@ from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
 from flightstore.server.partition_manager import AutoPartitionManager
 from flightstore.server.session import Session, apply_options, option_values
 from flightstore.server.tls import TlsConfig
+from flightstore.server.upload import UploadLimits, upload_chunks
 from flightstore.server.users import UserStore
 from flightstore.sql import nodes
 from flightstore.sql.privileges import plan_tables, required_permissions, table_resource
@@ -185,9 +187,10 @@ class FlightSqlServer(flight.FlightServerBase):
         self.store = store
         self.authz = Authorizer(store.data_dir, enabled=users is not None, super_users=super_users)
         self.executor = Executor(store)
+        self.upload_limits = UploadLimits.from_options(store.options)
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # by gRPC peer, least recent first
         self._prepared: dict[bytes, PreparedStatement] = {}
-        self._prepare_cache: dict[tuple, tuple[pa.Schema | None, pa.Schema]] = {}
+        self._prepare_cache: LruCache[tuple, tuple] = LruCache(server_option(store.options, "sql.cache.entries"))
         self._results: dict[str, tuple[float, pa.Table, str | None]] = {}  # (kept at, rows, owner)
         self._cancelled: set[bytes] = set()
         self._lock = threading.Lock()
@@ -473,8 +476,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)
-        with self._lock:
-            schemas = self._prepare_cache.get(key)
+        schemas = self._prepare_cache.get(key)
         if schemas is None:  # ADBC prepares again at every execute: plan each text once
             params_schema = parameter_schema(sql, StoreCatalog(self.store, database)) \
                 if "?" in sql or "$" in sql else pa.schema([])  # no placeholder: skip a parse
@@ -483,10 +485,7 @@ class FlightSqlServer(flight.FlightServerBase):
             permissions = required_permissions(plan)
             self._authorize(permissions)  # before the schema (it describes the tables)
             dataset_schema = self.executor.output_schema(plan) if is_query(plan) else None
-            with self._lock:
-                if len(self._prepare_cache) >= 1024:
-                    self._prepare_cache.pop(next(iter(self._prepare_cache)))
-                self._prepare_cache[key] = (dataset_schema, params_schema, permissions)
+            self._prepare_cache.put(key, (dataset_schema, params_schema, permissions))
         else:
             dataset_schema, params_schema, permissions = schemas
             self._authorize(permissions)
@@ -521,17 +520,22 @@ class FlightSqlServer(flight.FlightServerBase):
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         elif name == "CommandPreparedStatementQuery":
             prepared = self._prepared_statement(command.prepared_statement_handle)
-            prepared.params = _param_rows(reader.read_all())
+            prepared.params = [row for chunk in upload_chunks(reader, self.upload_limits)
+                               for row in _param_rows(chunk)]
             result = protocol.DoPutPreparedStatementResult(
                 prepared_statement_handle=command.prepared_statement_handle)
             writer.write(pa.py_buffer(result.SerializeToString()))
         elif name == "CommandPreparedStatementUpdate":
             prepared = self._prepared_statement(command.prepared_statement_handle)
-            rows = _param_rows(reader.read_all()) or prepared.params or [None]
-            count = self._run_updates(prepared.sql, rows, prepared.database)
+            count, bound = 0, False
+            for chunk in upload_chunks(reader, self.upload_limits):  # each chunk: one batch of rows
+                count += self._run_updates(prepared.sql, _param_rows(chunk), prepared.database)
+                bound = True
+            if not bound:
+                count = self._run_updates(prepared.sql, prepared.params or [None], prepared.database)
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         elif name == "CommandStatementIngest":
-            count = self._ingest(command, reader.read_all(), self.session(context).database)
+            count = self._ingest(command, reader, self.session(context).database)
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         else:
             raise Unsupported(f"{name} is not supported by DoPut")
@@ -592,7 +596,9 @@ class FlightSqlServer(flight.FlightServerBase):
         return nodes.Insert(table=first.table, data=pa.Table.from_arrays(columns, schema=first.data.schema),
                             columns=first.columns)
 
-    def _ingest(self, command: Any, data: pa.Table, default_database: str) -> int:
+    def _ingest(self, command: Any, reader: flight.MetadataRecordBatchReader, default_database: str) -> int:
+        """Bulk ingest, applied chunk by chunk as the upload streams in (see :mod:`.upload`);
+        a table the ingest created is dropped again if any chunk fails."""
         options = command.table_definition_options
         database = command.schema if command.HasField("schema") and command.schema else default_database
         path = TablePath(database, command.table)
@@ -607,30 +613,39 @@ class FlightSqlServer(flight.FlightServerBase):
             if exists in (0, 1):
                 raise InvalidInput(f"table {path} already exists (ingest mode 'create' fails on it)")
             if exists == 3:
-                TableDescriptor.create(path, data.schema)  # a schema that cannot be stored fails first
+                TableDescriptor.create(path, reader.schema)  # a schema that cannot be stored fails first
                 self.store.drop_table(path)
-                table, created = self.store.create_table(path, data.schema), True
+                table, created = self.store.create_table(path, reader.schema), True
         except TableNotFound:
             if create == 2:
                 raise TableNotFound(f"table {path} does not exist (ingest mode 'append' fails)") from None
-            table, created = self.store.create_table(path, data.schema), True
+            table, created = self.store.create_table(path, reader.schema), True
+        rows = 0
         try:
-            if table.has_primary_key:
-                table.upsert(data)
-            else:
-                table.append(data)
+            for chunk in upload_chunks(reader, self.upload_limits):
+                if table.has_primary_key:
+                    table.upsert(chunk)
+                else:
+                    table.append(chunk)
+                self.metrics.written(path, chunk)
+                rows += chunk.num_rows
         except BaseException:
             if created:  # create-then-ingest is one step: a failed ingest leaves no empty table
                 self.store.drop_table(path, if_exists=True)
             raise
-        self.metrics.written(path, data)
-        return data.num_rows
+        return rows
 
     # ---- flightstore's own commands (Python client) -------------------------------------------
     def _custom_info(self, descriptor: flight.FlightDescriptor, payload: dict) -> flight.FlightInfo:
         schema, _ = self._custom_get(payload, None, plan_only=True)
-        return flight.FlightInfo(schema, descriptor,
-                                 [flight.FlightEndpoint(descriptor.command, [])], -1, -1)
+        ticket = descriptor.command
+        if payload["op"] == "subscribe":
+            # The start position holds from now, not from whenever the client calls DoGet: the
+            # ticket carries concrete per-bucket offsets, so a change written between the two
+            # calls is delivered ("latest" resolved at DoGet would skip it).
+            offsets = self.store.table(payload["table"]).resolve_start(payload.get("start", "earliest"))
+            ticket = tickets.encode_custom({**payload, "start": {str(b): o for b, o in offsets.items()}})
+        return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
 
     def _custom_get(self, payload: dict, context: Any, plan_only: bool = False
                     ) -> tuple[pa.Schema, Iterator[pa.RecordBatch | pa.Table] | pa.Table]:
@@ -688,29 +703,27 @@ class FlightSqlServer(flight.FlightServerBase):
         op = payload["op"]
         table = self.store.table(payload["table"])
         self._authorize_table(Operation.WRITE, table)
-        data = reader.read_all()
-        writer_id, sequence = payload.get("writer_id"), payload.get("sequence")
-        columns = payload.get("columns")
-        if op == "append":
-            result = table.append(data, writer_id=writer_id, sequence=sequence)
-        elif op == "upsert":
-            result = table.upsert(data, columns, writer_id=writer_id, sequence=sequence)
-        elif op == "delete":
-            result = table.delete(data, columns, writer_id=writer_id, sequence=sequence)
-        elif op == "write":
-            if changetype.CHANGE_TYPE_COLUMN not in data.column_names:
-                raise InvalidInput("a changelog write needs a _change_type column")
-            kinds = changetype.from_strings(data.column(changetype.CHANGE_TYPE_COLUMN).combine_chunks())
-            rows = data.drop_columns([changetype.CHANGE_TYPE_COLUMN])
-            if table.has_primary_key:
-                result = table.write(rows, kinds, columns, writer_id=writer_id, sequence=sequence)
-            else:
-                result = table.append(rows, writer_id=writer_id, sequence=sequence)
-        else:
+        if op not in ("append", "upsert", "delete", "write"):
             raise InvalidInput(f"unknown flightstore write command {op!r}")
-        self.metrics.written(table.path, data)
-        return {"op": "written", "rows": data.num_rows, "duplicate": bool(result.duplicate),
-                "offsets": {str(k): v for k, v in result.items()}}
+        if op == "write" and changetype.CHANGE_TYPE_COLUMN not in reader.schema.names:
+            raise InvalidInput("a changelog write needs a _change_type column")
+        writer_id, base = payload.get("writer_id"), payload.get("sequence")
+        columns = payload.get("columns")
+        # Chunk k of a sequenced upload is batch ``base + k`` of its writer: a retried upload is
+        # cut the same way, so the chunks applied before a lost acknowledgement are skipped.
+        rows, duplicates, chunks, offsets = 0, 0, 0, {}
+        for chunk in _at_least_one(upload_chunks(reader, self.upload_limits), reader.schema):
+            sequence = None if base is None else base + chunks
+            result = _write_chunk(table, op, chunk, columns, writer_id, sequence)
+            self.metrics.written(table.path, chunk)
+            rows += chunk.num_rows
+            duplicates += bool(result.duplicate)
+            chunks += 1
+            for bucket, offset in result.items():
+                offsets.setdefault(str(bucket), offset)  # where the upload starts in each bucket
+        return {"op": "written", "rows": rows, "duplicate": chunks > 0 and duplicates == chunks,
+                "offsets": offsets, "chunks": chunks,
+                "sequence": None if base is None else base + chunks - 1}
 
     def _custom_action(self, kind: str, payload: dict) -> bytes:
         if kind == "flightstore.offsets":
@@ -779,6 +792,33 @@ class FlightSqlServer(flight.FlightServerBase):
                 raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
             return tickets.encode_custom({"op": "cluster", **self.cluster.describe(payload.get("table"))})
         raise Unsupported(f"action {kind} is not supported by flightstore")
+
+
+def _at_least_one(chunks: Iterator[pa.Table], schema: pa.Schema) -> Iterator[pa.Table]:
+    """``chunks``, or one empty table when there are none (an empty write still takes its
+    writer's sequence number, as any acknowledged batch does)."""
+    empty = True
+    for chunk in chunks:
+        empty = False
+        yield chunk
+    if empty:
+        yield schema.empty_table()
+
+
+def _write_chunk(table: Any, op: str, data: pa.Table, columns: list | None, writer_id: str | None,
+                 sequence: int | None) -> Any:
+    """Apply one chunk of a flightstore write command (``op`` checked by the caller)."""
+    if op == "append":
+        return table.append(data, writer_id=writer_id, sequence=sequence)
+    if op == "upsert":
+        return table.upsert(data, columns, writer_id=writer_id, sequence=sequence)
+    if op == "delete":
+        return table.delete(data, columns, writer_id=writer_id, sequence=sequence)
+    kinds = changetype.from_strings(data.column(changetype.CHANGE_TYPE_COLUMN).combine_chunks())
+    rows = data.drop_columns([changetype.CHANGE_TYPE_COLUMN])
+    if table.has_primary_key:
+        return table.write(rows, kinds, columns, writer_id=writer_id, sequence=sequence)
+    return table.append(rows, writer_id=writer_id, sequence=sequence)
 
 
 class _CallStop:

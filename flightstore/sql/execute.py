@@ -24,7 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flightstore import changetype
+from flightstore.cache import LruCache
 from flightstore.catalog import DEFAULT_DATABASE
+from flightstore.config import server_option
 from flightstore.errors import SqlError, Unsupported
 from flightstore.partitioning import flink_name, values_table
 from flightstore.schema import TableDescriptor, TablePath, arrow_type_to_sql
@@ -37,7 +39,6 @@ from flightstore.store import Store, Table
 
 __all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
 
-PLAN_CACHE_SIZE = 4096
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.Count, n.Changelog, n.Residual,
                 n.ShowDatabases, n.ShowTables, n.Describe, n.Explain, n.ShowGrants, n.ShowPartitions)
@@ -84,11 +85,15 @@ def _cast(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.RecordBatch
 class Executor:
     """Plans and runs SQL against one store. Thread-safe (no per-query state is kept here)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, cache_entries: int | None = None) -> None:
+        """``cache_entries`` bounds each cache (plans, point-lookup templates, residual schemas);
+        default: the store's ``sql.cache.entries`` option."""
         self.store = store
-        self._plans: dict[tuple, n.PlanNode] = {}
-        self._templates: dict[tuple, n.PointLookup] = {}
-        self._residual_schemas: dict[tuple, pa.Schema] = {}
+        if cache_entries is None:
+            cache_entries = server_option(store.options, "sql.cache.entries")
+        self._plans: LruCache[tuple, n.PlanNode] = LruCache(cache_entries)
+        self._templates: LruCache[tuple, n.PointLookup] = LruCache(cache_entries)
+        self._residual_schemas: LruCache[tuple, pa.Schema] = LruCache(cache_entries)
         self._engine: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
 
@@ -96,22 +101,27 @@ class Executor:
     def plan(self, sql: str, params: Sequence[Any] | None = None,
              database: str = DEFAULT_DATABASE) -> n.PlanNode:
         """Plan ``sql``; query plans are cached per (SQL, parameters, database, catalog version),
-        since Flight SQL asks for the same plan at GetFlightInfo and again at every DoGet."""
+        since Flight SQL asks for the same plan at GetFlightInfo and again at every DoGet.
+
+        A literal point lookup (``WHERE pk = 42``) whose shape (``WHERE pk = ?``, found by a cheap
+        scan, :func:`~flightstore.sql.parse.literal_shape`) was planned before is built from that
+        shape's template without parsing, and is not cached per literal text: a stream of
+        distinct literals neither reparses nor fills the caches."""
+        shape = literal_shape(sql) if params is None else None
+        if shape is not None:
+            planned = self._from_template(*shape, database)
+            if planned is not None:
+                return planned
         try:
             key = (sql, None if params is None else tuple(params), database, self.store.catalog.version)
             hash(key)
         except TypeError:
             key = None
         if key is not None:
-            with self._lock:
-                cached = self._plans.get(key)
+            cached = self._plans.get(key)
             if cached is not None:
                 return cached
-        shape = literal_shape(sql) if key is not None and params is None else None
-        planned = None
-        if key is not None:
-            planned = self._from_template(*shape, database) if shape else \
-                self._from_template(sql, params, database)
+        planned = self._from_template(sql, params, database) if key is not None and shape is None else None
         if planned is None:
             planned = plan_sql(sql, StoreCatalog(self.store, database), params)
             if shape:
@@ -119,10 +129,7 @@ class Executor:
             elif key is not None:
                 self._learn_template(sql, params, database, planned)
         if key is not None and is_query(planned):
-            with self._lock:
-                if len(self._plans) >= PLAN_CACHE_SIZE:
-                    self._plans.pop(next(iter(self._plans)))
-                self._plans[key] = planned
+            self._plans.put(key, planned)
         return planned
 
     def _learn_template(self, sql: str, params: Sequence[Any] | None, database: str,
@@ -136,8 +143,7 @@ class Executor:
             return
         if list(keys.to_pylist()[0].values()) != list(params):
             return
-        with self._lock:
-            self._templates[(sql, database, self.store.catalog.version)] = planned
+        self._templates.put((sql, database, self.store.catalog.version), planned)
 
     def _learn_literal_shape(self, shape: str, values: list, database: str, planned: n.PlanNode) -> None:
         """A literal point lookup (``WHERE id = 42``) teaches the template of its shape
@@ -155,8 +161,7 @@ class Executor:
     def _from_template(self, sql: str, params: Sequence[Any] | None, database: str) -> n.PlanNode | None:
         if not params:
             return None
-        with self._lock:
-            template = self._templates.get((sql, database, self.store.catalog.version))
+        template = self._templates.get((sql, database, self.store.catalog.version))
         if template is None or len(params) != template.keys.num_columns:
             return None
         if any(v is None for v in params):
@@ -501,16 +506,12 @@ class Executor:
             hash(key)
         except TypeError:
             key = None
-        with self._lock:
-            schema = self._residual_schemas.get(key) if key is not None else None
+        schema = self._residual_schemas.get(key) if key is not None else None
         if schema is None:
             empty = {item.name: self._input_schema(item).empty_table() for item in plan.inputs}
             schema = self._duckdb(plan.sql, empty).schema
             if key is not None:
-                with self._lock:
-                    if len(self._residual_schemas) >= PLAN_CACHE_SIZE:
-                        self._residual_schemas.pop(next(iter(self._residual_schemas)))
-                    self._residual_schemas[key] = schema
+                self._residual_schemas.put(key, schema)
         return schema
 
     def _residual(self, plan: n.Residual) -> Iterator[pa.Table]:

@@ -93,26 +93,54 @@ def _tokenize(sql: str) -> list[tokens.Token]:
         raise SqlError(f"cannot read the SQL text: {exc}") from None
 
 
+# What literal_shape scans for, left to right: quoted text first (a number inside a string or an
+# identifier is not a literal), then whole numbers (``1.5``, ``1e3`` and ``t1`` are never split).
+_LEXEMES = re.compile(r"""
+    (?P<string>'(?:[^']|'')*')
+  | (?P<quoted>"(?:[^"]|"")*"|`(?:[^`]|``)*`)
+  | (?P<comment>--[^\n]*|/\*.*?\*/)
+  | (?P<number>(?<![\w.])\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.]))
+  | (?P<stray>['"`\\]|/\*)
+""", re.VERBOSE | re.DOTALL)
+_SIGN_CONTEXT = "=(,<>"  # a '-' right after one of these negates the number that follows
+
+
 def literal_shape(sql: str) -> tuple[str, list[int | str]] | None:
     """``sql`` with its integer and string literals replaced by ``?``, and those literals in order;
-    None when it has none or cannot be tokenized. ``WHERE id = 42`` and ``WHERE id = 7`` share a
-    shape, so a point lookup sent as literal SQL (as BI tools do) reuses the plan of its shape."""
-    try:
-        toks = FlinkSql().tokenize(sql)
-    except TokenError:
-        return None
-    pieces, values, position = [], [], 0
-    for token in toks:
-        if token.token_type == tokens.TokenType.STRING:
-            value: int | str = token.text
-        elif token.token_type == tokens.TokenType.NUMBER and token.text.isdigit():
-            value = int(token.text)
+    None when it has none or when its text is not plain enough to scan without the SQL tokenizer.
+    ``WHERE id = 42`` and ``WHERE id = 7`` share a shape, so a point lookup sent as literal SQL (as
+    BI tools do) reuses the plan of its shape without being parsed.
+
+    A regular-expression scan, not sqlglot's tokenizer (which cost more than the lookup itself).
+    It is conservative: strings are ``'...'`` with ``''`` for a quote; a string with a backslash or
+    a prefix (``X'..'``, ``N'..'``), or an unterminated quote or comment, gives None. A ``-`` after
+    ``=``, ``(``, ``,``, ``<`` or ``>`` belongs to the number. Shapes are only ever used through a
+    template the planner confirmed (:meth:`flightstore.sql.execute.Executor.plan`)."""
+    pieces: list[str] = []
+    values: list[int | str] = []
+    position = 0
+    for match in _LEXEMES.finditer(sql):
+        kind = match.lastgroup
+        start = match.start()
+        if kind == "stray":
+            return None
+        if kind == "string":
+            text = match.group()
+            if "\\" in text or (start and (sql[start - 1].isalnum() or sql[start - 1] == "_")):
+                return None
+            value: int | str = text[1:-1].replace("''", "'")
+        elif kind == "number" and match.group().isdigit():
+            value = int(match.group())
+            before = sql[:start].rstrip()
+            if before.endswith("-") and before[:-1].rstrip()[-1:] in tuple(_SIGN_CONTEXT):
+                start = len(before) - 1
+                value = -value
         else:
             continue
-        pieces.append(sql[position:token.start])
+        pieces.append(sql[position:start])
         pieces.append("?")
         values.append(value)
-        position = token.end + 1
+        position = match.end()
     if not values:
         return None
     pieces.append(sql[position:])

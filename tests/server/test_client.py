@@ -126,6 +126,36 @@ def test_subscription_start_modes_and_column_pruning(server):
         assert ends == {0: 3}
 
 
+def test_latest_is_fixed_when_the_flight_info_is_answered(server):
+    """Issue 10 #8: "latest" is resolved at GetFlightInfo. Rows appended between GetFlightInfo and
+    DoGet (a client slow to start reading) are delivered, every time, in every bucket."""
+    from pyarrow import flight
+
+    from flightstore.server import tickets
+
+    with flightstore.connect(server.uri, timeout=120) as conn:
+        conn.sql("CREATE TABLE late (id BIGINT) WITH ('bucket.num' = '2')")
+        late = conn.table("late")
+        late.append({"id": [0]})
+        client = flight.FlightClient(server.uri)
+        options = flight.FlightCallOptions(timeout=60)
+        command = tickets.encode_custom({"op": "subscribe", "table": "late", "columns": ["id"],
+                                         "start": "latest", "until": None})
+        misses = 0
+        for attempt in range(1, 13):
+            info = client.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+            late.append({"id": [attempt]})  # after the FlightInfo, before the stream runs
+            late.append({"id": [attempt + 100]})  # round-robin: the other bucket
+            # Bound the stream at the current ends so that it finishes by itself.
+            payload = tickets.decode_custom(info.endpoints[0].ticket.ticket)
+            payload["until"] = {str(b): o for b, o in late.offsets().items()}
+            reader = client.do_get(flight.Ticket(tickets.encode_custom(payload)), options)
+            seen = reader.read_all().column("id").to_pylist()
+            misses += sorted(seen) != [attempt, attempt + 100]
+        assert misses == 0
+        client.close()
+
+
 def test_wide_writes_are_sent_in_messages_below_the_grpc_limit(server):
     import numpy as np
 

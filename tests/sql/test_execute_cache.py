@@ -5,9 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from flightstore.sql import nodes
-from flightstore.sql.execute import Executor
+from flightstore.sql.execute import Executor, StoreCatalog
 from flightstore.sql.plan import plan as plan_sql
-from flightstore.sql.execute import StoreCatalog
 
 
 def test_cached_and_templated_plans_equal_fresh_plans(store):
@@ -23,6 +22,7 @@ def test_cached_and_templated_plans_equal_fresh_plans(store):
         assert got.explain() == fresh.explain()
     # A value of the wrong kind still goes through the planner and its error.
     import pytest
+
     from flightstore.errors import SqlError
     with pytest.raises(SqlError):
         executor.plan(sql, ["not-a-number", "y"])
@@ -30,7 +30,7 @@ def test_cached_and_templated_plans_equal_fresh_plans(store):
     store.drop_table("t")
     store.create_table("t", pa.schema([("a", pa.int64()), ("b", pa.string())]), primary_key=["a", "b"])
     assert executor.plan(sql.replace("v, a", "a"), [5, "q"]).columns == ("a",)
-    import flightstore.errors as errors
+    from flightstore import errors
     with pytest.raises(errors.SqlError):
         executor.plan(sql, [1, "x"])  # column v is gone
 
@@ -62,3 +62,39 @@ def test_literal_point_lookups_share_the_plan_of_their_shape(store):
             plan_sql(sql, StoreCatalog(store))
         with pytest.raises(type(fresh.value)):
             executor.plan(sql)
+
+
+def test_a_thousand_distinct_literal_lookups_skip_the_parser_and_keep_the_caches_bounded(store, monkeypatch):
+    """Issue 15: literal point lookups of a known shape are answered from their shape's template
+    (the planner, and so sqlglot, runs only to learn a shape), every cache stays within
+    ``cache_entries``, and tricky literals (quotes, negative numbers, NULL) answer correctly."""
+    from flightstore.cache import LruCache
+    from flightstore.sql import execute
+
+    store.create_table("t", pa.schema([("id", pa.int64()), ("name", pa.string())]), primary_key=["id"])
+    store.create_table("s", pa.schema([("name", pa.string()), ("n", pa.int64())]), primary_key=["name"])
+    ids = list(range(-300, 300))
+    names = [f"o'brien \"{i}\" -- ?" for i in range(400)]
+    store.table("t").upsert(pa.table({"id": ids, "name": [f"n{i}" for i in ids]}))
+    store.table("s").upsert(pa.table({"name": names, "n": list(range(400))}))
+    executor = Executor(store, cache_entries=50)
+    planned = []
+    real_plan = execute.plan_sql
+    monkeypatch.setattr(execute, "plan_sql", lambda *a, **k: planned.append(a[0]) or real_plan(*a, **k))
+
+    def answer(sql: str) -> list:
+        return executor.execute_table(executor.plan(sql)).to_pylist()
+
+    for i in ids:  # 600 lookups by number, negative ones included
+        assert answer(f"SELECT name FROM t WHERE id = {i}") == [{"name": f"n{i}"}]
+    for i, name in enumerate(names):  # 400 by strings holding quotes, "--" and "?"
+        quoted = name.replace("'", "''")
+        assert answer(f"SELECT n FROM s WHERE name = '{quoted}'") == [{"n": i}]
+    assert len(planned) <= 4, planned  # learning the two shapes; nothing per literal
+    assert answer("SELECT name FROM t WHERE id = NULL") == []
+    assert answer("SELECT name FROM t WHERE id = 12345") == []
+    assert answer("SELECT name FROM t WHERE id = - 7") == [{"name": "n-7"}]
+    for i in range(60):  # distinct statements of no template shape go through the plan cache
+        assert answer(f"SELECT COUNT(*) AS c FROM t WHERE id > {i} AND name <> 'x'") == [{"c": 299 - i}]
+    caches = [value for value in vars(executor).values() if isinstance(value, LruCache)]
+    assert len(caches) == 3 and all(len(cache) <= 50 for cache in caches)

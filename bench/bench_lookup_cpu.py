@@ -1,0 +1,111 @@
+"""Server CPU per literal SQL point lookup vs a bare ``pyarrow.flight`` server's CPU per DoGet.
+
+Issue 15's goal: a literal point lookup (``SELECT * FROM t WHERE id = <literal>``, a distinct
+literal each time, as BI tools send them) costs flightstore's server at most 3x the CPU a bare
+Flight server (``bench/bare_flight.py lookup``: no SQL, no storage) spends serving a canned one-row
+result. Both servers run in their own processes; the same client loop drives each (flightstore:
+GetFlightInfo of the SQL, then DoGet of its ticket; bare: DoGet), and CPU is each server process's
+user + system time from ``/proc/<pid>/stat`` over the loop, divided by the calls. Wall time does not
+enter, so the figure holds on a busy machine.
+
+    python -m bench lookup_cpu
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from pyarrow import flight
+
+from bench.report import Row
+
+ROWS = 100_000
+LOOKUPS = 3_000
+WARMUP = 300
+HERE = Path(__file__).parent
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def lookup_rows(n: int) -> pa.Table:
+    ids = np.arange(n, dtype=np.int64)
+    return pa.table({"id": ids, "name": [f"name-{i}" for i in range(n)], "amount": ids * 0.25,
+                     "qty": ids % 97})
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
+
+
+def _start(command: list[str], ready: str) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True, cwd=HERE.parent)
+    line = process.stdout.readline()
+    if ready not in line or "grpc://" not in line:
+        process.kill()
+        raise RuntimeError(f"{' '.join(command)} did not start: {line!r}")
+    return process, "grpc://" + line.split("grpc://", 1)[1].strip()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def _server_cpu_per_call(pid: int, call, count: int) -> float:
+    """Milliseconds of the server's CPU per ``call(i)``, over ``count`` calls after a warm-up."""
+    for i in range(WARMUP):
+        call(i)
+    before = _cpu_s(pid)
+    for i in range(count):
+        call(WARMUP + i)
+    return (_cpu_s(pid) - before) / count * 1000
+
+
+def run() -> list[Row]:
+    import flightstore
+
+    work = Path(tempfile.mkdtemp(prefix="bench-lookup-cpu-"))
+    ours, uri = _start(["-m", "flightstore", "serve", "--data-dir", str(work / "data"), "--port", "0",
+                        "--no-fsync"], "flightstore serving")
+    bare, bare_uri = _start(["-m", "bench.bare_flight", "lookup"], "bare Flight")
+    try:
+        with flightstore.connect(uri, timeout=120) as conn:
+            conn.sql("CREATE TABLE lookup_t (id BIGINT, name STRING, amount DOUBLE, qty BIGINT, "
+                     "PRIMARY KEY (id) NOT ENFORCED) WITH ('bucket.num' = '4')")
+            conn.table("lookup_t").upsert(lookup_rows(ROWS))
+            order = np.random.default_rng(5).permutation(ROWS)
+
+            def sql_lookup(i: int) -> None:
+                key = int(order[i % ROWS])
+                got = conn.sql(f"SELECT * FROM lookup_t WHERE id = {key}")
+                if got.num_rows != 1 or got.column("id")[0].as_py() != key:
+                    raise AssertionError(f"lookup of {key} answered {got.to_pylist()}")
+            ours_ms = _server_cpu_per_call(ours.pid, sql_lookup, LOOKUPS)
+        client = flight.FlightClient(bare_uri)
+        ticket = flight.Ticket(b"all")
+
+        def canned(i: int) -> None:
+            if client.do_get(ticket).read_all().num_rows != 1:
+                raise AssertionError("the bare server did not answer its one row")
+        bare_ms = _server_cpu_per_call(bare.pid, canned, LOOKUPS)
+        client.close()
+    finally:
+        _stop(ours)
+        _stop(bare)
+        shutil.rmtree(work, ignore_errors=True)
+    return [Row("server CPU per literal SQL point lookup (GetFlightInfo + DoGet)", ours_ms, bare_ms,
+                "ms CPU", "bare pyarrow.flight DoGet of a canned row", higher_is_better=False,
+                goal=">=0.33x")]
