@@ -81,7 +81,7 @@ def _same(got: pa.Table, expected: pa.Table) -> bool:
 
 
 def run() -> list[Row]:
-    import adbc_driver_flightsql.dbapi as dbapi
+    from adbc_driver_flightsql import dbapi
 
     root = Path(tempfile.mkdtemp(prefix="bench-groupby-"))
     big, small = events(LOG_ROWS), events(PK_ROWS, seed=12)
@@ -111,8 +111,9 @@ def run() -> list[Row]:
                 plan = ours("EXPLAIN " + template.format(t=table))().column(0)[0].as_py()
                 if "partial=" not in plan:
                     raise AssertionError(f"{label} on {table} does not push partial aggregates: {plan}")
+            peer_sql = template.format(t="big")
             fns = {"ours": ours(template.format(t="log_big")),
-                   "peer": lambda q=template.format(t="big"): local.sql(q).to_arrow_table()}
+                   "peer": lambda q=peer_sql: local.sql(q).to_arrow_table()}
             if not _same(fns["ours"](), fns["peer"]()):
                 raise AssertionError(f"{label} over log_big differs from DuckDB")
             best = best_interleaved(fns, ROUNDS)

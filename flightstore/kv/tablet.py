@@ -32,9 +32,9 @@ import shutil
 import struct
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -56,7 +56,7 @@ from flightstore.log import LogTablet
 from flightstore.log.held import require_held
 from flightstore.schema import TableDescriptor
 
-__all__ = ["KvTablet", "ApplyResult", "changelog_schema", "UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES"]
+__all__ = ["UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES", "ApplyResult", "KvTablet", "changelog_schema"]
 
 log = logging.getLogger("flightstore.kv")
 

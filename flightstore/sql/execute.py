@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -37,7 +38,7 @@ from flightstore.sql.plan import plan as plan_sql
 from flightstore.sql.resolve import binlog_schema, changelog_schema, partitions_schema
 from flightstore.store import Store, Table
 
-__all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
+__all__ = ["ROWS_AFFECTED_SCHEMA", "Executor", "StoreCatalog", "is_query"]
 
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.Count, n.Changelog, n.Residual,
@@ -438,15 +439,11 @@ class Executor:
         """The schema of ``item.partial``'s rows (DuckDB on an empty input), kept per input and
         catalog version like the residual schemas."""
         key = (item, self.store.catalog.version)
-        with self._lock:
-            schema = self._residual_schemas.get(key)
+        schema = self._residual_schemas.get(key)
         if schema is None:
             rows = _fields(self.store.table(item.table).descriptor.schema, item.columns)
             schema = self._duckdb(item.partial, {item.name: rows.empty_table()}).schema
-            with self._lock:
-                if len(self._residual_schemas) >= PLAN_CACHE_SIZE:
-                    self._residual_schemas.pop(next(iter(self._residual_schemas)))
-                self._residual_schemas[key] = schema
+            self._residual_schemas.put(key, schema)
         return schema
 
     def _partial_data(self, item: n.ResidualInput) -> pa.Table:

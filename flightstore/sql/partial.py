@@ -33,7 +33,7 @@ from sqlglot.errors import SqlglotError
 
 from flightstore.sql.nodes import Residual, ResidualInput
 
-__all__ = ["push_partial_aggregates", "GROUP_PREFIX", "AGGREGATE_PREFIX"]
+__all__ = ["AGGREGATE_PREFIX", "GROUP_PREFIX", "push_partial_aggregates"]
 
 GROUP_PREFIX = "__g"
 AGGREGATE_PREFIX = "__a"
@@ -84,10 +84,8 @@ def _shape_allows(select: exp.Expression) -> bool:
         return False
     if select.find(*_REFUSED) is not None or any(s is not select for s in select.find_all(exp.Select)):
         return False
-    group = select.args.get("group")
-    if group is not None and any(v for k, v in group.args.items() if k != "expressions"):
-        return False  # ROLLUP, CUBE, GROUPING SETS, GROUP BY ALL
-    return True
+    group = select.args.get("group")  # not ROLLUP, CUBE, GROUPING SETS, GROUP BY ALL
+    return group is None or not any(v for k, v in group.args.items() if k != "expressions")
 
 
 def _key(node: exp.Expression) -> str:

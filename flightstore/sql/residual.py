@@ -26,7 +26,7 @@ from flightstore.sql.partial import push_partial_aggregates
 from flightstore.sql.predicates import conjuncts, to_predicate
 from flightstore.sql.resolve import CatalogView, ResolvedTable, resolve_column, resolve_table_node
 
-__all__ = ["plan_residual", "INPUT_PREFIX"]
+__all__ = ["INPUT_PREFIX", "plan_residual"]
 
 INPUT_PREFIX = "__t"
 _UNRESOLVED = re.compile(r"Column '(?:\"?[^\"']*\"?\.)?\"?([^\"']+)\"?' could not be resolved"

@@ -10,7 +10,7 @@ import math
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.compute
 import pytest
 
 from flightstore.sql import Residual
@@ -25,8 +25,8 @@ PUSHED = [
     "SELECT grp, SUM(x) AS sx, AVG(x) AS ax, MIN(x), MAX(x) FROM {t} WHERE n > 10 GROUP BY grp ORDER BY grp",
     "SELECT SUM(price), AVG(price), MIN(price), MAX(day), COUNT(day) FROM {t}",
     "SELECT COUNT(*) AS c, SUM(n) AS s, AVG(x) AS a, MAX(grp) AS m FROM {t} WHERE n > 1000000",  # no rows
-    "SELECT day, grp, SUM(n * 2 + 1) AS s, COUNT(*) AS c FROM {t} WHERE day >= DATE '2024-01-03' "
-    "GROUP BY day, grp HAVING COUNT(*) > 3 ORDER BY s DESC, day, grp LIMIT 7",
+    ("SELECT day, grp, SUM(n * 2 + 1) AS s, COUNT(*) AS c FROM {t} WHERE day >= DATE '2024-01-03' "
+     "GROUP BY day, grp HAVING COUNT(*) > 3 ORDER BY s DESC, day, grp LIMIT 7"),
     "SELECT lower(grp) AS g, SUM(x) + COUNT(x) AS mixed FROM {t} GROUP BY lower(grp) ORDER BY g",
     "SELECT n % 3 AS r, AVG(n) FROM {t} GROUP BY n % 3 ORDER BY r",
     "SELECT grp, MIN(n) FROM {t} GROUP BY grp HAVING MIN(n) IS NULL OR MIN(n) < 5 ORDER BY 1",
