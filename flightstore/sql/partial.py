@@ -20,6 +20,10 @@ The merged query answers exactly what the one-step query answers: its output col
 one-step query's names and types (both are bound by DuckDB on empty inputs while planning, and a
 merged column whose type differs is cast to the one-step type); if any step does not bind, the
 query is not pushed.
+
+Execution (:mod:`flightstore.sql.execute`): the partial runs where the rows are, over a stream of
+the buckets held there; when every bucket is local the two steps run as one statement
+(:func:`fused_sql`), which the planner binds too.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from sqlglot.errors import SqlglotError
 
 from flightstore.sql.nodes import Residual, ResidualInput
 
-__all__ = ["AGGREGATE_PREFIX", "GROUP_PREFIX", "push_partial_aggregates"]
+__all__ = ["AGGREGATE_PREFIX", "GROUP_PREFIX", "fused_sql", "push_partial_aggregates"]
 
 GROUP_PREFIX = "__g"
 AGGREGATE_PREFIX = "__a"
@@ -67,6 +71,12 @@ def push_partial_aggregates(select: exp.Expression, residual: Residual, input_sc
     pushed = ResidualInput(name=item.name, table=item.table, source=item.source, columns=item.columns,
                            filter=item.filter, partitions=item.partitions, partial=partial_sql)
     return Residual(sql=merge_sql, inputs=(pushed,))
+
+
+def fused_sql(name: str, partial_sql: str, merge_sql: str) -> str:
+    """The partial and the merge as one statement over the rows registered as ``name``: the merge
+    reads the partial as a CTE of that name (inside the CTE the name is still the rows)."""
+    return f'WITH "{name}" AS ({partial_sql}) {merge_sql}'
 
 
 class _NotPushable(Exception):
@@ -253,6 +263,13 @@ def _bound(original_sql: str, partial: exp.Select, merge: exp.Select, input_sche
             relation = connection.sql(merge_sql)
             if [str(t) for t in relation.types] != types or list(relation.columns) != names:
                 return None
+        # Where all the rows are local both steps run as one statement (fused_sql): it must give
+        # the same names and types.
+        connection.unregister(source)
+        connection.register(source, input_schema.empty_table())
+        relation = connection.sql(fused_sql(source, partial_sql, merge_sql))
+        if [str(t) for t in relation.types] != types or list(relation.columns) != names:
+            return None
         return partial_sql, merge_sql
     finally:
         connection.close()
