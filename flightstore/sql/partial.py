@@ -28,6 +28,7 @@ the buckets held there; when every bucket is local the two steps run as one stat
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import duckdb
@@ -35,7 +36,7 @@ import pyarrow as pa
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from flightstore.sql.nodes import Residual, ResidualInput
+from flightstore.sql.nodes import Residual
 
 __all__ = ["AGGREGATE_PREFIX", "GROUP_PREFIX", "fused_sql", "push_partial_aggregates"]
 
@@ -58,6 +59,8 @@ def push_partial_aggregates(select: exp.Expression, residual: Residual, input_sc
     ``input_schema`` is the input's pruned schema (to bind the queries on empty inputs)."""
     if len(residual.inputs) != 1 or residual.inputs[0].source != "table":
         return None
+    if residual.inputs[0].snapshot_id is not None or residual.inputs[0].as_of_ms is not None:
+        return None  # time travel reads the lake as it was, not the buckets
     if not _shape_allows(select):
         return None
     try:
@@ -67,10 +70,7 @@ def push_partial_aggregates(select: exp.Expression, residual: Residual, input_sc
     if split is None:
         return None
     partial_sql, merge_sql = split
-    item = residual.inputs[0]
-    pushed = ResidualInput(name=item.name, table=item.table, source=item.source, columns=item.columns,
-                           filter=item.filter, partitions=item.partitions, partial=partial_sql)
-    return Residual(sql=merge_sql, inputs=(pushed,))
+    return Residual(sql=merge_sql, inputs=(dataclasses.replace(residual.inputs[0], partial=partial_sql),))
 
 
 def fused_sql(name: str, partial_sql: str, merge_sql: str) -> str:
