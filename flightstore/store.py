@@ -977,6 +977,7 @@ class Store:
                                           partition_keys=partition_keys, options=options,
                                           descriptor=descriptor)
         self._check_open()
+        self.partition_limits.check_create(descriptor)
         created = self.catalog.create_table(descriptor, if_not_exists)
         if created and descriptor.option("table.auto-partition.enabled"):
             self.auto_partition(tables=[descriptor.path])  # its first partitions, at once
@@ -984,7 +985,8 @@ class Store:
     @property
     def partition_limits(self) -> PartitionLimits:
         return PartitionLimits(server_option(self.options, "max.partition.num"),
-                               server_option(self.options, "max.bucket.num"))
+                               server_option(self.options, "max.bucket.num"),
+                               server_option(self.options, "max.table-bucket.num"))
 
     def alter_table(self, path: TablePath | str, changes: Sequence[Change]) -> TableDescriptor:
         """Apply ALTER TABLE ``changes`` (all or nothing, one atomic catalog write) and make the

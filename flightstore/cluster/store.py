@@ -55,6 +55,7 @@ class ClusterStore(Store):
         descriptor = new_table_descriptor(self._path(path) if descriptor is None else descriptor.path,
                                           schema, primary_key=primary_key, partition_keys=partition_keys,
                                           options=options, descriptor=descriptor)
+        self.partition_limits.check_create(descriptor)  # refused before it is sent
         self._ddl({"op": "create_table", "descriptor": descriptor.to_json(), "if_not_exists": if_not_exists})
         if descriptor.option("table.auto-partition.enabled"):
             Store.auto_partition(self, tables=[descriptor.path])  # its first partitions, at once

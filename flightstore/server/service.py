@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import os
 import signal
 import threading
 import time
@@ -40,6 +41,7 @@ from flightstore.server.authz import Authorizer
 from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
 from flightstore.server.partition_manager import AutoPartitionManager
+from flightstore.server.queries import RunningQueries
 from flightstore.server.session import Session, apply_options, option_values
 from flightstore.server.tls import TlsConfig
 from flightstore.server.upload import UploadLimits, upload_chunks
@@ -60,6 +62,7 @@ log = logging.getLogger("flightstore.server")
 # still for it but slowed the 130 MB full scan (python -m bench server, /tmp A/B runs).
 MAX_BATCH_BYTES = 2 * 1024 * 1024
 MAX_BATCH_ROWS = 65_536
+HARD_EXIT_MARGIN_S = 5.0  # after the shutdown grace: stopped queries end, then the process exits
 MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()  # built once: the default reads os.environ each time
 RESULT_TTL_S = 600
@@ -86,6 +89,10 @@ def _translate(exc: BaseException) -> BaseException:
             return flight.FlightUnauthorizedError(message)
         if status == "cancelled":
             return flight.FlightCancelledError(message)
+        if status == "deadline_exceeded":
+            return flight.FlightTimedOutError(message)
+        if status == "resource_exhausted":
+            return flight.FlightInternalError(f"RESOURCE_EXHAUSTED: {message}")
         if status == "unavailable":
             return flight.FlightUnavailableError(message)
         if status == "data_loss":
@@ -194,6 +201,7 @@ class FlightSqlServer(flight.FlightServerBase):
         self._prepare_cache: LruCache[tuple, tuple] = LruCache(server_option(store.options, "sql.cache.entries"))
         self._results: dict[str, tuple[float, pa.Table, str | None]] = {}  # (kept at, rows, owner)
         self._cancelled: set[bytes] = set()
+        self.queries = RunningQueries()  # DoGet streams of queries: CancelFlightInfo / shutdown stop them
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
@@ -230,14 +238,31 @@ class FlightSqlServer(flight.FlightServerBase):
     def uri(self) -> str:
         return f"{'grpc+tls' if self.tls is not None else 'grpc'}://127.0.0.1:{self.port}"
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float | None = None) -> None:
+        """Stop accepting calls and wait for the running ones; past ``grace_s`` (default: the
+        ``server.shutdown-grace`` option) stop every running query (its client gets CANCELLED).
+        Subscriptions end at once."""
+        if grace_s is None:
+            grace_s = server_option(self.store.options, "server.shutdown-grace") / 1000
         self._stop.set()
         self.partition_manager.stop()
         self.housekeeping.stop()
+        finished = threading.Event()
+
+        def abort_after_grace() -> None:
+            if not finished.wait(grace_s):
+                stopped = self.queries.cancel_all("shutdown")
+                log.warning("shutdown grace of %.1f s passed: stopping %d running queries", grace_s, stopped)
+
+        grace = threading.Thread(target=abort_after_grace, name="flightstore-shutdown-grace", daemon=True)
+        grace.start()
         super().shutdown()
+        finished.set()
+        grace.join()  # no thread of ours may be left waiting when the process exits
         if self.tierer is not None:
             self.tierer.stop()
         self.metrics.close()
+        self.executor.close()
 
     # ---- authorization: the one check, fed by the plan's resources ----------------------------
     def _authorize(self, permissions: Any) -> None:
@@ -350,8 +375,10 @@ class FlightSqlServer(flight.FlightServerBase):
                     raise InvalidInput("statements run when their FlightInfo is requested")
                 self._authorize(plan)  # tickets are bearer data: check whoever presents one
                 schema = self.executor.output_schema(plan)
-                batches = self.metrics.metered(_result_label(plan),
-                                               self.executor.execute(plan, payload.get("partition"), schema))
+                control = self.executor.control(context.is_cancelled if context is not None else None)
+                batches = self.executor.execute(plan, payload.get("partition"), schema, control)
+                batches = self.queries.stream(payload.get("query"), control,
+                                              self.metrics.metered(_result_label(plan), batches))
             else:
                 table = self._metadata_table(command, self.session(context))
                 schema, batches = table.schema, table
@@ -435,9 +462,10 @@ class FlightSqlServer(flight.FlightServerBase):
             return iter([])
         elif kind == protocol.CANCEL_FLIGHT_INFO:
             info = flight.FlightInfo.deserialize(request.info)
+            queries = [e.ticket.ticket for e in info.endpoints if _is_query_ticket(e.ticket.ticket)]
             with self._lock:  # metadata tickets are the (shared) command bytes: never cancel those
-                self._cancelled.update(e.ticket.ticket for e in info.endpoints
-                                       if _is_query_ticket(e.ticket.ticket))
+                self._cancelled.update(queries)
+            self.queries.cancel({query_id for query_id in map(_query_id, queries) if query_id})
             result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
         elif kind == protocol.SET_SESSION_OPTIONS:
             session = self.session(context)
@@ -880,6 +908,14 @@ def _is_query_ticket(data: bytes) -> bool:
         return False
 
 
+def _query_id(data: bytes) -> str | None:
+    """The query id a streamed query's ticket carries (one per FlightInfo), if any."""
+    if tickets.is_result(data) or tickets.is_custom(data):
+        return None
+    command = protocol.unpack_any(data)
+    return tickets.decode_query_handle(command.statement_handle).get("query")
+
+
 def _result_label(plan: nodes.PlanNode) -> str:
     """The ``table`` label of a query's rows in the metrics: the tables it reads."""
     return ",".join(str(path) for path in plan_tables(plan))
@@ -919,6 +955,34 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
     # to_pylist also reads the dense union a parameter arrives as from flightsql-dbapi.
     columns = [column.to_pylist() for column in table.columns]
     return [list(row) for row in zip(*columns)]
+
+
+def _wait_for_signal(grace_s: float) -> None:
+    """Return at SIGTERM/SIGINT. The server listens from its construction: the main thread waits
+    here, in Python, where signal handlers run (Arrow's own ``serve()`` would shut the server down
+    on the signal itself, waiting for running calls forever)."""
+    requested = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if not requested.is_set():
+            log.info("signal %d: stopping (grace %.1f s)", signum, grace_s)
+        requested.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not requested.wait(1.0):
+        pass
+
+
+def _exit_unless(finished: threading.Event, seconds: float) -> None:
+    """Exit the process unless ``finished`` within ``seconds`` of the stop signal: calls that no
+    query control reaches (a write in progress) do not keep it alive. Like a crash, this loses no
+    acknowledged write."""
+    if finished.wait(seconds):
+        return
+    log.error("calls still running %.1f s after the stop signal: exiting now", seconds)
+    logging.shutdown()
+    os._exit(1)
 
 
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
@@ -974,17 +1038,21 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
             raise SystemExit(f"flightstore: cannot serve metrics on {host}:{metrics_port} ({exc})") from None
         print(f"flightstore metrics at http://{host}:{bound}/metrics", flush=True)
 
-    def stop(signum: int, frame: Any) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    grace_s = server_option(options, "server.shutdown-grace") / 1000
+    finished = threading.Event()
+    guard = threading.Thread(target=_exit_unless, args=(finished, grace_s + HARD_EXIT_MARGIN_S),
+                             name="flightstore-exit-guard", daemon=True)
     try:
-        server.serve()
+        _wait_for_signal(grace_s)
+        guard.start()
+        server.shutdown(grace_s)  # stops accepting, waits grace_s, then stops running queries
     finally:
         if server.cluster is not None:
             server.cluster.stop()
         if server.tierer is not None:
             server.tierer.stop()
         store.close()
+        finished.set()
+        if guard.is_alive():
+            guard.join()  # no thread of ours may be left running when the interpreter finalizes
         print("flightstore stopped", flush=True)

@@ -7,8 +7,14 @@ ranges (one partition per bucket it visits), ``Changelog`` onto the logs.
 ``UnionScan`` onto a union read of a datalake-enabled log table (:mod:`flightstore.lake.union`: the lake
 below the tiered offsets plus the log from there), ``LakeScan`` onto a pyiceberg read of the lake
 (time travel included), ``t$lake$snapshots`` / ``t$lake$status`` onto the lake's commits and the
-tiering status. ``Residual`` SQL runs on an embedded DuckDB fed by pruned, pre-filtered Arrow inputs. Statements
-(DDL, writes) run once and answer one ``rows_affected`` row.
+tiering status. ``Residual`` SQL runs on the embedded engine (:mod:`flightstore.sql.engine`, DuckDB
+with a memory limit and spilling) fed by pruned, pre-filtered Arrow **streams** (each catalog table
+input is scanned batch by batch as DuckDB pulls it) and its result streams out batch by batch.
+Statements (DDL, writes) run once and answer one ``rows_affected`` row.
+
+Every query runs under a :class:`~flightstore.sql.control.QueryControl` (``query.timeout``, and
+whatever the server adds: CancelFlightInfo, the caller's disconnection): the stream stops between
+batches, and the engine's watchdog interrupts DuckDB mid-batch.
 
 Every query has an exact :meth:`Executor.output_schema` known before it runs (Flight SQL clients
 check that FlightInfo's schema equals the stream's, nullability included), and every batch a
@@ -17,12 +23,10 @@ partition yields is cast to it.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,10 +35,12 @@ from flightstore import changetype
 from flightstore.cache import LruCache
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.config import server_option
-from flightstore.errors import SqlError, Unsupported
+from flightstore.errors import ResourceExhausted, SqlError, Unsupported
 from flightstore.partitioning import flink_name, values_table
 from flightstore.schema import TableDescriptor, TablePath, arrow_type_to_sql
 from flightstore.sql import nodes as n
+from flightstore.sql.control import QueryControl
+from flightstore.sql.engine import InputRescanned, SqlEngine
 from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
 from flightstore.sql.parse import literal_shape
 from flightstore.sql.partial import fused_sql
@@ -52,6 +58,8 @@ from flightstore.store import Store, Table
 
 __all__ = ["ROWS_AFFECTED_SCHEMA", "Executor", "StoreCatalog", "is_query"]
 
+INPUT_BATCH_ROWS = 32_768
+MAX_TEMPLATE_LITERALS = 32  # more literals than any primary key has columns
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.UnionScan, n.LakeScan, n.Count,
                 n.Changelog, n.Residual,
@@ -116,8 +124,21 @@ class Executor:
         self._plans: LruCache[tuple, n.PlanNode] = LruCache(cache_entries)
         self._templates: LruCache[tuple, n.PointLookup] = LruCache(cache_entries)
         self._residual_schemas: LruCache[tuple, pa.Schema] = LruCache(cache_entries)
-        self._engine: duckdb.DuckDBPyConnection | None = None
+        options = store.options
+        self.engine = SqlEngine(server_option(options, "query.memory-limit"), store.data_dir / ".spill",
+                                server_option(options, "query.spill-limit"))
+        self.query_timeout_s = server_option(options, "query.timeout") / 1000
+        self.max_result_rows = server_option(options, "query.max-result-rows")
         self._lock = threading.Lock()
+
+    def control(self, caller_gone=None) -> QueryControl:
+        """A new query's stop conditions: the ``query.timeout`` deadline (from now) and
+        ``caller_gone`` (the server passes its call context's ``is_cancelled``)."""
+        return QueryControl(self.query_timeout_s, caller_gone)
+
+    def close(self) -> None:
+        """Release the embedded engine (its spill files go with it)."""
+        self.engine.close()
 
     # ---- planning -----------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[Any] | None = None,
@@ -130,6 +151,8 @@ class Executor:
         shape's template without parsing, and is not cached per literal text: a stream of
         distinct literals neither reparses nor fills the caches."""
         shape = literal_shape(sql) if params is None else None
+        if shape is not None and len(shape[1]) > MAX_TEMPLATE_LITERALS:
+            shape = None  # a template is one key row: a long literal list (IN) never makes one
         if shape is not None:
             planned = self._from_template(*shape, database)
             if planned is not None:
@@ -243,12 +266,16 @@ class Executor:
 
     # ---- running ------------------------------------------------------------------------------
     def execute(self, plan: n.PlanNode, partition: int | None = None,
-                schema: pa.Schema | None = None) -> Iterator[pa.RecordBatch]:
+                schema: pa.Schema | None = None,
+                control: QueryControl | None = None) -> Iterator[pa.RecordBatch]:
         """Yield the result batches of ``plan`` (of one bucket when ``partition`` is given), cast
         to ``schema``: the plan's :meth:`output_schema`, computed here unless the caller has it
-        (for residual SQL that costs a DuckDB run)."""
+        (for residual SQL that costs a DuckDB run). The stream stops (Cancelled, DeadlineExceeded)
+        between batches when ``control`` (default: a new one with ``query.timeout``) says so."""
         schema = self.output_schema(plan) if schema is None else schema
-        for batch in self._run(plan, partition):
+        control = self.control() if control is None else control
+        for batch in self._run(plan, partition, control):
+            control.check()
             if batch.num_rows:
                 yield _cast(batch, schema)
 
@@ -345,7 +372,8 @@ class Executor:
         table.upsert(data, columns=pk + list(plan.assignments))
         return rows.num_rows
 
-    def _run(self, plan: n.PlanNode, partition: int | None) -> Iterator[pa.RecordBatch | pa.Table]:
+    def _run(self, plan: n.PlanNode, partition: int | None,
+             control: QueryControl) -> Iterator[pa.RecordBatch | pa.Table]:
         store = self.store
         if isinstance(plan, n.PointLookup):
             table = store.table(plan.table)
@@ -390,7 +418,7 @@ class Executor:
         elif isinstance(plan, n.Changelog):
             yield from self._changelog(plan, partition)
         elif isinstance(plan, n.Residual):
-            yield from self._residual(plan)
+            yield from self._residual(plan, control)
         elif isinstance(plan, n.ShowDatabases):
             yield pa.table({"database_name": store.list_databases()})
         elif isinstance(plan, n.ShowTables):
@@ -466,7 +494,9 @@ class Executor:
             full = binlog_schema(descriptor)
         return _fields(full, item.columns)
 
-    def _input_data(self, item: n.ResidualInput) -> pa.Table:
+    def _input_data(self, item: n.ResidualInput, stream: bool = False):
+        """An input of residual SQL: for a table, a ``(schema, batches)`` stream of its pruned scan
+        when ``stream`` (DuckDB pulls it batch by batch), else the scan's table."""
         if item.partial is not None:
             return self._partial_data(item)
         if item.source == "table":
@@ -480,6 +510,9 @@ class Executor:
                          for p in read_union(self.lake, table, item.columns, filter=item.filter,
                                              exact=False)]
                 return pa.concat_tables(parts) if parts else schema.empty_table()
+            if stream:
+                return (self._input_schema(item),
+                        _small_batches(table.scan(list(item.columns), item.filter, exact=False)))
             return table.scan_table(list(item.columns), item.filter, exact=False)
         if item.source == "lake":
             return self._lake_rows(item.table, item.columns, item.filter, None, item.snapshot_id,
@@ -504,29 +537,31 @@ class Executor:
         schema = self._residual_schemas.get(key)
         if schema is None:
             rows = _fields(self.store.table(item.table).descriptor.schema, item.columns)
-            schema = self._duckdb(item.partial, {item.name: rows.empty_table()}).schema
+            schema = self.engine.schema(item.partial, {item.name: rows})
             self._residual_schemas.put(key, schema)
         return schema
 
     def _partial_data(self, item: n.ResidualInput) -> pa.Table:
         """``item.partial`` run where the rows are: once per server over a stream of the buckets
-        it holds (pruned, skipped by statistics), never materialized. One server holds every
-        bucket here, so one partial runs. (Measured: a partial per bucket costs DuckDB ~30% more
-        at 100k groups than one over the same buckets' stream, and saves no memory.)"""
-        return _cast(self._on_local_rows(item, item.partial), self._partial_schema(item))
+        it holds (pruned, skipped by statistics), never materialized. (Measured: a partial per
+        bucket costs DuckDB ~30% more at 100k groups than one over the same buckets' stream.)"""
+        schema = self._partial_schema(item)
+        batches = list(self.engine.run(item.partial, {item.name: self._local_rows(item, stream=True)}))
+        return _cast(pa.Table.from_batches(batches, schema=batches[0].schema) if batches
+                     else schema.empty_table(), schema)
 
-    def _partial_and_merge(self, plan: n.Residual) -> pa.Table:
-        """A plan of one partial input whose rows are all here: the partial and the merge in one
-        DuckDB statement over the rows' stream (the merge reads the partial as a CTE of the
-        input's name; inside the CTE that name is still the rows). Saves a DuckDB call per query."""
+    def _fused_inputs(self, plan: n.Residual, stream: bool) -> dict:
+        """The rows of a plan's one partial input, all held here: the partial and the merge run
+        as one statement over them (:func:`~flightstore.sql.partial.fused_sql`), one DuckDB call."""
         item = plan.inputs[0]
-        return self._on_local_rows(item, fused_sql(item.name, item.partial, plan.sql))
+        return {item.name: self._local_rows(item, stream)}
 
-    def _on_local_rows(self, item: n.ResidualInput, sql: str) -> pa.Table:
-        """``sql`` over a stream of the input's rows in the buckets held here."""
+    def _local_rows(self, item: n.ResidualInput, stream: bool):
+        """The input's rows in the buckets held here: a ``(schema, batches)`` stream, or a table.
+        A union table (lake + log) streams its lake part, then its log tail."""
         table = self.store.table(item.table)
         rows_schema = _fields(table.descriptor.schema, item.columns)
-        if is_union(table.descriptor):  # the lake below the tiered offsets, then the log tail
+        if is_union(table.descriptor):
             from flightstore.lake.union import read_union
             parts = read_union(self.lake, table, item.columns, filter=item.filter, exact=False)
             batches = (b for p in parts for b in _cast(
@@ -534,14 +569,9 @@ class Executor:
         else:
             batches = table.scan(list(item.columns), item.filter, buckets=table.bucket_ids(item.partitions),
                                  exact=False)
-        feed = _Feed(batches)
-        stream = pa.RecordBatchReader.from_batches(rows_schema, iter(feed))
-        try:
-            return self._duckdb(sql, {item.name: stream})
-        except SqlError:
-            if feed.error is not None:  # the storage error, not DuckDB's wrapping of it
-                raise feed.error from None
-            raise
+        if stream:
+            return rows_schema, _small_batches(batches)
+        return pa.Table.from_batches(list(batches), schema=rows_schema)
 
     # ---- the lake -----------------------------------------------------------------------------
     def _lake_catalog(self, path: TablePath) -> Any:
@@ -626,23 +656,6 @@ class Executor:
                    "row_count": [count for _, count in stats]}
         return pa.table(columns, schema=partitions_schema(descriptor))
 
-    def _duckdb(self, sql: str, inputs: dict[str, pa.Table]) -> pa.Table:
-        # One in-memory DuckDB per executor, a cursor (its own connection, its own registered
-        # inputs) per query: opening a database costs ~25 ms, a cursor ~2 ms.
-        with self._lock:
-            if self._engine is None:
-                self._engine = duckdb.connect(config={"enable_external_access": False})
-            connection = self._engine.cursor()
-        try:
-            for name, data in inputs.items():
-                connection.register(name, data)
-            try:
-                return connection.sql(sql).to_arrow_table()
-            except duckdb.Error as exc:
-                raise SqlError(f"query failed: {_engine_message(str(exc), inputs)}") from None
-        finally:
-            connection.close()
-
     def _residual_schema(self, plan: n.Residual) -> pa.Schema:
         """The result schema of residual SQL (DuckDB on empty inputs), kept per plan and catalog
         version: prepare, GetFlightInfo and DoGet all ask for it."""
@@ -653,43 +666,50 @@ class Executor:
             key = None
         schema = self._residual_schemas.get(key) if key is not None else None
         if schema is None:
-            empty = {item.name: self._input_schema(item).empty_table() for item in plan.inputs}
-            schema = self._duckdb(plan.sql, empty).schema
+            schema = self.engine.schema(plan.sql, {item.name: self._input_schema(item)
+                                                   for item in plan.inputs})
             if key is not None:
                 self._residual_schemas.put(key, schema)
         return schema
 
-    def _residual(self, plan: n.Residual) -> Iterator[pa.Table]:
-        if len(plan.inputs) == 1 and plan.inputs[0].partial is not None:
-            yield self._partial_and_merge(plan)
-            return
-        inputs = {item.name: self._input_data(item) for item in plan.inputs}
-        yield self._duckdb(plan.sql, inputs)
-
-
-class _Feed:
-    """Batches handed to DuckDB, keeping the exception that ended them (DuckDB reports it as its
-    own error)."""
-
-    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
-        self._batches = batches
-        self.error: BaseException | None = None
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
+    def _residual(self, plan: n.Residual, control: QueryControl) -> Iterator[pa.RecordBatch]:
+        """Stream the residual SQL's result from streamed inputs; should DuckDB read one input
+        twice (the plan scans a table reference more than once) before the first batch came out,
+        run it again on materialized inputs."""
+        fused = len(plan.inputs) == 1 and plan.inputs[0].partial is not None
+        sql = fused_sql(plan.inputs[0].name, plan.inputs[0].partial, plan.sql) if fused else plan.sql
+        inputs = self._fused_inputs(plan, stream=True) if fused else \
+            {item.name: self._input_data(item, stream=True) for item in plan.inputs}
+        rows = 0
         try:
-            yield from self._batches
-        except BaseException as exc:
-            self.error = exc
-            raise
+            for batch in self.engine.run(sql, inputs, control):
+                rows = self._count_result(rows, batch)
+                yield batch
+        except InputRescanned:
+            if rows:
+                raise SqlError("the embedded engine read one input twice after the answer had "
+                               "begun; the query cannot run streamed") from None
+            inputs = self._fused_inputs(plan, stream=False) if fused else \
+                {item.name: self._input_data(item) for item in plan.inputs}
+            for batch in self.engine.run(sql, inputs, control):
+                rows = self._count_result(rows, batch)
+                yield batch
+
+    def _count_result(self, rows: int, batch: pa.RecordBatch) -> int:
+        """``rows`` plus the batch's, refused past ``query.max-result-rows``."""
+        rows += batch.num_rows
+        if self.max_result_rows and rows > self.max_result_rows:
+            raise ResourceExhausted(f"the query returns more than {self.max_result_rows:,} rows "
+                                    "(server option query.max-result-rows); it was stopped")
+        return rows
 
 
-def _engine_message(message: str, inputs: dict[str, Any]) -> str:
-    """DuckDB's message without what only the rewritten SQL has: its ``LINE 1: ...`` excerpt (of
-    SQL the user did not write) and the ``"__t0"`` input names."""
-    kept = [line for line in message.splitlines() if line.strip()]
-    cut = next((i for i, line in enumerate(kept) if line.startswith("LINE ")), len(kept))
-    text = " ".join(kept[:cut])
-    return re.sub(r'"?__t\d+"?(?: AS )?', "", text).strip()
+def _small_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` as zero-copy slices of at most :data:`INPUT_BATCH_ROWS` rows: DuckDB reads
+    ahead a fixed number of input batches, so their size bounds what a streamed input holds."""
+    for batch in batches:
+        for start in range(0, batch.num_rows, INPUT_BATCH_ROWS):
+            yield batch.slice(start, INPUT_BATCH_ROWS)
 
 
 def _with_filter_columns(columns: Sequence[str], filter) -> list[str]:
