@@ -265,7 +265,7 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("datalake.iceberg.s3.region", "str", None, "Region of the object storage bucket."),
     ConfigOption("datalake.tiering.enabled", "bool", True,
                  "The server tiers datalake-enabled tables itself; `false` leaves them to an "
-                 "external tiering job."),
+                 "external tiering job (the server then follows its commits: log retention, status)."),
     ConfigOption("datalake.tiering.lease", "duration", 60_000,
                  "How long a tierer's lease on a table lasts without renewal: a crashed tierer's "
                  "table is free for another after this long.", minimum=1000),
