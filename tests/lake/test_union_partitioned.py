@@ -13,7 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from flightstore.lake.union import union_split
+from flightstore.lake import read_lake
+from flightstore.lake.union import plan_split, union_split
+from flightstore.partitioning import split_bucket_id
 from flightstore.sql.execute import Executor
 
 SCHEMA = pa.schema([("dt", pa.string()), ("user", pa.int64()), ("seq", pa.int64())])
@@ -105,8 +107,17 @@ def test_a_partition_not_tiered_yet_is_read_from_its_log(tiered, sql, tierer):
     assert _seqs(sql("SELECT seq FROM clicks")) == expected
 
 
-def test_a_dropped_partition_does_not_come_back_from_the_lake(tiered, sql):
+def test_a_dropped_partition_does_not_come_back_from_the_lake(tiered, sql, tierer):
+    dropped = next(p.id for p in tiered.descriptor.partitions if p.name == DAYS[1])
+    files_before = len(plan_split(tierer.catalog, tiered)["files"])
     sql(f"ALTER TABLE clicks DROP PARTITION (dt = '{DAYS[1]}')")
+    # The lake still holds its rows (tiering does not delete them): every read leaves them out,
+    # also the plan handed to readers elsewhere (Spark: data files and log-tail offsets).
+    assert DAYS[1] in set(read_lake(tierer.catalog, tiered.descriptor).column("dt").to_pylist())
+    planned = plan_split(tierer.catalog, tiered)
+    assert {int(b) for b in planned["offsets"]} == set(tiered.start_offsets())
+    assert all(split_bucket_id(int(b), 2)[0] != dropped for b in planned["offsets"])
+    assert len(planned["files"]) == files_before - 2  # its 2 buckets' files are pruned
     model = _rows(0, 650)
     kept = _seqs(model.filter(pc.not_equal(model["dt"], DAYS[1])))
     assert _seqs(sql("SELECT seq FROM clicks")) == kept
