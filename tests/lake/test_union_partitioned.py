@@ -135,3 +135,52 @@ def test_explain_shows_the_lake_and_log_parts_of_a_partitioned_table(tiered, sql
     assert lake.startswith("lake: snapshot ") and " 2 data file(s) after pruning" in lake, lake
     pid = next(p.id for p in tiered.descriptor.partitions if p.name == DAYS[0])
     assert log.startswith(f"log: bucket {pid * 2} offsets [") and log.count("bucket ") == 2, log
+
+
+def test_over_flight_sql_count_and_the_planned_lake_and_log_splits(data_dir, settings):
+    """Through a real server: SQL, the client's count, and the plan readers elsewhere (Spark) get:
+    lake data files read straight from the warehouse plus one log-tail split per table-wide bucket
+    together hold every row once, the dropped partition's rows left out."""
+    import threading
+
+    import flightstore
+    from flightstore.server.service import FlightSqlServer
+    from flightstore.store import Store
+    from flightstore_spark import _flight
+
+    store = Store(data_dir)
+    server = FlightSqlServer(store, "grpc://127.0.0.1:0", lake=settings)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        table = store.create_table("default.clicks", SCHEMA, partition_keys=["dt"], options={
+            "bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true",
+            "table.datalake.freshness": "1h", "table.log.ttl": "1ms", "table.log.segment.bytes": 1024})
+        for first in range(0, 300, 30):
+            table.append(_rows(first, 30))
+        server.tierer.tier_now(table.path)
+        table.append(_rows(300, 20))
+        assert store.enforce_retention(FAR_FUTURE_MS) > 0
+        with flightstore.connect(server.uri, timeout=60) as conn:
+            conn.sql(f"ALTER TABLE clicks DROP PARTITION (dt = '{DAYS[2]}')")
+            model = _rows(0, 320)
+            kept = _seqs(model.filter(pc.not_equal(model["dt"], DAYS[2])))
+            assert _seqs(conn.sql("SELECT seq FROM clicks")) == kept
+            assert conn.sql("SELECT COUNT(*) AS n FROM clicks").column("n").to_pylist() == [len(kept)]
+            planned = _flight.lake_split(conn, "default.clicks")
+            assert planned["union"] and planned["files"]
+            lake = [b for b in _flight.read_lake_files([f["path"] for f in planned["files"]], planned["io"],
+                                                       planned["schema"], ["seq"])]
+            tails = [b for bucket, offset in planned["offsets"].items()
+                     for b in _flight.read_payload(conn, {
+                         "op": "scan", "table": "default.clicks", "columns": ["seq"],
+                         "buckets": [int(bucket)], "log_from": {bucket: offset}})]
+            assert _seqs(pa.Table.from_batches(lake + tails)) == kept
+            # One log-tail split of every bucket at once (no "buckets"): table-wide ids, not 0..n-1.
+            whole = list(_flight.read_payload(conn, {"op": "scan", "table": "default.clicks",
+                                                     "columns": ["seq"], "log_from": planned["offsets"]}))
+            assert _seqs(pa.Table.from_batches(lake + whole)) == kept
+    finally:
+        server.shutdown()
+        thread.join(timeout=30)
+        store.close()
