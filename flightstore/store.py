@@ -130,6 +130,9 @@ class Table:
         self._projections = Projections(self.schema)
         self._written = threading.Condition()
         self._round_robin = itertools.count()
+        # The buckets a batch without bucket key may go to (None: all); in a cluster, those this
+        # server leads (flightstore.cluster.routing).
+        self.round_robin_buckets: Sequence[int] | None = None
         log_schemas = _log_schemas(descriptor)
         self.logs: list[LogTablet] = []
         self.kvs: list[KvTablet] = []
@@ -332,6 +335,9 @@ class Table:
         key = self.descriptor.bucket_key
         if key:
             return bucket_ids(data, key, self.num_buckets)
+        choices = self.round_robin_buckets
+        if choices:
+            return np.full(data.num_rows, choices[next(self._round_robin) % len(choices)], dtype=np.int32)
         return np.full(data.num_rows, next(self._round_robin) % self.num_buckets, dtype=np.int32)
 
     # ---- writes -------------------------------------------------------------------------------

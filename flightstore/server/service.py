@@ -20,23 +20,36 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.flight as flight
+from pyarrow import flight
 
 from flightstore import changetype
+from flightstore.acl import CLUSTER, Operation, Permission, Resource
+from flightstore.cache import LruCache
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
-from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
-                               Unsupported)
+from flightstore.errors import (
+    DataDirectoryInUse,
+    FlightstoreError,
+    InvalidInput,
+    NotFound,
+    TableNotFound,
+    Unsupported,
+)
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
-from flightstore.cache import LruCache
-from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.server import metadata, protocol, tickets
-from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler,
-                                     principal_of)
+from flightstore.server.auth import (
+    AUTH_MIDDLEWARE,
+    CALLER_TOKEN,
+    BasicAuthMiddlewareFactory,
+    NoAuthHandler,
+    principal_of,
+    token_of,
+)
 from flightstore.server.authz import Authorizer
 from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
@@ -47,14 +60,13 @@ from flightstore.server.tls import TlsConfig
 from flightstore.server.upload import UploadLimits, upload_chunks
 from flightstore.server.users import UserStore
 from flightstore.sql import nodes
+from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
+from flightstore.sql.plan import is_union, parameter_schema
 from flightstore.sql.privileges import plan_tables, required_permissions, table_resource
 from flightstore.sql.resolve import resolve_database
-from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
-from flightstore.sql.plan import is_union
-from flightstore.sql.plan import parameter_schema
 from flightstore.store import Store
 
-__all__ = ["FlightSqlServer", "serve", "rechunk", "MAX_BATCH_BYTES"]
+__all__ = ["MAX_BATCH_BYTES", "FlightSqlServer", "rechunk", "serve"]
 
 log = logging.getLogger("flightstore.server")
 # Flight messages of at most 2 MiB: the client decodes one while the next is on the wire. A 24 MB
@@ -108,11 +120,13 @@ def _rpc(method: Callable) -> Callable:
     @functools.wraps(method)
     def wrapper(self: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
         caller = _CALLER.set(principal_of(context))
+        token = CALLER_TOKEN.set(token_of(context))
         try:
             return method(self, context, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - every error leaves through _translate
             raise _translate(exc) from None
         finally:
+            CALLER_TOKEN.reset(token)
             _CALLER.reset(caller)
     return wrapper
 
@@ -325,8 +339,20 @@ class FlightSqlServer(flight.FlightServerBase):
         for partition in partitions:
             payload = {"sql": sql, "params": tickets.encode_params(params), "db": database,
                        "partition": partition, "query": query_id}
-            endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
+            endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload),
+                                                   self._bucket_locations(plan, partition)))
         return flight.FlightInfo(schema, descriptor, endpoints, -1, -1)
+
+    def _bucket_locations(self, plan: nodes.PlanNode, partition: int | None) -> list[str]:
+        """Where a per-bucket endpoint is served: in a cluster, the URI of the bucket's leader
+        (UNAVAILABLE naming it when it is down: no client gets a partial answer)."""
+        if partition is None or self.cluster is None:
+            return []
+        routed = self.store.table(plan.table)
+        place = routed.location(partition) if hasattr(routed, "location") else None
+        if place is None:
+            return [self.cluster.config.advertised_uri]
+        return [place.require().uri]
 
     def _answer_now(self, plan: nodes.PlanNode, schema: pa.Schema) -> pa.Table:
         """The whole result of a small query (GetFlightInfo ships it in the ticket): grants come
@@ -415,7 +441,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _metadata_table(self, command: Any, session: Session) -> pa.Table:
         name = command.DESCRIPTOR.name
-        optional = lambda field: getattr(command, field) if command.HasField(field) else None  # noqa: E731
+        optional = lambda field: getattr(command, field) if command.HasField(field) else None
         if name == "CommandGetCatalogs":
             return metadata.catalogs_table()
         if name == "CommandGetDbSchemas":
@@ -501,6 +527,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 (protocol.CLOSE_SESSION, "close the session"),
                 ("flightstore.offsets", "log offsets of a table's buckets"),
                 ("flightstore.cluster", "this server's view of its cluster (servers, bucket leaders)"),
+                ("flightstore.locations", "a table's bucketing and the URI of each bucket's leader"),
                 ("flightstore.writer", "the last batch sequence a writer applied"),
                 ("flightstore.buckets", "the buckets a scan with a filter reads (partitions pruned)"),
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
@@ -698,11 +725,15 @@ class FlightSqlServer(flight.FlightServerBase):
         table = self.store.table(payload["table"])
         self._authorize_table(Operation.READ, table)
         columns = payload.get("columns")
+        forwarded = bool(payload.get("local")) and hasattr(table, "check_owned")  # from a cluster peer
         if op in ("lookup", "prefix_lookup"):
-            keys = pa.table(payload["keys"])
+            keys = tickets.decode_table(payload["keys_ipc"]) if "keys_ipc" in payload \
+                else pa.table(payload["keys"])
             schema = table.projection(columns or table.schema.names)
             if plan_only:
                 return schema, iter(())
+            if forwarded:
+                table = table.owner_side_keys(keys)
             found = table.lookup(keys, columns) if op == "lookup" else \
                 table.prefix_lookup(keys, columns, payload.get("limit"))
             self.metrics.sent(str(table.path), found)
@@ -711,6 +742,10 @@ class FlightSqlServer(flight.FlightServerBase):
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = table.projection(columns or table.schema.names)
             buckets = payload.get("buckets")
+            if forwarded:
+                if buckets is None:
+                    raise InvalidInput("a forwarded scan names its buckets")
+                table = table.check_owned(buckets)
             if is_union(table.descriptor):  # the lake below the tiered offsets, then the log
                 from flightstore.lake.union import UnionSplit, read_union
                 split = None
@@ -722,7 +757,8 @@ class FlightSqlServer(flight.FlightServerBase):
                 rows = read_union(self.executor.lake, table, columns or table.schema.names, filter=filter,
                                   limit=payload.get("limit"), buckets=buckets, split=split)
             else:
-                rows = table.scan(columns, filter, payload.get("limit"), buckets)
+                rows = table.scan(columns, filter, payload.get("limit"), buckets,
+                                  exact=bool(payload.get("exact", True)))
             return schema, self.metrics.metered(str(table.path), rows)
         if op == "subscribe":
             full = changetype.changelog_schema(table.schema)
@@ -730,22 +766,41 @@ class FlightSqlServer(flight.FlightServerBase):
             stop = threading.Event() if context is None else _CallStop(context, self._stop)
             if not plan_only:
                 self.metrics.mark_subscription(context)
+            if forwarded:
+                table = table.local
             return schema, self.metrics.metered(str(table.path), table.subscribe(
                 payload.get("start", "earliest"), columns=columns, stop=stop,
                 heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until")))
+        if op == "changelog":
+            full = changetype.changelog_schema(table.schema)
+            schema = pa.schema([full.field(c) for c in (columns or full.names)])
+            if plan_only:
+                return schema, iter(())
+            bucket = int(payload["bucket"])
+            if forwarded:
+                table = table.check_owned([bucket])
+            return schema, self.metrics.metered(str(table.path), table.read_changelog(
+                bucket, payload.get("from_offset"), columns=columns, to_offset=payload.get("to_offset"),
+                max_rows=payload.get("max_rows")))
         if op == "snapshot":
             full = changetype.snapshot_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
             if plan_only:
                 return schema, iter(())
+            if forwarded:
+                table = table.check_owned([int(payload["bucket"])])
             return schema, self.metrics.metered(str(table.path), table.read_snapshot(
                 int(payload["bucket"]), int(payload["at"]), columns))
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
+            if forwarded:
+                table = table.local
             if is_union(table.descriptor):
                 from flightstore.lake.union import union_count
                 return schema, pa.table({"count": [union_count(self.executor.lake, table)]}, schema=schema)
-            return schema, pa.table({"count": [table.row_count()]}, schema=schema)
+            partitions = payload.get("partitions")
+            count = table.row_count() if partitions is None else table.row_count(partitions)
+            return schema, pa.table({"count": [count]}, schema=schema)
         raise InvalidInput(f"unknown flightstore read command {op!r}")
 
     def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader) -> dict:
@@ -758,6 +813,15 @@ class FlightSqlServer(flight.FlightServerBase):
             raise InvalidInput("a changelog write needs a _change_type column")
         writer_id, base = payload.get("writer_id"), payload.get("sequence")
         columns = payload.get("columns")
+        if payload.get("local") and hasattr(table, "owner_side"):
+            # A part a cluster peer forwarded (at most one of its chunks): one batch, on this
+            # server's own buckets only.
+            data = reader.read_all()
+            table.accept_gap(writer_id, base)
+            result = _write_chunk(table.owner_side(data, columns, op), op, data, columns, writer_id, base)
+            self.metrics.written(table.path, data)
+            return {"op": "written", "rows": data.num_rows, "duplicate": bool(result.duplicate),
+                    "offsets": {str(k): v for k, v in result.items()}, "chunks": 1, "sequence": base}
         # Chunk k of a sequenced upload is batch ``base + k`` of its writer: a retried upload is
         # cut the same way, so the chunks applied before a lost acknowledgement are skipped.
         rows, duplicates, chunks, offsets = 0, 0, 0, {}
@@ -778,6 +842,8 @@ class FlightSqlServer(flight.FlightServerBase):
         if kind == "flightstore.offsets":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)  # as Fluss's LIST_OFFSETS
+            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
+                table = table.local
             which = payload.get("which", "end")
             if which == "end":
                 offsets = table.end_offsets()
@@ -839,6 +905,8 @@ class FlightSqlServer(flight.FlightServerBase):
         if kind == "flightstore.writer":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
+            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
+                table = table.local
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
         if kind == "flightstore.lake-status":
@@ -851,6 +919,16 @@ class FlightSqlServer(flight.FlightServerBase):
             statuses = ([self.tierer.status(payload["table"])] if payload.get("table")
                         else self.tierer.statuses())
             return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})
+        if kind == "flightstore.locations":
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.DESCRIBE, table)
+            descriptor = table.descriptor
+            places = table.locations() if hasattr(table, "locations") else []
+            return tickets.encode_custom({
+                "op": "locations", "num_buckets": descriptor.num_buckets,
+                "bucket_key": list(descriptor.bucket_key), "partitioned": descriptor.is_partitioned,
+                "primary_key": list(descriptor.primary_key),
+                "leaders": [p.server.uri if p.server is not None else None for p in places]})
         if kind == "flightstore.cluster":
             self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.cluster is None:
@@ -1032,6 +1110,8 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         from flightstore.cluster.member import join
         try:
             server.cluster = join(cluster, store, host, server.port)
+            if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
+                server.authenticator.secret = server.cluster.secret
         except FlightstoreError as exc:
             server.shutdown()
             store.close()
