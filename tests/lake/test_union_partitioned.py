@@ -6,17 +6,22 @@ rows the lake still holds (they must not come back)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from flightstore_spark import _flight
 
+import flightstore
 from flightstore.lake import read_lake
 from flightstore.lake.union import plan_split, union_split
 from flightstore.partitioning import split_bucket_id
+from flightstore.server.service import FlightSqlServer
 from flightstore.sql.execute import Executor
+from flightstore.store import Store
 
 SCHEMA = pa.schema([("dt", pa.string()), ("user", pa.int64()), ("seq", pa.int64())])
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
@@ -141,13 +146,6 @@ def test_over_flight_sql_count_and_the_planned_lake_and_log_splits(data_dir, set
     """Through a real server: SQL, the client's count, and the plan readers elsewhere (Spark) get:
     lake data files read straight from the warehouse plus one log-tail split per table-wide bucket
     together hold every row once, the dropped partition's rows left out."""
-    import threading
-
-    import flightstore
-    from flightstore.server.service import FlightSqlServer
-    from flightstore.store import Store
-    from flightstore_spark import _flight
-
     store = Store(data_dir)
     server = FlightSqlServer(store, "grpc://127.0.0.1:0", lake=settings)
     thread = threading.Thread(target=server.serve, daemon=True)
