@@ -4,7 +4,8 @@ Issue 15's goal: a literal point lookup (``SELECT * FROM t WHERE id = <literal>`
 literal each time, as BI tools send them) costs flightstore's server at most 3x the CPU a bare
 Flight server (``bench/bare_flight.py lookup``: no SQL, no storage) spends serving a canned one-row
 result. Both servers run in their own processes; the same client loop drives each (flightstore:
-GetFlightInfo of the SQL, then DoGet of its ticket; bare: DoGet), and CPU is each server process's
+the Python client's ``sql()``, one DoGet of a ticket carrying the statement; bare: DoGet of the
+canned row), and CPU is each server process's
 user + system time from ``/proc/<pid>/stat`` over the loop, divided by the calls. Wall time does not
 enter, so the figure holds on a busy machine.
 
@@ -106,6 +107,6 @@ def run() -> list[Row]:
         _stop(ours)
         _stop(bare)
         shutil.rmtree(work, ignore_errors=True)
-    return [Row("server CPU per literal SQL point lookup (GetFlightInfo + DoGet)", ours_ms, bare_ms,
+    return [Row("server CPU per literal SQL point lookup (Python client sql(): one DoGet)", ours_ms, bare_ms,
                 "ms CPU", "bare pyarrow.flight DoGet of a canned row", higher_is_better=False,
                 goal=">=0.33x")]

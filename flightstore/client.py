@@ -97,11 +97,13 @@ class Connection:
 
     # ---- SQL ----------------------------------------------------------------------------------
     def sql(self, text: str) -> pa.Table:
-        """Run one SQL statement; queries return their rows, statements ``rows_affected``."""
-        command = protocol.pack_any(protocol.CommandStatementQuery(query=text))
-        info = self._retrying(lambda: self._client.get_flight_info(
-            flight.FlightDescriptor.for_command(command), self._options))
-        return self.read_info(info)
+        """Run one SQL statement; queries return their rows, statements ``rows_affected``.
+
+        One round trip: a DoGet of a flightstore ``sql`` ticket carrying the statement, which the
+        server plans, authorizes and answers in this connection's session (Flight SQL clients
+        such as ADBC take two: GetFlightInfo, then DoGet of its ticket)."""
+        ticket = flight.Ticket(tickets.encode_custom({"op": "sql", "sql": text}))
+        return self._retrying(lambda: self._client.do_get(ticket, self._options).read_all())
 
     def sql_batches(self, text: str) -> Iterator[pa.RecordBatch]:
         """Run one SQL query and iterate over its record batches as they arrive: the client holds
