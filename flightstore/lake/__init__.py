@@ -11,7 +11,8 @@ Modules, in the order data flows:
 * :mod:`~flightstore.lake.lease` - at most one tierer per table;
 * :mod:`~flightstore.lake.tierer` - the server's background tierer (freshness, backoff, retention);
 * :mod:`~flightstore.lake.status` - lag per table and bucket;
-* :mod:`~flightstore.lake.read` - reading the lake (time travel, pruning, filters).
+* :mod:`~flightstore.lake.read` - reading the lake (time travel, pruning, filters);
+* :mod:`~flightstore.lake.union` - the union read: lake below the tiered offsets + the log tail.
 """
 
 from flightstore.lake.catalog import LakeCatalog

@@ -5,22 +5,30 @@ expressions, so pyiceberg prunes whole data files by partition (a bucket-key equ
 bucket's files) and by column statistics before it reads anything, then filters rows exactly.
 Only the requested columns are read from the Parquet files. Rows come back with the table's Arrow
 types (Iceberg stores timestamps as microseconds and strings as large strings; they are cast back).
+
+:func:`snapshot_batches` streams a snapshot for the union read: pyiceberg plans (prunes) the data
+files, then - when no file has delete files, as in a log table's append-only lake - Arrow's dataset
+scanner reads them straight from the warehouse with file- and batch-level read-ahead in parallel
+threads (the lake's files are flightstore's own: columns match by name, and a column added later
+reads as nulls from older files). Otherwise pyiceberg reads them (deletes applied).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 from pyiceberg import expressions as ice
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from flightstore import expressions as fs
 from flightstore.errors import InvalidInput, NotFound, TableNotFound
 from flightstore.lake.catalog import LakeCatalog, lake_failures
-from flightstore.lake.layout import table_types
+from flightstore.lake.layout import lake_schema, table_types
 from flightstore.lake.offsets import snapshot_offsets, tiering_snapshots
 from flightstore.schema import TableDescriptor
 
@@ -28,8 +36,11 @@ __all__ = [
     "LakeSnapshot",
     "lake_snapshots",
     "plan_lake_files",
+    "read_data_files",
     "read_lake",
     "resolve_snapshot",
+    "scan_snapshot",
+    "snapshot_batches",
     "to_iceberg",
 ]
 
@@ -84,6 +95,103 @@ def resolve_snapshot(lake_table: IcebergTable, snapshot_id: int | None = None,
     return lake_table.current_snapshot()
 
 
+def snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: TableDescriptor,
+                     columns: Sequence[str], filter: fs.Predicate | None = None,
+                     limit: int | None = None) -> Iterator[pa.RecordBatch]:
+    """Stream ``columns`` of the rows of ``snapshot`` matching ``filter`` (bound to
+    :func:`table_types`), in the table's types, at most ``limit`` rows; see the module docstring.
+    Lake failures raise LakeUnavailable (also while streaming)."""
+    what = f"reading the lake table of {descriptor.path}"
+    types = table_types(descriptor)
+    out = pa.schema([types.field(c) for c in columns])
+    needed = list(dict.fromkeys([*columns, *(sorted(filter.columns()) if filter is not None else [])]))
+    with lake_failures(what):
+        scan = scan_snapshot(lake_table, snapshot, needed, filter, limit)
+        tasks = list(scan.plan_files())
+    io = lake_table.io
+    if not isinstance(io, PyArrowFileIO) or any(task.delete_files for task in tasks):
+        with lake_failures(what):
+            reader = scan.to_arrow_batch_reader()
+        source = _batches(reader, what)
+    else:
+        source = _dataset_batches(io, [task.file.file_path for task in tasks], descriptor, needed, what)
+    remaining = limit
+    row_filter = filter.to_arrow() if filter is not None else None
+    typed = pa.schema([types.field(c) for c in needed])
+    for batch in source:
+        batch = batch.select(needed).cast(typed)
+        if row_filter is not None:
+            batch = pa.Table.from_batches([batch]).filter(row_filter).combine_chunks()
+            batch = batch.to_batches()[0] if batch.num_rows else None
+            if batch is None:
+                continue
+        batch = batch.select(columns) if needed != list(columns) else batch
+        if remaining is not None:
+            batch = batch.slice(0, remaining)
+            remaining -= batch.num_rows
+        if batch.num_rows:
+            yield batch.cast(out)
+        if remaining is not None and remaining <= 0:
+            return
+
+
+def _batches(reader: pa.RecordBatchReader, what: str) -> Iterator[pa.RecordBatch]:
+    while True:
+        with lake_failures(what):
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+        yield batch
+
+
+def _dataset_batches(io: PyArrowFileIO, locations: list[str], descriptor: TableDescriptor,
+                     columns: list[str], what: str) -> Iterator[pa.RecordBatch]:
+    """Arrow's scanner over the data files (grouped by file system: one warehouse is one)."""
+    physical = lake_schema(descriptor)
+    schema = pa.schema([physical.field(c) for c in columns])
+    by_fs: dict[tuple[str, str], list[str]] = {}
+    for location in locations:
+        scheme, netloc, path = io.parse_location(location, io.properties)
+        by_fs.setdefault((scheme, netloc), []).append(path)
+    for (scheme, netloc), paths in by_fs.items():
+        with lake_failures(what):
+            dataset = pads.dataset(paths, schema=schema, format="parquet",
+                                   filesystem=io.fs_by_scheme(scheme, netloc))
+            batches = dataset.to_batches(columns=columns, use_threads=True)
+        yield from _batches_of(batches, what)
+
+
+def read_data_files(locations: Sequence[str], io_properties: dict[str, str], schema: pa.Schema,
+                    columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """``columns`` of lake data files read straight from the warehouse (a Spark executor's lake
+    split): ``schema`` is the files' Arrow schema (:func:`~flightstore.lake.layout.lake_schema`),
+    ``io_properties`` pyiceberg file-IO properties (S3 endpoint and credentials...)."""
+    io = PyArrowFileIO(dict(io_properties))
+    fields = pa.schema([schema.field(c) for c in columns])
+    by_fs: dict[tuple[str, str], list[str]] = {}
+    for location in locations:
+        scheme, netloc, path = io.parse_location(location, io.properties)
+        by_fs.setdefault((scheme, netloc), []).append(path)
+    what = "reading lake data files"
+    for (scheme, netloc), paths in by_fs.items():
+        with lake_failures(what):
+            dataset = pads.dataset(paths, schema=fields, format="parquet",
+                                   filesystem=io.fs_by_scheme(scheme, netloc))
+            batches = dataset.to_batches(columns=list(columns), use_threads=True)
+        yield from _batches_of(batches, what)
+
+
+def _batches_of(batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:
+    iterator = iter(batches)
+    while True:
+        with lake_failures(what):
+            batch = next(iterator, None)
+        if batch is None:
+            return
+        yield batch
+
+
 def _output_schema(descriptor: TableDescriptor, columns: Sequence[str] | None) -> pa.Schema:
     schema = table_types(descriptor)
     if columns is None:
@@ -95,20 +203,29 @@ def _output_schema(descriptor: TableDescriptor, columns: Sequence[str] | None) -
     return pa.schema([schema.field(c) for c in columns])
 
 
-def _scan(lake_table: IcebergTable, descriptor: TableDescriptor, columns: Sequence[str] | None,
-          filter: fs.Predicate | None, snapshot: Snapshot | None, schema: pa.Schema):
-    bound = filter.bind(table_types(descriptor)) if filter is not None else None
-    return lake_table.scan(row_filter=to_iceberg(bound), selected_fields=tuple(schema.names),
+def scan_snapshot(lake_table: IcebergTable, snapshot: Snapshot | None, columns: Sequence[str],
+                  bound: fs.Predicate | None, limit: int | None = None):
+    """The pyiceberg scan of ``columns`` of ``snapshot`` (None: the current one) filtered by
+    ``bound`` (a predicate bound to :func:`~flightstore.lake.layout.table_types`): what partition
+    and statistics pruning leave is read, rows filtered exactly."""
+    return lake_table.scan(row_filter=to_iceberg(bound), selected_fields=tuple(columns), limit=limit,
                            snapshot_id=snapshot.snapshot_id if snapshot is not None else None)
+
+
+def _scan(lake_table: IcebergTable, descriptor: TableDescriptor, columns: Sequence[str] | None,
+          filter: fs.Predicate | None, snapshot: Snapshot | None, schema: pa.Schema,
+          limit: int | None = None):
+    bound = filter.bind(table_types(descriptor)) if filter is not None else None
+    return scan_snapshot(lake_table, snapshot, schema.names, bound, limit)
 
 
 def read_lake(catalog: LakeCatalog, descriptor: TableDescriptor, *, columns: Sequence[str] | None = None,
               filter: fs.Predicate | None = None, snapshot_id: int | None = None,
-              as_of_ms: int | None = None) -> pa.Table:
+              as_of_ms: int | None = None, limit: int | None = None) -> pa.Table:
     """The lake rows of a table (``columns``, default all plus the meta columns), filtered exactly.
 
     As of ``snapshot_id`` or wall-clock ``as_of_ms`` when given (time travel), else the latest
-    commit. A table nothing was tiered for yet reads as empty. Raises InvalidInput for unknown
+    commit; at most ``limit`` rows. A table nothing was tiered for yet reads as empty. Raises InvalidInput for unknown
     columns, NotFound for an unknown snapshot, LakeUnavailable when the lake cannot be read.
     """
     schema = _output_schema(descriptor, columns)
@@ -122,8 +239,9 @@ def read_lake(catalog: LakeCatalog, descriptor: TableDescriptor, *, columns: Seq
     if snapshot is None:
         return schema.empty_table()
     with lake_failures(f"reading the lake table of {descriptor.path}"):
-        result = _scan(lake_table, descriptor, columns, filter, snapshot, schema).to_arrow()
-    return result.select(schema.names).cast(schema)
+        result = _scan(lake_table, descriptor, columns, filter, snapshot, schema, limit).to_arrow()
+    result = result.select(schema.names).cast(schema)
+    return result if limit is None else result.slice(0, limit)
 
 
 def plan_lake_files(catalog: LakeCatalog, descriptor: TableDescriptor, *,
@@ -142,16 +260,18 @@ def plan_lake_files(catalog: LakeCatalog, descriptor: TableDescriptor, *,
 
 @dataclass(frozen=True)
 class LakeSnapshot:
-    """One tiering commit: snapshot id, wall-clock commit time, rows added, offsets after it."""
+    """One tiering commit: snapshot id, wall-clock commit time, rows added, offsets after it, rows
+    in the lake table after it."""
 
     snapshot_id: int
     timestamp_ms: int
     added_rows: int
     offsets: dict[int, int]
+    total_rows: int = 0
 
 
 def lake_snapshots(catalog: LakeCatalog, descriptor: TableDescriptor) -> list[LakeSnapshot]:
-    """The tiering commits of a table's lake, oldest first (``t$lake$snapshots`` in phase 2)."""
+    """The tiering commits of a table's lake, oldest first (``t$lake$snapshots``)."""
     try:
         lake_table = catalog.load_table(descriptor.path)
     except TableNotFound:
@@ -160,5 +280,6 @@ def lake_snapshots(catalog: LakeCatalog, descriptor: TableDescriptor) -> list[La
     for snapshot in reversed(tiering_snapshots(lake_table)):
         summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
         commits.append(LakeSnapshot(snapshot.snapshot_id, snapshot.timestamp_ms,
-                                    int(summary.get("added-records", 0)), snapshot_offsets(snapshot) or {}))
+                                    int(summary.get("added-records", 0)), snapshot_offsets(snapshot) or {},
+                                    int(summary.get("total-records", 0))))
     return commits

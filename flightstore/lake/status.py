@@ -2,7 +2,9 @@
 
 Computed from what the tierer last learned from the lake (its tiered offsets, commit time, error)
 and from the log as it is now, so it answers while the lake is unreachable: that is exactly when
-the lag matters. Phase 2 serves it as a virtual table and in the CLI.
+the lag matters. It is served as the ``t$lake$status`` virtual table and by ``flightstore lake
+status``. A process that does not tier (a reader of the lake) gets it from the lake alone with
+:func:`lake_status`: offsets and last commit from the lake's latest tiering snapshot, no error.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 from flightstore.store import Table
 
-__all__ = ["BucketStatus", "TableStatus", "bucket_statuses"]
+__all__ = ["BucketStatus", "TableStatus", "bucket_statuses", "lake_status"]
 
 
 @dataclass(frozen=True)
@@ -70,3 +72,21 @@ def bucket_statuses(table: Table, tiered: dict[int, int] | None,
                 lag_seconds = max(0.0, (now - oldest.timestamp_ms) / 1000)
         statuses.append(BucketStatus(bucket, known, end, max(0, end - first), lag_seconds))
     return tuple(statuses)
+
+
+def lake_status(catalog, table: Table) -> TableStatus:
+    """The status of ``table`` as its lake tells it (``catalog``: a
+    :class:`~flightstore.lake.catalog.LakeCatalog`): tiered offsets and last commit of the latest
+    tiering snapshot. Raises LakeUnavailable when the lake cannot be read."""
+    from flightstore.errors import TableNotFound
+    from flightstore.lake.offsets import committed_offsets, tiering_snapshots
+
+    try:
+        lake_table = catalog.load_table(table.path)
+    except TableNotFound:
+        return TableStatus(str(table.path), bucket_statuses(table, None), None, None, None, None, 0, None)
+    latest = next(iter(tiering_snapshots(lake_table)), None) if lake_table.current_snapshot() else None
+    tiered = committed_offsets(lake_table) if latest is not None else None
+    return TableStatus(str(table.path), bucket_statuses(table, tiered),
+                       latest.timestamp_ms if latest is not None else None,
+                       latest.snapshot_id if latest is not None else None, None, None, 0, None)

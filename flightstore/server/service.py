@@ -48,6 +48,7 @@ from flightstore.sql import nodes
 from flightstore.sql.privileges import plan_tables, required_permissions, table_resource
 from flightstore.sql.resolve import resolve_database
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
+from flightstore.sql.plan import is_union
 from flightstore.sql.plan import parameter_schema
 from flightstore.store import Store
 
@@ -201,6 +202,10 @@ class FlightSqlServer(flight.FlightServerBase):
         if lake is not None and lake.tiering_enabled:
             from flightstore.lake.tierer import LakeTierer
             self.tierer = LakeTierer(store, lake).start()
+        if lake is not None:  # SQL reads the lake too: union reads, t$lake, time travel
+            from flightstore.lake.catalog import LakeCatalog
+            self.executor.lake = self.tierer.catalog if self.tierer is not None else LakeCatalog(lake)
+            self.executor.tierer = self.tierer
         if retention_interval_s is None:
             retention_interval_s = server_option({}, "log.retention.check-interval") / 1000
         self.housekeeping = Housekeeping(store, retention_interval_s).start()
@@ -681,8 +686,19 @@ class FlightSqlServer(flight.FlightServerBase):
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = table.projection(columns or table.schema.names)
             buckets = payload.get("buckets")
-            return schema, self.metrics.metered(str(table.path),
-                                                table.scan(columns, filter, payload.get("limit"), buckets))
+            if is_union(table.descriptor):  # the lake below the tiered offsets, then the log
+                from flightstore.lake.union import UnionSplit, read_union
+                split = None
+                if payload.get("log_from") is not None:  # a log-tail split of a planned union read
+                    split = UnionSplit(None, None, {int(b): int(o) for b, o in payload["log_from"].items()})
+                    buckets = [b for b in (buckets or range(table.num_buckets)) if b in split.offsets]
+                if filter is not None:
+                    filter = filter.bind(table.schema)
+                rows = read_union(self.executor.lake, table, columns or table.schema.names, filter=filter,
+                                  limit=payload.get("limit"), buckets=buckets, split=split)
+            else:
+                rows = table.scan(columns, filter, payload.get("limit"), buckets)
+            return schema, self.metrics.metered(str(table.path), rows)
         if op == "subscribe":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
@@ -701,6 +717,9 @@ class FlightSqlServer(flight.FlightServerBase):
                 int(payload["bucket"]), int(payload["at"]), columns))
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
+            if is_union(table.descriptor):
+                from flightstore.lake.union import union_count
+                return schema, pa.table({"count": [union_count(self.executor.lake, table)]}, schema=schema)
             return schema, pa.table({"count": [table.row_count()]}, schema=schema)
         raise InvalidInput(f"unknown flightstore read command {op!r}")
 
@@ -770,6 +789,15 @@ class FlightSqlServer(flight.FlightServerBase):
             if filter is not None:
                 filter = filter.bind(table.schema)
             return tickets.encode_custom({"op": "buckets", "buckets": _bucket_ids(table, filter)})
+        if kind == "flightstore.lake-split":
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.READ, table)
+            if not is_union(table.descriptor):
+                return tickets.encode_custom({"op": "lake-split", "union": False})
+            from flightstore.lake.union import plan_split
+            filter = from_json(payload["filter"]) if payload.get("filter") else None
+            planned = plan_split(self.executor.lake, table, filter, payload.get("snapshot_id"))
+            return tickets.encode_custom({"op": "lake-split", "union": True, **planned})
         if kind == "flightstore.undo":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.WRITE, table)

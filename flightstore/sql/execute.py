@@ -4,7 +4,10 @@ The routes of the planner map one-to-one onto the embedded API (``flightstore.st
 prefix lookups onto KV multi-gets and prefix scans, ``Count`` onto maintained counts, ``Scan`` onto
 column-pruned, statistics-skipping scans (one partition per bucket), ``RangeScan`` onto RocksDB seek
 ranges (one partition per bucket it visits), ``Changelog`` onto the logs.
-``Residual`` SQL runs on an embedded DuckDB fed by pruned, pre-filtered Arrow inputs. Statements
+``UnionScan`` onto a union read of a datalake-enabled log table (:mod:`flightstore.lake.union`: the lake
+below the tiered offsets plus the log from there), ``LakeScan`` onto a pyiceberg read of the lake
+(time travel included), ``t$lake$snapshots`` / ``t$lake$status`` onto the lake's commits and the
+tiering status. ``Residual`` SQL runs on an embedded DuckDB fed by pruned, pre-filtered Arrow inputs. Statements
 (DDL, writes) run once and answer one ``rows_affected`` row.
 
 Every query has an exact :meth:`Executor.output_schema` known before it runs (Flight SQL clients
@@ -33,14 +36,23 @@ from flightstore.schema import TableDescriptor, TablePath, arrow_type_to_sql
 from flightstore.sql import nodes as n
 from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
 from flightstore.sql.parse import literal_shape
+from flightstore.sql.plan import is_union
 from flightstore.sql.plan import plan as plan_sql
-from flightstore.sql.resolve import binlog_schema, changelog_schema, partitions_schema
+from flightstore.sql.resolve import (
+    binlog_schema,
+    changelog_schema,
+    lake_schema,
+    lake_snapshots_schema,
+    lake_status_schema,
+    partitions_schema,
+)
 from flightstore.store import Store, Table
 
 __all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
 
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
-_QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.Count, n.Changelog, n.Residual,
+_QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.UnionScan, n.LakeScan, n.Count,
+                n.Changelog, n.Residual,
                 n.ShowDatabases, n.ShowTables, n.Describe, n.Explain, n.ShowGrants, n.ShowPartitions)
 _DESCRIBE_SCHEMA = pa.schema([pa.field("name", pa.string(), nullable=False),
                               pa.field("type", pa.string(), nullable=False),
@@ -83,12 +95,20 @@ def _cast(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.RecordBatch
 
 
 class Executor:
-    """Plans and runs SQL against one store. Thread-safe (no per-query state is kept here)."""
+    """Plans and runs SQL against one store. Thread-safe (no per-query state is kept here).
 
-    def __init__(self, store: Store, cache_entries: int | None = None) -> None:
+    ``lake`` (a :class:`flightstore.lake.LakeCatalog`) is where datalake-enabled tables are tiered:
+    without it (an embedded store, cluster mode) a union read is the log alone and the ``$lake``
+    views are refused. ``tierer`` (a :class:`flightstore.lake.LakeTierer`), when this process
+    tiers, feeds ``t$lake$status`` its last error; without it the status comes from the lake."""
+
+    def __init__(self, store: Store, lake: Any = None, tierer: Any = None,
+                 cache_entries: int | None = None) -> None:
         """``cache_entries`` bounds each cache (plans, point-lookup templates, residual schemas);
         default: the store's ``sql.cache.entries`` option."""
         self.store = store
+        self.lake = lake
+        self.tierer = tierer
         if cache_entries is None:
             cache_entries = server_option(store.options, "sql.cache.entries")
         self._plans: LruCache[tuple, n.PlanNode] = LruCache(cache_entries)
@@ -177,8 +197,10 @@ class Executor:
 
     def output_schema(self, plan: n.PlanNode) -> pa.Schema:
         """The exact schema of the plan's result (statements: ``rows_affected``)."""
-        if isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan)):
+        if isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.UnionScan)):
             return self.store.table(plan.table).projection(plan.columns)
+        if isinstance(plan, n.LakeScan):
+            return _fields(lake_schema(self.store.table(plan.table).descriptor), plan.columns)
         if isinstance(plan, n.Count):
             return pa.schema([pa.field(plan.column_name, pa.int64(), nullable=False)])
         if isinstance(plan, n.Changelog):
@@ -206,9 +228,12 @@ class Executor:
         a partitioned table: one per partition and bucket), else a single ``None``."""
         if isinstance(plan, n.RangeScan) and plan.bucket is not None:
             return [plan.bucket]
-        if isinstance(plan, (n.Scan, n.RangeScan, n.Changelog)) and plan.limit is None:
+        if isinstance(plan, (n.Scan, n.RangeScan, n.UnionScan, n.Changelog)) and plan.limit is None:
             if isinstance(plan, n.Changelog) and plan.kind == "binlog":
                 return [None]
+            if isinstance(plan, n.UnionScan):  # each bucket: its lake files, then its log tail
+                table = self.store.table(plan.table)
+                return list(range(table.num_buckets)) if table.num_buckets > 1 else [None]
             buckets = self.store.table(plan.table).bucket_ids(plan.partitions)
             if len(buckets) > 1:
                 return list(buckets)
@@ -233,8 +258,10 @@ class Executor:
 
     def execute_table(self, plan: n.PlanNode, schema: pa.Schema | None = None) -> pa.Table:
         schema = self.output_schema(plan) if schema is None else schema
+        # A union read in one piece reads the lake once, not once per bucket.
+        parts = [None] if isinstance(plan, n.UnionScan) else self.partitions(plan)
         pieces = [b if isinstance(b, pa.Table) else pa.Table.from_batches([b])
-                  for p in self.partitions(plan) for b in self.execute(plan, p, schema)]
+                  for p in parts for b in self.execute(plan, p, schema)]
         if len(pieces) == 1:
             return pieces[0]
         return pa.concat_tables(pieces) if pieces else schema.empty_table()
@@ -332,6 +359,14 @@ class Executor:
             table = store.table(plan.table)
             buckets = None if partition is None else [partition]
             yield from table.scan(list(plan.columns), plan.filter, plan.limit, buckets)
+        elif isinstance(plan, n.UnionScan):
+            from flightstore.lake.union import read_union
+            table = store.table(plan.table)
+            yield from read_union(self.lake, table, plan.columns, filter=plan.filter, limit=plan.limit,
+                                  buckets=None if partition is None else [partition])
+        elif isinstance(plan, n.LakeScan):
+            yield self._lake_rows(plan.table, plan.columns, plan.filter, plan.limit, plan.snapshot_id,
+                                  plan.as_of_ms)
         elif isinstance(plan, n.RangeScan):
             table = store.table(plan.table)
             buckets = [partition] if partition is not None else \
@@ -339,7 +374,11 @@ class Executor:
             yield from table.scan(list(plan.columns), plan.filter, plan.limit, buckets, plan.range)
         elif isinstance(plan, n.Count):
             table = store.table(plan.table)
-            count = table.row_count() if plan.partitions is None else table.row_count(plan.partitions)
+            if is_union(table.descriptor):
+                from flightstore.lake.union import union_count
+                count = union_count(self.lake, table)
+            else:
+                count = table.row_count() if plan.partitions is None else table.row_count(plan.partitions)
             yield pa.table({plan.column_name: pa.array([count], pa.int64())})
         elif isinstance(plan, n.ShowPartitions):
             descriptor = store.table(plan.table).descriptor
@@ -364,7 +403,10 @@ class Executor:
                 "partition_key": [f.name in descriptor.partition_keys for f in descriptor.schema],
             })
         elif isinstance(plan, n.Explain):
-            yield pa.table({"plan": [plan.plan.explain()]})
+            lines = [plan.plan.explain()]
+            if isinstance(plan.plan, n.UnionScan):
+                lines += self._union_parts(plan.plan)
+            yield pa.table({"plan": lines})
         elif isinstance(plan, n.ShowGrants):
             raise Unsupported("SHOW GRANTS needs a server (the embedded store has no users)")
         else:
@@ -410,6 +452,12 @@ class Executor:
             full = changelog_schema(descriptor)
         elif item.source == "partitions":
             full = partitions_schema(descriptor)
+        elif item.source == "lake":
+            full = lake_schema(descriptor)
+        elif item.source == "lake_snapshots":
+            full = lake_snapshots_schema()
+        elif item.source == "lake_status":
+            full = lake_status_schema()
         else:
             full = binlog_schema(descriptor)
         return _fields(full, item.columns)
@@ -418,9 +466,22 @@ class Executor:
         if item.source == "table":
             # The WHERE stays in the residual SQL: the filter only has to skip batches by their
             # statistics; DuckDB filters the rows (faster than a second, Arrow-side pass).
-            return self.store.table(item.table).scan_table(list(item.columns), item.filter, exact=False)
-        if item.source == "partitions":
-            full = self._partitions_table(item.table)
+            table = self.store.table(item.table)
+            if is_union(table.descriptor):
+                from flightstore.lake.union import read_union
+                schema = table.projection(item.columns)
+                parts = [_cast(p if isinstance(p, pa.Table) else pa.Table.from_batches([p]), schema)
+                         for p in read_union(self.lake, table, item.columns, filter=item.filter,
+                                             exact=False)]
+                return pa.concat_tables(parts) if parts else schema.empty_table()
+            return table.scan_table(list(item.columns), item.filter, exact=False)
+        if item.source == "lake":
+            return self._lake_rows(item.table, item.columns, item.filter, None, item.snapshot_id,
+                                   item.as_of_ms)
+        if item.source in ("partitions", "lake_snapshots", "lake_status"):
+            full = self._partitions_table(item.table) if item.source == "partitions" else \
+                self._lake_snapshots_table(item.table) if item.source == "lake_snapshots" else \
+                self._lake_status_table(item.table)
             if item.filter is not None:
                 full = full.filter(item.filter.bind(full.schema).to_arrow())
             return full.select(list(item.columns))
@@ -428,6 +489,75 @@ class Executor:
         if item.filter is not None:
             full = full.filter(item.filter.bind(full.schema).to_arrow())
         return full.select(list(item.columns))
+
+    # ---- the lake -----------------------------------------------------------------------------
+    def _lake_catalog(self, path: TablePath) -> Any:
+        if self.lake is None:
+            raise Unsupported(f"{path}$lake: this server has no lake (cluster mode, or an embedded "
+                              "store); the lake is read where the table is tiered")
+        return self.lake
+
+    def _union_parts(self, plan: n.UnionScan) -> list[str]:
+        """What a union read would read now: the lake snapshot and the data files left after
+        pruning, and where each bucket's log part starts (EXPLAIN's lines after the plan)."""
+        from flightstore.errors import FlightstoreError
+        from flightstore.lake.union import plan_split
+        table = self.store.table(plan.table)
+        try:
+            planned = plan_split(self.lake, table, plan.filter)
+        except FlightstoreError as exc:
+            return [f"lake: cannot be planned now ({type(exc).__name__}: {exc})"]
+        offsets = {int(b): o for b, o in planned["offsets"].items()}
+        ends = table.end_offsets()
+        files = planned["files"]
+        lake = "lake: none (nothing tiered yet)" if planned["snapshot_id"] is None else \
+            (f"lake: snapshot {planned['snapshot_id']}, {len(files)} data file(s) after pruning, "
+             f"{sum(f['rows'] for f in files)} row(s) in them")
+        log = "log: " + ", ".join(f"bucket {b} offsets [{offsets[b]}, {ends[b]})" for b in sorted(offsets))
+        return [lake, log]
+
+    def _lake_rows(self, path: TablePath, columns: Sequence[str], filter, limit: int | None,
+                   snapshot_id: int | None, as_of_ms: int | None) -> pa.Table:
+        """``t$lake`` rows (time travel when ``snapshot_id`` / ``as_of_ms`` is set)."""
+        from flightstore.lake.read import read_lake
+        catalog = self._lake_catalog(path)
+        descriptor = self.store.table(path).descriptor
+        return read_lake(catalog, descriptor, columns=list(columns), filter=filter, limit=limit,
+                         snapshot_id=snapshot_id, as_of_ms=as_of_ms)
+
+    def _lake_snapshots_table(self, path: TablePath) -> pa.Table:
+        """``t$lake$snapshots``: one row per tiering commit, oldest first."""
+        from flightstore.lake.read import lake_snapshots
+        commits = lake_snapshots(self._lake_catalog(path), self.store.table(path).descriptor)
+        return pa.table({
+            "snapshot_id": [c.snapshot_id for c in commits],
+            "committed_at": [c.timestamp_ms for c in commits],
+            "added_rows": [c.added_rows for c in commits],
+            "total_rows": [c.total_rows for c in commits],
+            "offsets": [sorted(c.offsets.items()) for c in commits],
+        }, schema=lake_snapshots_schema())
+
+    def _lake_status_table(self, path: TablePath) -> pa.Table:
+        """``t$lake$status``: the tiering status of each bucket (the tierer's when this process
+        tiers: it knows the last error; else what the lake's last commit says)."""
+        from flightstore.lake.status import lake_status
+        table = self.store.table(path)
+        status = self.tierer.status(path) if self.tierer is not None else \
+            lake_status(self._lake_catalog(path), table)
+        buckets = status.buckets
+        n_rows = len(buckets)
+        return pa.table({
+            "bucket": [b.bucket for b in buckets],
+            "tiered_offset": [b.tiered_offset for b in buckets],
+            "log_end_offset": [b.log_end_offset for b in buckets],
+            "lag_records": [b.lag_records for b in buckets],
+            "lag_seconds": [b.lag_seconds for b in buckets],
+            "last_commit": [status.last_commit_ms] * n_rows,
+            "last_snapshot_id": [status.last_snapshot_id] * n_rows,
+            "last_error": [status.last_error] * n_rows,
+            "consecutive_failures": [status.consecutive_failures] * n_rows,
+            "tierer": [status.tierer] * n_rows,
+        }, schema=lake_status_schema())
 
     def _partitions_table(self, path: TablePath) -> pa.Table:
         """``t$partitions``: every partition with its values, buckets and maintained row count."""

@@ -21,7 +21,7 @@ from flightstore.schema import TableDescriptor, TablePath
 from flightstore.sql.literals import render_value
 
 __all__ = [
-    "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "RangeScan", "Count", "Changelog", "Residual",
+    "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "RangeScan", "UnionScan", "LakeScan", "Count", "Changelog", "Residual",
     "ResidualInput", "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
     "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain", "UseDatabase",
     "Grant", "Revoke", "ShowGrants", "AlterTable", "ShowPartitions", "render_predicate", "render_change",
@@ -200,6 +200,41 @@ class RangeScan(PlanNode):
 
 
 @dataclass(frozen=True)
+class UnionScan(PlanNode):
+    """A datalake-enabled log table read as one: its lake (one Iceberg snapshot: every row of each
+    bucket below the tiered offset that snapshot records) plus each bucket's log from that offset
+    on. ``columns`` and ``filter`` apply to both parts (Iceberg partition and statistics pruning
+    and a row filter; the log's batch statistics)."""
+
+    table: TablePath
+    columns: tuple[str, ...]
+    filter: Predicate | None = None
+    limit: int | None = None
+
+    def explain(self) -> str:
+        columns, filter = _render(self.columns), _render(self.filter)
+        return (f"UnionScan(table={self.table}, columns={columns}, filter={filter}, "
+                f"limit={_render(self.limit)}, "
+                f"lake=IcebergScan(snapshot=current, rows=below tiered offsets, columns={columns}, "
+                f"row_filter={filter}), "
+                f"log=LogScan(from=tiered offsets, columns={columns}, filter={filter}))")
+
+
+@dataclass(frozen=True)
+class LakeScan(PlanNode):
+    """``t$lake``: the table's lake alone (its columns plus ``__bucket``, ``__offset``,
+    ``__timestamp``), as of ``snapshot_id`` or wall-clock ``as_of_ms`` (``FOR SYSTEM_TIME AS
+    OF``), else the latest commit; pruned and filtered by pyiceberg."""
+
+    table: TablePath
+    columns: tuple[str, ...]
+    filter: Predicate | None = None
+    limit: int | None = None
+    snapshot_id: int | None = field(default=None, metadata=_SHOWN_WHEN_SET)
+    as_of_ms: int | None = field(default=None, metadata=_SHOWN_WHEN_SET)
+
+
+@dataclass(frozen=True)
 class Count(PlanNode):
     """``SELECT COUNT(*) FROM t [WHERE <partition columns only>]``: one row, one BIGINT column
     named ``column_name``; ``partitions`` (a partitioned table) are the ones counted."""
@@ -227,10 +262,13 @@ class ResidualInput(PlanNode):
 
     name: str
     table: TablePath
-    source: Literal["table", "changelog", "binlog", "partitions"]
+    source: Literal["table", "changelog", "binlog", "partitions", "lake", "lake_snapshots",
+                    "lake_status"]
     columns: tuple[str, ...]
     filter: Predicate | None = None
     partitions: tuple[str, ...] | None = field(default=None, metadata=_SHOWN_WHEN_SET)
+    snapshot_id: int | None = field(default=None, metadata=_SHOWN_WHEN_SET)
+    as_of_ms: int | None = field(default=None, metadata=_SHOWN_WHEN_SET)
 
 
 @dataclass(frozen=True)

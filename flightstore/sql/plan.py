@@ -32,7 +32,8 @@ from flightstore.sql import nodes
 from flightstore.sql.literals import NotALiteral, literal_value
 from flightstore.sql.nodes import *  # noqa: F401,F403 - the nodes are part of this module's API
 from flightstore.sql.nodes import __all__ as _NODES
-from flightstore.sql.nodes import Changelog, Count, Plan, PointLookup, PrefixLookup, RangeScan, Scan
+from flightstore.sql.nodes import (Changelog, Count, LakeScan, Plan, PointLookup, PrefixLookup, RangeScan,
+                                   Scan, UnionScan)
 from flightstore.sql.parameters import parameter_schema
 from flightstore.sql.parse import Explain as ParsedExplain
 from flightstore.sql.alter import plan_alter, plan_show_partitions
@@ -42,7 +43,7 @@ from flightstore.sql.predicates import conjuncts, extract_keys, to_predicate
 from flightstore.sql.residual import plan_residual
 from flightstore.sql.resolve import CatalogView, ResolvedTable, resolve_column, resolve_table_node
 
-__all__ = ["CatalogView", "plan", "plan_statement", "plan_query", "parameter_schema", "COUNT_COLUMN",
+__all__ = ["CatalogView", "plan", "plan_statement", "plan_query", "parameter_schema", "COUNT_COLUMN", "is_union",
            *_NODES]
 
 COUNT_COLUMN = "count_star()"  # the name DuckDB gives COUNT(*), so both routes agree
@@ -148,7 +149,7 @@ def _count_name(select: exp.Select) -> str | None:
 def _plan_plain(select: exp.Select, catalog: CatalogView) -> Plan | None:
     source = (select.args.get("from_") or select.args.get("from")).this
     table = resolve_table_node(catalog, source)
-    if table.source == "partitions":
+    if table.source in ("partitions", "lake_snapshots", "lake_status"):
         return None  # a small virtual table: the embedded engine answers any query on it
     qualifiers = {source.alias_or_name.lower(), source.name.lower()}
 
@@ -180,6 +181,9 @@ def _plan_plain(select: exp.Select, catalog: CatalogView) -> Plan | None:
     if columns is None:
         return None
 
+    if table.source == "lake":
+        return LakeScan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit,
+                        snapshot_id=table.snapshot_id, as_of_ms=table.as_of_ms)
     if table.source != "table":
         return Changelog(table=table.path, kind=table.source, columns=columns,  # type: ignore[arg-type]
                          filter=and_all(predicates), limit=limit,
@@ -204,7 +208,7 @@ def _count(table: ResolvedTable, name: str, predicates: list[Predicate], limit: 
 
 
 def _shown(table: ResolvedTable) -> str:
-    return str(table.path) if table.source == "table" else f"{table.path}${table.source}"
+    return table.shown
 
 
 def _projection(select: exp.Select, table: ResolvedTable, qualifiers: set[str]
@@ -255,8 +259,17 @@ def _route(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Pred
                                     filter=and_all(remaining), limit=limit)
         if found_range is not None:
             return _range_scan(table, columns, predicates, limit, found_range, partitions)
+    if is_union(descriptor):
+        return UnionScan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit)
     return Scan(table=table.path, columns=columns, filter=and_all(predicates), limit=limit,
                 partitions=partitions)
+
+
+def is_union(descriptor) -> bool:
+    """Whether a plain read of the table is a union of its lake and its log: a datalake-enabled
+    log table (primary-key tables answer from the KV, their current state)."""
+    return (bool(descriptor.option("table.datalake.enabled")) and not descriptor.primary_key
+            and not descriptor.partition_keys)
 
 
 def _range_scan(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Predicate],

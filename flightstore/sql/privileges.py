@@ -4,7 +4,9 @@ tuple of :class:`~flightstore.acl.Permission` out; the server's authorizer check
 =====================================  ===========================================================
 plan                                   needs
 =====================================  ===========================================================
-lookups, scans, counts, changelogs     READ on the table
+lookups, scans, counts, changelogs,    READ on the table
+union reads, ``t$lake`` (and its
+``$snapshots`` / ``$status``)
 residual SQL                           READ on every input table (joins, subqueries, CTE sources)
 INSERT ... VALUES                      WRITE on the table
 INSERT ... SELECT                      WRITE on the target, READ on every table the query reads
@@ -45,7 +47,8 @@ def plan_tables(plan: n.PlanNode) -> tuple[TablePath, ...]:
     """The tables a query plan reads (in order, once each); () for plans that read none."""
     if isinstance(plan, n.Residual):
         found = [item.table for item in plan.inputs]
-    elif isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.Count, n.Changelog)):
+    elif isinstance(plan, (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.UnionScan, n.LakeScan,
+                           n.Count, n.Changelog)):
         found = [plan.table]
     else:
         found = []

@@ -101,7 +101,8 @@ def plan_residual(ast: exp.Expression, catalog: CatalogView) -> Residual:
             if table.source in ("table", "changelog") else None
         inputs.append(ResidualInput(name=f"{INPUT_PREFIX}{index}", table=table.path,
                                     source=table.source, columns=tuple(columns), filter=predicate,
-                                    partitions=partitions))
+                                    partitions=partitions, snapshot_id=table.snapshot_id,
+                                    as_of_ms=table.as_of_ms))
     return Residual(sql=sql, inputs=tuple(inputs))
 
 
@@ -142,7 +143,7 @@ def _qualified(ast: exp.Expression, resolved: list[ResolvedTable]) -> exp.Expres
 def _unresolved(message: str, resolved: list[ResolvedTable]) -> SqlError:
     """The user's-terms error for a name the analysis could not resolve: which column (or table
     alias), where in the SQL, and the columns that do exist."""
-    names = [str(t.path) + ("" if t.source == "table" else f"${t.source}") for t in resolved]
+    names = [t.shown for t in resolved]
     position = _POSITION.search(message)
     match = _UNRESOLVED.search(message)
     column = (match.group(1) or match.group(3)) if match else ""

@@ -1,5 +1,6 @@
-"""Names in SQL -> catalog objects: databases, tables (and their ``$changelog`` / ``$binlog``
-views) and columns, matched case-insensitively when unambiguous.
+"""Names in SQL -> catalog objects: databases, tables (and their ``$changelog`` / ``$binlog`` /
+``$partitions`` / ``$lake`` / ``$lake$snapshots`` / ``$lake$status`` views, ``$lake`` with its
+``FOR SYSTEM_TIME AS OF`` time travel) and columns, matched case-insensitively when unambiguous.
 
 The planner only sees the catalog through :class:`CatalogView`; nothing here does I/O of its own.
 """
@@ -7,6 +8,7 @@ The planner only sees the catalog through :class:`CatalogView`; nothing here doe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -14,15 +16,19 @@ from sqlglot import exp
 
 from flightstore import changetype
 from flightstore.errors import DatabaseNotFound, SqlError, TableNotFound
+from flightstore.lake.layout import table_types
 from flightstore.schema import TableDescriptor, TablePath
 
 __all__ = [
     "CatalogView", "ResolvedTable", "resolve_database", "resolve_table", "resolve_table_node",
-    "resolve_column", "changelog_schema", "binlog_schema", "partitions_schema", "META_COLUMNS",
-    "VIEWS",
+    "resolve_column", "changelog_schema", "binlog_schema", "partitions_schema", "lake_schema",
+    "lake_snapshots_schema", "lake_status_schema", "META_COLUMNS", "VIEWS",
 ]
 
-VIEWS = ("changelog", "binlog", "partitions")  # the ``t$<view>`` system tables
+# The ``t$<view>`` system tables: suffix -> source name.
+VIEWS = {"changelog": "changelog", "binlog": "binlog", "partitions": "partitions", "lake": "lake",
+         "lake$snapshots": "lake_snapshots", "lake$status": "lake_status"}
+LAKE_SOURCES = ("lake", "lake_snapshots", "lake_status")
 
 
 @runtime_checkable
@@ -68,18 +74,58 @@ def partitions_schema(descriptor: TableDescriptor) -> pa.Schema:
                       pa.field("row_count", pa.int64(), nullable=False)])
 
 
+def lake_schema(descriptor: TableDescriptor) -> pa.Schema:
+    """``t$lake``: the table's columns, then ``__bucket``, ``__offset``, ``__timestamp``."""
+    return table_types(descriptor)
+
+
+def lake_snapshots_schema() -> pa.Schema:
+    """``t$lake$snapshots``: one row per tiering commit, oldest first; ``offsets`` maps each
+    bucket to the log offset below which the lake holds its rows after the commit."""
+    return pa.schema([pa.field("snapshot_id", pa.int64(), nullable=False),
+                      pa.field("committed_at", pa.timestamp("ms", tz="UTC"), nullable=False),
+                      pa.field("added_rows", pa.int64(), nullable=False),
+                      pa.field("total_rows", pa.int64(), nullable=False),
+                      pa.field("offsets", pa.map_(pa.int32(), pa.int64()), nullable=False)])
+
+
+def lake_status_schema() -> pa.Schema:
+    """``t$lake$status``: one row per bucket: the tiered offset (null: not known yet), the log end
+    offset, the lag in records and seconds, then the table's last commit, last error and tierer."""
+    return pa.schema([pa.field("bucket", pa.int32(), nullable=False),
+                      pa.field("tiered_offset", pa.int64()),
+                      pa.field("log_end_offset", pa.int64(), nullable=False),
+                      pa.field("lag_records", pa.int64(), nullable=False),
+                      pa.field("lag_seconds", pa.float64(), nullable=False),
+                      pa.field("last_commit", pa.timestamp("ms", tz="UTC")),
+                      pa.field("last_snapshot_id", pa.int64()),
+                      pa.field("last_error", pa.string()),
+                      pa.field("consecutive_failures", pa.int64(), nullable=False),
+                      pa.field("tierer", pa.string())])
+
+
 @dataclass(frozen=True)
 class ResolvedTable:
-    """A table reference: the descriptor, which view of it (``table``/``changelog``/``binlog``)
-    and the schema of that view."""
+    """A table reference: the descriptor, which view of it (``table``/``changelog``/``binlog``/
+    ``partitions``/``lake``/``lake_snapshots``/``lake_status``) and the schema of that view;
+    ``snapshot_id`` / ``as_of_ms`` when a ``$lake`` reference travels in time."""
 
     descriptor: TableDescriptor
     source: str
     schema: pa.Schema
+    snapshot_id: int | None = None
+    as_of_ms: int | None = None
 
     @property
     def path(self) -> TablePath:
         return self.descriptor.path
+
+    @property
+    def shown(self) -> str:
+        """How SQL names this reference: ``db.t`` or ``db.t$<view>``."""
+        if self.source == "table":
+            return str(self.path)
+        return f"{self.path}${next(k for k, v in VIEWS.items() if v == self.source)}"
 
 
 def resolve_database(catalog: CatalogView, name: str) -> str:
@@ -131,14 +177,31 @@ def resolve_table_node(catalog: CatalogView, node: exp.Table) -> ResolvedTable:
     name = node.name
     source = "table"
     if "$" in name:
-        base, _, suffix = name.rpartition("$")
-        if suffix.lower() not in VIEWS:
+        lowered = name.lower()
+        suffix = next((s for s in ("lake$snapshots", "lake$status") if lowered.endswith("$" + s)),
+                      lowered.rpartition("$")[2])
+        if suffix not in VIEWS:
             raise TableNotFound(f"table {name!r} does not exist; system tables are "
-                                "<table>$changelog, <table>$binlog and <table>$partitions")
-        name, source = base, suffix.lower()
+                                "<table>$changelog, <table>$binlog, <table>$partitions, <table>$lake, "
+                                "<table>$lake$snapshots and <table>$lake$status")
+        name, source = name[: len(name) - len(suffix) - 1], VIEWS[suffix]
+    version = node.args.get("version")
+    if version is not None and source != "lake":
+        raise SqlError(f"FOR SYSTEM_TIME AS OF reads the lake as it was: query {name}$lake, not "
+                       f"{node.name}")
     descriptor = resolve_table(catalog, node.db or None, name)
+    if source in LAKE_SOURCES and not descriptor.option("table.datalake.enabled"):
+        raise SqlError(f"{descriptor.path}${suffix}: table {descriptor.path} is not datalake-enabled "
+                       "('table.datalake.enabled')")
     if source == "table":
         return ResolvedTable(descriptor, source, descriptor.schema)
+    if source == "lake":
+        snapshot_id, as_of_ms = _as_of(version) if version is not None else (None, None)
+        return ResolvedTable(descriptor, source, lake_schema(descriptor), snapshot_id, as_of_ms)
+    if source == "lake_snapshots":
+        return ResolvedTable(descriptor, source, lake_snapshots_schema())
+    if source == "lake_status":
+        return ResolvedTable(descriptor, source, lake_status_schema())
     if source == "changelog":
         return ResolvedTable(descriptor, source, changelog_schema(descriptor))
     if source == "partitions":
@@ -149,6 +212,32 @@ def resolve_table_node(catalog: CatalogView, node: exp.Table) -> ResolvedTable:
         raise SqlError(f"{descriptor.path}$binlog: binlog is only available for primary-key tables; "
                        f"use {descriptor.path.table}$changelog")
     return ResolvedTable(descriptor, source, binlog_schema(descriptor))
+
+
+def _as_of(version: exp.Expression) -> tuple[int | None, int | None]:
+    """``FOR SYSTEM_TIME AS OF <snapshot id>`` -> (id, None); ``... AS OF TIMESTAMP '...'`` (or a
+    timestamp string; UTC unless it carries an offset) -> (None, epoch milliseconds)."""
+    value = version.expression
+    text = value.sql()
+    if isinstance(value, exp.Neg) and isinstance(value.this, exp.Literal) and not value.this.is_string:
+        raise SqlError(f"FOR SYSTEM_TIME AS OF {text}: a snapshot id is a non-negative integer")
+    if isinstance(value, exp.Literal) and not value.is_string:
+        try:
+            return int(value.this), None
+        except ValueError:
+            raise SqlError(f"FOR SYSTEM_TIME AS OF {text}: a snapshot id is an integer") from None
+    if isinstance(value, exp.Cast) and value.to.is_type(*exp.DataType.TEMPORAL_TYPES):
+        value = value.this
+    if not (isinstance(value, exp.Literal) and value.is_string):
+        raise SqlError(f"FOR SYSTEM_TIME AS OF {text}: give a snapshot id or TIMESTAMP '...'")
+    try:
+        moment = datetime.fromisoformat(value.this.strip())
+    except ValueError:
+        raise SqlError(f"FOR SYSTEM_TIME AS OF: {value.this!r} is not a timestamp "
+                       "(YYYY-MM-DD HH:MM:SS[.ffffff][+HH:MM])") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return None, (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
 
 
 def resolve_column(schema: pa.Schema, name: str, table: object) -> str:

@@ -46,7 +46,8 @@ def sample_catalog() -> DictCatalog:
     """shop.orders (PK order_id), shop.items (PK order_id, item_id; bucket key order_id),
     shop.users (PK user_id), shop.events (log table), shop.daily (PK dt, order_id; partitioned by
     dt: 2024-01-01, 2024-01-02, 2024-01-03; 3 buckets), shop.visits (log table partitioned by day DATE and
-    hour INT: four partitions) and analytics.Metrics (mixed-case names, log table)."""
+    hour INT: four partitions), shop.clicks (datalake-enabled log table, 2 buckets), shop.ledger
+    (datalake-enabled PK table) and analytics.Metrics (mixed-case names, log table)."""
     daily = TableDescriptor.create(
         "shop.daily", _schema("dt STRING", "order_id BIGINT", "total DOUBLE"),
         primary_key=["dt", "order_id"], partition_keys=["dt"], options={"bucket.num": "3"})
@@ -74,6 +75,12 @@ def sample_catalog() -> DictCatalog:
                                    "ts TIMESTAMP_LTZ(3)")),
         daily,
         visits,
+        TableDescriptor.create(
+            "shop.clicks", _schema("user_id BIGINT", "url STRING", "ts TIMESTAMP(3)"),
+            options={"bucket.num": "2", "bucket.key": "user_id", "table.datalake.enabled": "true"}),
+        TableDescriptor.create(
+            "shop.ledger", _schema("id BIGINT", "balance DOUBLE"), primary_key=["id"],
+            options={"table.datalake.enabled": "true"}),
         TableDescriptor.create(
             "analytics.Metrics", _schema("Name STRING", "Value DOUBLE", "At TIMESTAMP(3)")),
     ]

@@ -15,7 +15,8 @@ from flightstore.expressions import Comparison, In
 from flightstore.schema import TablePath
 from flightstore.sql import (Count, CreateTable, Delete, Insert, PointLookup, Residual, Scan,
                              parameter_schema, plan)
-from flightstore.sql.resolve import CatalogView, binlog_schema, changelog_schema, partitions_schema
+from flightstore.sql.resolve import (CatalogView, binlog_schema, changelog_schema, lake_schema,
+                                     lake_snapshots_schema, lake_status_schema, partitions_schema)
 from tests.sql.catalog import sample_catalog
 
 FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures" / "plans"
@@ -42,7 +43,8 @@ def test_golden_files_cover_every_route() -> None:
     for kind in ("PointLookup", "PrefixLookup", "Scan", "RangeScan", "Count", "Changelog", "Residual",
                  "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
                  "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain",
-                 "UseDatabase", "kind=binlog", "AlterTable", "ShowPartitions", "partitions=[", "ERROR"):
+                 "UseDatabase", "kind=binlog", "AlterTable", "ShowPartitions", "partitions=[", "ERROR",
+                 "UnionScan", "LakeScan", "snapshot_id=", "as_of_ms=", "source=lake_status"):
         assert f"{kind}(" in expected or kind in expected, kind
 
 
@@ -61,7 +63,9 @@ def test_golden_plan(sql: str, expected: str) -> None:
 def _empty_input(catalog: CatalogView, source: str, table: TablePath, columns) -> pa.Table:
     descriptor = catalog.get_table(table)
     schema = {"table": descriptor.schema, "changelog": changelog_schema(descriptor),
-              "binlog": binlog_schema(descriptor), "partitions": partitions_schema(descriptor)}[source]
+              "binlog": binlog_schema(descriptor), "partitions": partitions_schema(descriptor),
+              "lake": lake_schema(descriptor), "lake_snapshots": lake_snapshots_schema(),
+              "lake_status": lake_status_schema()}[source]
     return pa.schema([schema.field(c) for c in columns]).empty_table()
 
 

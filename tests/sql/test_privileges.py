@@ -44,6 +44,10 @@ CASES = [
     ("ALTER TABLE daily DROP PARTITION (dt = '2024-01-01')", ["ALTER on table shop.daily"]),
     ("SHOW PARTITIONS daily", ["DESCRIBE on table shop.daily"]),
     ("SELECT * FROM `daily$partitions`", ["READ on table shop.daily"]),
+    ("SELECT * FROM clicks", ["READ on table shop.clicks"]),  # a union read
+    ("SELECT * FROM `clicks$lake` FOR SYSTEM_TIME AS OF 1", ["READ on table shop.clicks"]),
+    ("SELECT * FROM `clicks$lake$snapshots`", ["READ on table shop.clicks"]),
+    ("SELECT * FROM `clicks$lake$status`", ["READ on table shop.clicks"]),
 ]
 
 

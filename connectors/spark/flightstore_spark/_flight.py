@@ -20,6 +20,7 @@ __all__ = [
     "Options",
     "TableInfo",
     "custom_schema",
+    "lake_split",
     "open_connection",
     "put_once",
     "query_endpoints",
@@ -126,6 +127,30 @@ def _chunks(reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
             return
         if chunk.data is not None and chunk.data.num_rows:
             yield chunk.data
+
+
+def lake_split(conn: Connection, table: str, filter: Any = None, snapshot_id: int | None = None) -> dict:
+    """The server's plan of a union read of a datalake-enabled log table (``union`` False for any
+    other table): lake snapshot id, per-bucket log offsets the log part starts at, the pruned data
+    files with their Arrow schema (hex IPC), and the lake's file-IO properties (no credentials)."""
+    return conn._action("flightstore.lake-split", {
+        "table": table, "filter": filter.to_dict() if filter is not None else None,
+        "snapshot_id": snapshot_id})
+
+
+def lake_io(options: Options, planned: dict) -> dict[str, str]:
+    """The file-IO properties executors read the lake with: the server's, then the connector's
+    ``lake.<property>`` options (credentials: ``lake.s3.access-key-id`` ...)."""
+    own = {key[len("lake."):]: str(value) for key, value in options.raw.items() if key.startswith("lake.")}
+    return {**planned.get("io", {}), **own}
+
+
+def read_lake_files(files: Sequence[str], io: dict[str, str], schema_hex: str,
+                    columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """Lake data files read on an executor straight from the warehouse (no server in the path)."""
+    from flightstore.lake.read import read_data_files
+    schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schema_hex)))
+    yield from read_data_files(files, io, schema, columns)
 
 
 def read_payload(conn: Connection, payload: dict) -> Iterator[pa.RecordBatch]:

@@ -2,6 +2,13 @@
 (of a partitioned table: per partition and bucket, partitions pruned by the pushed filters), Arrow
 record batches straight from DoGet, filters and columns pushed to the server.
 
+A datalake-enabled log table is read as its union (as SQL reads it): the server plans the split
+(one lake snapshot, the data files left after partition and statistics pruning by the pushed
+filters, each bucket's tiered offset), then executors read one lake split per data file straight
+from the warehouse (Arrow's Parquet reader; the lake's credentials come from ``lake.<pyiceberg
+property>`` options, e.g. ``lake.s3.access-key-id``) plus one log-tail split per bucket from the
+server, from that bucket's tiered offset.
+
 Options: ``uri`` (grpc://host:port, grpc+tls://host:port), ``table`` (``db.t``) or ``query`` (a whole
 SELECT pushed to the server; its Flight endpoints become the partitions), ``columns`` (``a,b``:
 pruned on the server), ``username``/``password``, ``tls.root.certs`` (PEM file of the CA that signed
@@ -50,6 +57,22 @@ def wants_changelog(options: Any) -> bool:
     if str(options.get("changelog", "")).lower() in ("true", "1", "yes"):
         return True
     return any(options.get(name) is not None for name in STREAMING_OPTIONS)
+
+
+def read_lake_split(split: dict, schema: StructType) -> Iterator[pa.RecordBatch]:
+    """One lake split on an executor: its data file's ``columns``, cast to ``schema`` and filtered
+    by the pushed filter exactly (Spark does not filter pushed predicates again)."""
+    batches = conform_batches(_flight.read_lake_files(split["files"], split["io"], split["schema"],
+                                                      split["columns"]), schema)
+    if split.get("filter") is None:
+        yield from batches
+        return
+    target = to_arrow_schema(schema, timezone="UTC")
+    condition = ex.from_json(split["filter"]).bind(target).to_arrow()
+    for batch in batches:
+        kept = pa.Table.from_batches([batch]).filter(condition)
+        if kept.num_rows:
+            yield from kept.combine_chunks().to_batches()
 
 
 class FlightstoreDataSource(DataSource):
@@ -140,18 +163,31 @@ class FlightstoreReader(DataSourceReader):
                     "op": "subscribe", "table": options.table, "columns": columns,
                     "start": {str(b): starts[b]}, "until": {str(b): ends[b]}}})
                     for b in sorted(ends) if ends[b] > starts[b]]
+            planned = _flight.lake_split(conn, options.table, self.pushed)
             # One input partition per bucket; of a partitioned table, per (partition, bucket) of
             # the partitions the pushed filters cannot rule out.
             buckets = client.buckets(self.pushed)
         columns = options.columns or self.schema.fieldNames()
         filter_json = self.pushed.to_dict() if self.pushed is not None else None
+        if planned.get("union"):
+            io = _flight.lake_io(options, planned)
+            lake = [InputPartition({"lake": {"files": [f["path"]], "io": io, "schema": planned["schema"],
+                                             "columns": columns, "filter": filter_json}})
+                    for f in planned["files"]]
+            return lake + [InputPartition({"payload": {
+                "op": "scan", "table": options.table, "columns": columns, "filter": filter_json,
+                "buckets": [int(b)], "log_from": {b: offset}}})
+                for b, offset in sorted(planned["offsets"].items(), key=lambda item: int(item[0]))]
         return [InputPartition({"payload": {"op": "scan", "table": options.table, "columns": columns,
                                             "filter": filter_json, "buckets": [bucket]}})
                 for bucket in buckets]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        value = partition.value
+        if "lake" in value:  # straight from the warehouse: no server in the path
+            yield from read_lake_split(value["lake"], self.schema)
+            return
         with self.options.connect() as conn:
-            value = partition.value
             if "ticket" in value:
                 batches = _flight.read_ticket(conn, value["ticket"])
             else:

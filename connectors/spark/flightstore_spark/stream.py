@@ -13,7 +13,12 @@ Options:
   holds is an error naming the earliest one held) | ``full`` (primary-key tables: a KV snapshot as
   ``+I`` rows, then the changelog from exactly the snapshot's offsets; the first offset carries
   ``"snapshot": true``).
-* ``maxRowsPerTrigger``: admission control; the rows are spread over the buckets that have data.
+  On a datalake-enabled log table ``earliest`` starts with the lake: the first micro-batch reads
+  the data files of the lake's current snapshot straight from the warehouse (one Spark partition
+  per file; ``_log_offset`` / ``_commit_timestamp`` from the lake's ``__offset`` / ``__timestamp``)
+  plus each bucket's log from the offset that snapshot tiered up to; the offset records the
+  snapshot (``"lake": <snapshot id>``), so a replay reads the same files.
+* ``maxRowsPerTrigger``: admission control (the lake part of a first micro-batch is read whole); the rows are spread over the buckets that have data.
 * ``columns``: ``a,b`` to read only those table columns (the changelog columns always come along).
 
 Rows carry ``_change_type`` (+I, -U, +U, -D; +A for log tables), ``_log_offset`` and
@@ -48,6 +53,7 @@ __all__ = ["FlightstoreStreamReader", "allot_rows", "stream_columns"]
 
 META_COLUMNS = ("_change_type", "_log_offset", "_commit_timestamp")
 SNAPSHOT_KEY = "snapshot"
+LAKE_KEY = "lake"
 
 
 def stream_columns(conn: Any, options: _flight.Options) -> list[str] | None:
@@ -57,7 +63,7 @@ def stream_columns(conn: Any, options: _flight.Options) -> list[str] | None:
 
 
 def _buckets(offsets: dict) -> dict[int, int]:
-    return {int(k): int(v) for k, v in offsets.items() if k != SNAPSHOT_KEY}
+    return {int(k): int(v) for k, v in offsets.items() if k not in (SNAPSHOT_KEY, LAKE_KEY)}
 
 
 def _offset(buckets: dict[int, int], snapshot: bool = False) -> dict:
@@ -81,6 +87,18 @@ def allot_rows(start: dict[int, int], end: dict[int, int], max_rows: int) -> dic
     if left == max_rows and waiting and max_rows > 0:  # fewer rows than buckets: progress anyway
         result[waiting[-1]] += min(max_rows, pending[waiting[-1]])
     return result
+
+
+def _lake_changelog(split: dict, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """Lake rows as changelog rows: ``+A``, ``_log_offset`` = ``__offset``, ``_commit_timestamp`` =
+    ``__timestamp`` (read on the executor straight from the warehouse)."""
+    meta = {"_log_offset": "__offset", "_commit_timestamp": "__timestamp"}
+    wanted = [meta.get(c, c) for c in columns if c != "_change_type"]
+    for batch in _flight.read_lake_files(split["files"], split["io"], split["schema"], wanted):
+        arrays = {c: batch.column(meta.get(c, c)) for c in columns if c != "_change_type"}
+        arrays["_change_type"] = \
+            pa.repeat(pa.scalar("+A", pa.string()), batch.num_rows)
+        yield pa.RecordBatch.from_arrays([arrays[c] for c in columns], names=columns)
 
 
 class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -112,6 +130,11 @@ class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def initialOffset(self) -> dict:
         mode = self.mode
         if mode == "earliest":
+            with self.options.connect() as conn:
+                planned = _flight.lake_split(conn, self.options.table)
+            if planned.get("union") and planned.get("snapshot_id") is not None:
+                start = _offset({int(b): o for b, o in planned["offsets"].items()})
+                return {**start, LAKE_KEY: int(planned["snapshot_id"])}
             return _offset(self._offsets("start"))
         if mode == "latest":
             return _offset(self._offsets("end"))
@@ -162,6 +185,12 @@ class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         snapshot = bool(start.get(SNAPSHOT_KEY))
         begin, stop = _buckets(start), _buckets(end)
         parts = []
+        if start.get(LAKE_KEY) is not None:  # the first micro-batch of `earliest`: the lake first
+            with self.options.connect() as conn:
+                planned = _flight.lake_split(conn, self.options.table, snapshot_id=int(start[LAKE_KEY]))
+            io = _flight.lake_io(self.options, planned)
+            parts += [InputPartition({"lake": {"files": [f["path"]], "io": io, "schema": planned["schema"]}})
+                      for f in planned["files"]]
         for bucket in sorted(stop):
             first = begin.get(bucket, 0)
             if stop[bucket] > first or snapshot:
@@ -175,8 +204,11 @@ class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     # ---- reading (executors) ------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         part = partition.value
-        bucket, first, stop = part["bucket"], part["start"], part["end"]
         columns = self.schema.fieldNames()
+        if "lake" in part:
+            yield from conform_batches(_lake_changelog(part["lake"], columns), self.schema)
+            return
+        bucket, first, stop = part["bucket"], part["start"], part["end"]
         with self.options.connect() as conn:
             if part["snapshot"]:
                 payload = {"op": "snapshot", "table": self.options.table, "bucket": bucket, "at": first,

@@ -1,0 +1,199 @@
+"""Union read of a datalake-enabled log table: the lake below each bucket's tiered offset, the log
+from there on, as one table with no gap and no duplicate.
+
+The split point is the tiered offsets recorded by ONE lake snapshot (:mod:`flightstore.lake.offsets`):
+its data files hold exactly the rows of every bucket below its offset, so the lake part reads that
+snapshot and the log part reads each bucket from its offset. A tiering commit that lands meanwhile
+changes nothing (the read keeps its snapshot); log retention only deletes records the lake holds,
+and a split whose log part was deleted under it (the retention floor moved past an older snapshot)
+is planned again on the newer snapshot.
+
+Filters and column pruning apply to both parts: the lake part through pyiceberg (partition and
+statistics file pruning, then an exact row filter), the log part through the log's batch statistics.
+
+When the lake cannot be read (catalog down, warehouse gone) while the log still holds every record
+from offset 0 of every bucket, the log alone answers (nothing was deleted, so nothing is missing);
+otherwise the read fails with :class:`~flightstore.errors.LakeUnavailable`, never a short answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Snapshot
+
+from flightstore import expressions as fs
+from flightstore.errors import DataLoss, LakeUnavailable, NotFound, TableNotFound, Unsupported
+from flightstore.lake.catalog import LakeCatalog, lake_failures
+from flightstore.lake.layout import BUCKET_COLUMN, lake_schema, table_types
+from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets
+from flightstore.lake.read import scan_snapshot, snapshot_batches
+from flightstore.store import Table
+
+__all__ = ["UnionSplit", "plan_split", "public_io_properties", "read_union", "union_count", "union_split"]
+
+_REPLANS = 5  # how often a split whose log part retention deleted meanwhile is planned again
+
+
+@dataclass(frozen=True)
+class UnionSplit:
+    """Where a union read splits: ``offsets[b]`` is the first offset of bucket ``b`` read from the
+    log; the lake part is ``snapshot`` of ``lake_table`` (both None: nothing tiered, or the lake is
+    unreachable and the log holds everything)."""
+
+    lake_table: IcebergTable | None
+    snapshot: Snapshot | None
+    offsets: dict[int, int]
+
+    @property
+    def lake_rows(self) -> int:
+        """Rows in the lake part (the snapshot's ``total-records``)."""
+        if self.snapshot is None or self.snapshot.summary is None:
+            return 0
+        return int(self.snapshot.summary.additional_properties.get("total-records", 0))
+
+
+def _lake_of(catalog: LakeCatalog, table: Table) -> IcebergTable | None:
+    """The lake table of this incarnation of ``table``, None when nothing was tiered for it (a lake
+    table left by a dropped table of the same name holds none of its rows)."""
+    try:
+        lake_table = catalog.load_table(table.path)
+    except TableNotFound:
+        return None
+    if lake_table.properties.get(TABLE_ID_PROPERTY) != table.directory.name:
+        return None
+    return lake_table
+
+
+def _log_only(table: Table, cause: LakeUnavailable) -> UnionSplit:
+    starts = table.start_offsets()
+    gone = {bucket: start for bucket, start in starts.items() if start > 0}
+    if gone:
+        bucket, start = min(gone.items())
+        raise LakeUnavailable(f"table {table.path}: the lake cannot be read ({cause}) and the log of "
+                              f"bucket {bucket} starts at offset {start}: the rows below are only in "
+                              "the lake; retry when the lake is back") from cause
+    return UnionSplit(None, None, dict(starts))
+
+
+def union_split(catalog: LakeCatalog | None, table: Table, snapshot_id: int | None = None) -> UnionSplit:
+    """Plan the split of a union read of log table ``table`` (``catalog`` None: no lake, the log
+    answers alone). Raises LakeUnavailable (lake unreadable and the log incomplete), DataLoss (the
+    log lost records the lake does not hold)."""
+    if catalog is None:
+        return UnionSplit(None, None, table.start_offsets())
+    for _ in range(_REPLANS):
+        try:
+            lake_table = _lake_of(catalog, table)
+        except LakeUnavailable as exc:
+            return _log_only(table, exc)
+        snapshot = lake_table.current_snapshot() if lake_table is not None else None
+        if snapshot_id is not None:
+            if lake_table is None or lake_table.snapshot_by_id(int(snapshot_id)) is None:
+                raise NotFound(f"table {table.path}: the lake has no snapshot {snapshot_id} (expired?)")
+            snapshot = lake_table.snapshot_by_id(int(snapshot_id))
+        recorded = committed_offsets(lake_table, snapshot) if snapshot is not None else {}
+        starts = table.start_offsets()
+        offsets = {bucket: recorded.get(bucket, start) for bucket, start in starts.items()}
+        if all(offsets[bucket] >= start for bucket, start in starts.items()):
+            return UnionSplit(lake_table if snapshot is not None else None, snapshot, offsets)
+        if not recorded:
+            break  # nothing tiered yet, yet the log lost records: no newer snapshot will help
+    bucket = next(b for b, start in table.start_offsets().items() if offsets[b] < start)
+    raise DataLoss(f"table {table.path} bucket {bucket}: log records from offset {offsets[bucket]} "
+                   f"were deleted but the lake holds only the rows below it")
+
+
+def _lake_filter(filter: fs.Predicate | None, buckets: Sequence[int] | None,
+                 num_buckets: int) -> fs.Predicate | None:
+    if buckets is None or set(buckets) >= set(range(num_buckets)):
+        return filter
+    only = fs.In(BUCKET_COLUMN, tuple(int(b) for b in buckets))
+    return only if filter is None else fs.And(filter, only)
+
+
+def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str], *,
+               filter: fs.Predicate | None = None, limit: int | None = None,
+               buckets: Sequence[int] | None = None, exact: bool = True,
+               split: UnionSplit | None = None) -> Iterator[pa.Table | pa.RecordBatch]:
+    """The rows of ``buckets`` (default all) of log table ``table``: the lake part, then the log
+    part of each bucket; only ``columns`` (of the table), filtered by ``filter`` (bound to the
+    table's schema; ``exact=False`` lets log rows through that only the statistics could not rule
+    out, for callers that filter again), at most ``limit`` rows.
+
+    The lake part streams as pyiceberg decodes it; a lake that cannot be reached when the read is
+    planned is handled by :func:`union_split`, one that fails mid-read fails the read (never a
+    short answer)."""
+    columns = list(columns)
+    split = union_split(catalog, table) if split is None else split
+    wanted = list(range(table.num_buckets)) if buckets is None else list(buckets)
+    remaining = limit
+    if split.snapshot is not None and (remaining is None or remaining > 0):
+        lake_filter = _lake_filter(filter, buckets, table.num_buckets)
+        bound = lake_filter.bind(table_types(table.descriptor)) if lake_filter is not None else None
+        for batch in snapshot_batches(split.lake_table, split.snapshot, table.descriptor, columns,
+                                      bound, remaining):
+            if remaining is not None:
+                remaining -= batch.num_rows
+            yield batch
+        if remaining is not None and remaining <= 0:
+            return
+    for bucket in wanted:
+        if remaining is not None and remaining <= 0:
+            return
+        log = table.logs[bucket]
+        if split.offsets[bucket] < log.start_offset:
+            raise DataLoss(f"table {table.path} bucket {bucket}: log records from offset "
+                           f"{split.offsets[bucket]} were deleted; plan the read again")
+        for record in log.read(split.offsets[bucket], columns=columns, filter=filter, exact=exact):
+            batch = record.batch
+            if remaining is not None:
+                batch = batch.slice(0, remaining)
+                remaining -= batch.num_rows
+            if batch.num_rows:
+                yield batch
+            if remaining is not None and remaining <= 0:
+                return
+
+
+def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | None = None) -> int:
+    """``COUNT(*)`` of the union without reading a row: the lake snapshot's record count plus the
+    log records from the split offsets on."""
+    split = union_split(catalog, table) if split is None else split
+    tail = sum(max(0, log.end_offset - split.offsets[bucket]) for bucket, log in enumerate(table.logs))
+    return split.lake_rows + tail
+
+
+# Properties of the lake's file IO a reader elsewhere may be given (never credentials).
+_SECRET_WORDS = ("secret", "key-id", "token", "password", "credential", "session")
+
+
+def public_io_properties(properties: dict[str, str]) -> dict[str, str]:
+    """File-IO properties safe to hand to a reader elsewhere: endpoint, region... not keys."""
+    return {k: v for k, v in properties.items() if not any(word in k.lower() for word in _SECRET_WORDS)}
+
+
+def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate | None = None,
+               snapshot_id: int | None = None) -> dict:
+    """A union read planned for readers elsewhere (Spark executors): the split's snapshot and
+    offsets, the data files a read with ``filter`` (bound to the table's schema) must open after
+    partition and statistics pruning, the files' Arrow schema (IPC bytes) and the lake's file-IO
+    properties without credentials (readers bring their own)."""
+    split = union_split(catalog, table, snapshot_id)
+    files: list[dict] = []
+    if split.snapshot is not None:
+        bound = filter.bind(table_types(table.descriptor)) if filter is not None else None
+        with lake_failures(f"planning a read of the lake table of {table.path}"):
+            tasks = list(scan_snapshot(split.lake_table, split.snapshot,
+                                       table_types(table.descriptor).names, bound).plan_files())
+        if any(task.delete_files for task in tasks):
+            raise Unsupported(f"table {table.path}: its lake has delete files; read it with SQL")
+        files = [{"path": t.file.file_path, "rows": t.file.record_count,
+                  "bytes": t.file.file_size_in_bytes} for t in tasks]
+    io = {} if split.lake_table is None else public_io_properties(split.lake_table.io.properties)
+    return {"snapshot_id": split.snapshot.snapshot_id if split.snapshot is not None else None,
+            "offsets": {str(b): o for b, o in split.offsets.items()}, "files": files,
+            "schema": lake_schema(table.descriptor).serialize().to_pybytes().hex(), "io": io}
