@@ -257,6 +257,11 @@ class Executor:
                                  n.Explain, n.ShowGrants, n.ShowPartitions))
 
     def execute_table(self, plan: n.PlanNode, schema: pa.Schema | None = None) -> pa.Table:
+        if isinstance(plan, n.PointLookup) and plan.filter is None:
+            # The common case on its own (a lookup answers whole, in the plan's column order):
+            # no partitions, generators, filter or re-selection for one multi-get.
+            found = self.store.table(plan.table).lookup(plan.keys, plan.columns)
+            return found if schema is None else _cast(found, schema)
         schema = self.output_schema(plan) if schema is None else schema
         # A union read in one piece reads the lake once, not once per bucket.
         parts = [None] if isinstance(plan, n.UnionScan) else self.partitions(plan)
