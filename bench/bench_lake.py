@@ -9,6 +9,12 @@
   plain log table holding the same 5M rows in its log. Both tables live in one server (its own
   process, as a deployment runs it; the lake read-only: tiering off) and are read by one client.
   Goal >= 0.7x.
+* Changed-row cost: a 5M-row primary-key table (16 buckets) is tiered, then 1,000 upserts of keys
+  of one bucket (a hot key range) are tiered: bytes of data files written by that round, vs the
+  table's data bytes (what rewriting the table costs). Goal: <= 2/bucket.num of the table's bytes,
+  i.e. a ratio >= bucket.num/2. The same 1,000 rows upserted by pyiceberg's own ``Table.upsert``
+  into an identical copy of the lake table are reported beside it, and 1,000 upserts of random
+  keys (every bucket changes, so every bucket's files are rewritten: no goal) for honesty.
 
 Each run of either side writes into a fresh sqlite catalog and local warehouse; the two alternate
 (best of 2 each) so a busy moment on a shared machine slows one run of each, not all of one.
@@ -27,9 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bench.report import Row, best_interleaved
-from flightstore.lake import LakeCatalog, LakeSettings, tier_log_round
+from flightstore.bucketing import bucket_ids
+from flightstore.lake import LakeCatalog, LakeSettings, read_lake, tier_log_round, tier_round
 from flightstore.lake.layout import iceberg_schema, lake_schema, partition_spec, sort_order
 from flightstore.lake.tiering import read_backlog
 from flightstore.store import Store
@@ -89,6 +97,79 @@ def bench_tiering(root: Path) -> list[Row]:
     return [Row(f"tiering round, {ROWS // 1_000_000}M-row log table ({BUCKETS} buckets)",
                 ROWS / best["ours"], ROWS / best["peer"], "rows/s",
                 "pyiceberg append of the same rows (one call)", goal=">= 0.5x")]
+
+
+PK_BUCKETS = 16
+CHANGED = 1_000
+
+
+def _data_bytes(lake_table) -> int:
+    return sum(task.file.file_size_in_bytes for task in lake_table.scan().plan_files())
+
+
+def _added_bytes(lake_table, after_snapshot_id: int) -> int:
+    """Bytes of the data files the snapshots after ``after_snapshot_id`` added."""
+    total, seen = 0, False
+    for entry in lake_table.snapshots():
+        if seen:
+            total += int(entry.summary.additional_properties.get("added-files-size", 0))
+        seen = seen or entry.snapshot_id == after_snapshot_id
+    return total
+
+
+def bench_changed_rows(root: Path) -> list[Row]:
+    store = Store(root / "pk-data")
+    schema = _rows(0, 1).schema
+    table = store.create_table("default.accounts", schema, primary_key=["id"], options={
+        "bucket.num": PK_BUCKETS, "table.datalake.enabled": "true"})
+    step = min(ROWS, 500_000)
+    for first in range(0, ROWS, step):
+        table.upsert(_rows(first, step))
+    table.snapshot(force=True)
+    catalog = _lake(root, "pk")
+    lake_table = catalog.ensure_table(table.descriptor, table.directory.name)
+    assert tier_round(table, lake_table).rows == ROWS
+    lake_table = lake_table.refresh()
+    table_bytes = _data_bytes(lake_table)
+    base = lake_table.current_snapshot().snapshot_id
+    # The peer: an identical lake table holding the same files' rows, upserted by pyiceberg.
+    peer_catalog = _lake(root, "pk-peer").catalog
+    peer_catalog.create_namespace_if_not_exists("default")
+    peer = peer_catalog.create_table("default.accounts", lake_table.schema(), partition_spec=lake_table.spec(),
+                                     sort_order=lake_table.sort_order())
+    peer.append(read_lake(catalog, table.descriptor).cast(lake_table.schema().as_arrow()))
+    peer_base = peer.current_snapshot().snapshot_id
+    peer_bytes = _data_bytes(peer)
+
+    rng = np.random.default_rng(5)
+    ids = np.arange(ROWS, dtype=np.int64)
+    hot = ids[bucket_ids(pa.table({"id": ids}), ["id"], PK_BUCKETS) == 3]
+    changed = _rows(0, CHANGED).set_column(0, "id", pa.array(rng.choice(hot, CHANGED, replace=False)))
+    table.upsert(changed)
+    result = tier_round(table, lake_table)
+    assert result.rows == CHANGED and result.files_removed >= 1, result
+    ours = _added_bytes(lake_table.refresh(), base)
+    assert ours == result.bytes_written
+    lake = read_lake(catalog, table.descriptor)
+    upserted = lake.filter(pc.is_in(lake.column("id"), value_set=changed.column("id")))
+    peer.upsert(upserted.cast(peer.schema().as_arrow()), join_cols=["id"])
+    peer_written = _added_bytes(peer.refresh(), peer_base)
+
+    spread = _rows(0, CHANGED).set_column(0, "id", pa.array(rng.choice(ids, CHANGED, replace=False)))
+    table.upsert(spread)
+    before_spread = lake_table.refresh().current_snapshot().snapshot_id
+    spread_result = tier_round(table, lake_table)
+    spread_bytes = _added_bytes(lake_table.refresh(), before_spread)
+    store.close()
+    label = f"{CHANGED:,} upserts into a {ROWS // 1_000_000}M-row PK table ({PK_BUCKETS} buckets)"
+    return [
+        Row(f"changed-row cost: {label}, one bucket", ours, table_bytes, "bytes",
+            "the table's data bytes (a full rewrite)", higher_is_better=False, goal=f">= {PK_BUCKETS / 2:g}x"),
+        Row(f"changed-row cost: {label}, one bucket", ours, peer_written, "bytes",
+            f"pyiceberg Table.upsert of the same rows ({peer_bytes:,} table bytes)", higher_is_better=False),
+        Row(f"changed-row cost: {label}, random keys", spread_bytes, table_bytes, "bytes",
+            f"the table's data bytes ({spread_result.files_removed} files rewritten)", higher_is_better=False),
+    ]
 
 
 def _free_port() -> int:
@@ -158,4 +239,4 @@ def bench_union_read(root: Path) -> list[Row]:
 
 def run() -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="bench-lake-") as tmp:
-        return bench_tiering(Path(tmp)) + bench_union_read(Path(tmp))
+        return bench_tiering(Path(tmp)) + bench_union_read(Path(tmp)) + bench_changed_rows(Path(tmp))

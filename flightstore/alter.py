@@ -55,10 +55,22 @@ MAX_SCHEMA_VERSION = 0xFFFF  # KV values carry their schema version in two bytes
 
 @dataclass(frozen=True)
 class PartitionLimits:
-    """The server's ``max.partition.num`` and ``max.bucket.num``."""
+    """The server's ``max.partition.num``, ``max.bucket.num`` and ``max.table-bucket.num``."""
 
     max_partitions: int = 1000
     max_buckets: int = 128_000
+    max_table_buckets: int = 1024
+
+    def check_create(self, descriptor: TableDescriptor) -> None:
+        """Refuse, before anything is created, a new table with more buckets than allowed."""
+        buckets = descriptor.num_buckets
+        if buckets > self.max_table_buckets:
+            raise InvalidInput(f"{descriptor.path}: 'bucket.num' = {buckets} is more than "
+                               f"max.table-bucket.num ({self.max_table_buckets}) allows")
+        total = buckets * max(1, len(descriptor.partitions))
+        if total > self.max_buckets:
+            raise InvalidInput(f"{descriptor.path}: {total} buckets is more than max.bucket.num "
+                               f"({self.max_buckets}) allows")
 
 
 class Change:

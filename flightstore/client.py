@@ -8,6 +8,14 @@ Security: ``grpc+tls://`` URIs verify the server against ``tls_root_certs`` (PEM
 path; default: the system's roots); ``cert_chain`` and ``private_key`` present a client certificate
 for mutual TLS. With ``username`` the connection authenticates (HTTP Basic, once) and sends the
 bearer token it gets; when the server says the token expired, it authenticates again and retries.
+
+Cluster mode: a :class:`TableClient` asks once where the table's buckets live
+(``flightstore.locations``) and sends each lookup, write and scan straight to the leaders of the
+buckets it touches (it computes buckets as the servers do), over one connection per server with
+the same credentials; what it cannot place (a log table without bucket key, counts,
+subscriptions, a partitioned table's scans) goes to the server it is connected to, which forwards
+per bucket. When a leader does not answer, the call goes through that server instead (which then
+names the unavailable bucket and server), and the locations are asked again next time.
 """
 
 from __future__ import annotations
@@ -15,17 +23,18 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
-import pyarrow.flight as flight
+from pyarrow import flight
 
 from flightstore.errors import InvalidOption
 from flightstore.expressions import Predicate
 from flightstore.schema import as_table
 from flightstore.server import protocol, tickets
 
-__all__ = ["connect", "Connection", "TableClient", "Subscription"]
+__all__ = ["Connection", "Subscription", "TableClient", "connect"]
 
 MAX_SEND_BYTES = 4 * 1024 * 1024  # per Flight message, far below gRPC's 16 MiB limit
 T = TypeVar("T")
@@ -42,7 +51,7 @@ def _pem(value: Pem | None) -> bytes | None:
 def connect(uri: str = "grpc://127.0.0.1:8815", *, username: str | None = None,
             password: str | None = None, timeout: float | None = None,
             tls_root_certs: Pem | None = None, cert_chain: Pem | None = None,
-            private_key: Pem | None = None, override_hostname: str | None = None) -> "Connection":
+            private_key: Pem | None = None, override_hostname: str | None = None) -> Connection:
     """Connect to a flightstore server (see the module doc for TLS and authentication)."""
     return Connection(uri, username=username, password=password, timeout=timeout,
                       tls_root_certs=tls_root_certs, cert_chain=cert_chain, private_key=private_key,
@@ -65,6 +74,8 @@ class Connection:
         if override_hostname is not None:
             tls["override_hostname"] = override_hostname
         self._client = flight.FlightClient(uri, **tls)
+        self._tls = tls
+        self._peers: dict[str, Connection] = {}  # cluster mode: connections to other servers
         self._timeout = timeout
         self._credentials = (username, password or "") if username is not None else None
         self._options = flight.FlightCallOptions(timeout=timeout)
@@ -86,14 +97,28 @@ class Connection:
             self._authenticate()
             return call()
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
+        for peer in self._peers.values():
+            peer.close()
+        self._peers.clear()
         self._client.close()
+
+    def _peer(self, uri: str) -> Connection:
+        """The connection to another server of the cluster (same credentials and TLS settings)."""
+        if uri == self.uri:
+            return self
+        peer = self._peers.get(uri)
+        if peer is None:
+            username, password = self._credentials or (None, None)
+            peer = self._peers[uri] = Connection(uri, username=username, password=password,
+                                                 timeout=self._timeout, **self._tls)
+        return peer
 
     # ---- SQL ----------------------------------------------------------------------------------
     def sql(self, text: str) -> pa.Table:
@@ -115,14 +140,19 @@ class Connection:
 
     def iter_info(self, info: flight.FlightInfo) -> Iterator[pa.RecordBatch]:
         """The record batches of every endpoint of ``info`` (in order), read one at a time."""
-        for endpoint in info.endpoints:
-            yield from _batches(self._retrying(lambda ticket=endpoint.ticket: self._client.do_get(
-                ticket, self._options)))
+        for endpoint in info.endpoints:  # each from the server its location names (a leader)
+            server = self._peer(endpoint.locations[0].uri.decode()) if endpoint.locations else self
+            yield from _batches(server._retrying(lambda server=server, ticket=endpoint.ticket:
+                                                 server._client.do_get(ticket, server._options)))
 
     def read_info(self, info: flight.FlightInfo) -> pa.Table:
-        """Read every endpoint of ``info`` (in order) into one table."""
-        parts = [self._retrying(lambda ticket=endpoint.ticket: self._client.do_get(ticket, self._options).read_all())
-                 for endpoint in info.endpoints]
+        """Read every endpoint of ``info`` (in order) into one table, each from the server its
+        location names (a bucket's leader in a cluster), else from this one."""
+        parts = []
+        for endpoint in info.endpoints:
+            server = self._peer(endpoint.locations[0].uri.decode()) if endpoint.locations else self
+            parts.append(server._retrying(
+                lambda server=server, ticket=endpoint.ticket: server._client.do_get(ticket, server._options).read_all()))
         if not parts:
             return info.schema.empty_table()
         return pa.concat_tables(parts)
@@ -165,7 +195,7 @@ class Connection:
         return {key: getattr(value, value.WhichOneof("option_value")) for key, value in options.items()
                 if value.WhichOneof("option_value") not in (None, "string_list_value")}
 
-    def table(self, name: str, *, writer_id: str | None = None) -> "TableClient":
+    def table(self, name: str, *, writer_id: str | None = None) -> TableClient:
         return TableClient(self, name, writer_id=writer_id)
 
     def lake_status(self, table: str | None = None) -> list[dict]:
@@ -240,7 +270,7 @@ class Subscription:
     def close(self) -> None:
         self._reader.cancel()
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -257,6 +287,52 @@ class TableClient:
         self.name = name
         self.writer_id = writer_id or uuid.uuid4().hex
         self._sequence = None
+        self._layout: dict | None = None  # cluster mode: bucketing and leaders (flightstore.locations)
+
+    # ---- cluster mode: where buckets live --------------------------------------------------------
+    def _locations(self) -> dict | None:
+        """The table's bucketing and each bucket's leader URI; None on a single server (or when a
+        bucket has no live leader: then the connected server answers, naming it)."""
+        if self._layout is None:
+            try:
+                self._layout = self.connection._action("flightstore.locations", {"table": self.name})
+            except (flight.FlightError, pa.ArrowException):  # may not describe it, or no such table:
+                self._layout = {"leaders": []}              # the connected server answers and says
+        layout = self._layout
+        if not layout.get("leaders") or None in layout["leaders"]:
+            return None
+        return layout
+
+    def _by_leader(self, rows: pa.Table, key: Sequence[str] | None = None) -> list[tuple[str, pa.Table]] | None:
+        """``rows`` split by the URI of their bucket's leader; None when the connected server
+        should route them (single server, no bucket key, key columns missing)."""
+        layout = self._locations()
+        if layout is None or layout["partitioned"]:
+            return None
+        key = list(key or layout["bucket_key"])
+        if not key or any(c not in rows.column_names for c in key) or rows.num_rows == 0:
+            return None
+        from flightstore.bucketing import bucket_ids  # numpy: only in cluster mode
+        try:
+            buckets = bucket_ids(rows.select(key), key, layout["num_buckets"])
+        except (pa.ArrowException, TypeError, ValueError):
+            return None
+        leaders = [layout["leaders"][b] for b in buckets.tolist()]
+        uris = list(dict.fromkeys(leaders))
+        if len(uris) == 1:
+            return [(uris[0], rows)]
+        import numpy as np
+        marks = np.array(leaders)
+        return [(uri, rows.filter(pa.array(marks == uri))) for uri in uris]
+
+    def _direct(self, uri: str, call: Callable[[Connection], T], fallback: Callable[[], T]) -> T:
+        """``call`` on the leader at ``uri``; through the connected server if the leader does not
+        answer (it forwards, or names the unavailable bucket), asking for locations again later."""
+        try:
+            return call(self.connection._peer(uri))
+        except flight.FlightUnavailableError:
+            self._layout = None
+            return fallback()
 
     # ---- writes -------------------------------------------------------------------------------
     def _next_sequence(self) -> int:
@@ -271,22 +347,32 @@ class TableClient:
         sequence = self._next_sequence()
         payload = {"op": op, "table": self.name, "columns": list(columns) if columns else None,
                    "writer_id": self.writer_id, "sequence": sequence}
+        parts = self._by_leader(table) or [(self.connection.uri, table)]
+        results = []
         try:
-            for attempt in range(self.RETRIES):
-                try:
-                    result = self.connection._put(payload, table)
-                    break
-                except flight.FlightUnavailableError:
-                    if attempt == self.RETRIES - 1:
-                        raise
-                    time.sleep(0.2 * (attempt + 1))
+            for uri, part in parts:  # each part to its leader, same writer id and base sequence
+                for attempt in range(self.RETRIES):
+                    try:
+                        results.append(self._direct(uri, lambda c, part=part: c._put(payload, part),
+                                                    lambda part=part: self.connection._put(payload, part)))
+                        break
+                    except flight.FlightUnavailableError:
+                        if attempt == self.RETRIES - 1:
+                            raise
+                        time.sleep(0.2 * (attempt + 1))
         except BaseException:
             # The server applies a large write in chunks (batches sequence, sequence + 1, ...):
             # after a failure ask it where this writer stands before the next write.
             self._sequence = None
             raise
-        self._sequence = result.get("sequence", sequence)
-        return result
+        # Each leader numbered its chunks from ``sequence``: continue after the longest run.
+        self._sequence = max(sequence if r.get("sequence") is None else r["sequence"] for r in results)
+        if len(results) == 1:
+            return results[0]
+        return {"op": "written", "rows": sum(r["rows"] for r in results),
+                "duplicate": all(r["duplicate"] for r in results),
+                "offsets": {k: v for r in results for k, v in r["offsets"].items()},
+                "chunks": max(r.get("chunks", 1) for r in results), "sequence": self._sequence}
 
     def append(self, data: Any) -> dict:
         """Append rows to a log table."""
@@ -331,18 +417,42 @@ class TableClient:
     def lookup(self, keys: Any, columns: Sequence[str] | None = None) -> pa.Table:
         payload = {"op": "lookup", "table": self.name, "keys": self._keys(keys),
                    "columns": list(columns) if columns else None}
-        return self.connection._get(payload).read_all()
+        return self._read_one(keys, payload)
+
+    def _read_one(self, keys: Any, payload: dict) -> pa.Table:
+        """A lookup from the leader of its keys when they share one (the connected server
+        otherwise: it splits them by leader and keeps the key order)."""
+        parts = self._by_leader(as_table(keys))
+        if parts is None or len(parts) != 1:
+            return self.connection._get(payload).read_all()
+        return self._direct(parts[0][0], lambda c: c._get(payload).read_all(),
+                            lambda: self.connection._get(payload).read_all())
 
     def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
         payload = {"op": "prefix_lookup", "table": self.name, "keys": self._keys(prefix),
                    "columns": list(columns) if columns else None, "limit": limit}
-        return self.connection._get(payload).read_all()
+        return self._read_one(prefix, payload)
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None) -> pa.Table:
         """Current rows (only ``columns``, filtered on the server; ``buckets``: only those)."""
-        return self.connection._get(self._scan_payload(columns, filter, limit, buckets)).read_all()
+        payload = self._scan_payload(columns, filter, limit, buckets)
+        layout = self._locations()
+        if layout is None or layout["partitioned"] or limit is not None:
+            return self.connection._get(payload).read_all()
+        wanted = list(range(layout["num_buckets"])) if buckets is None else [int(b) for b in buckets]
+        if not wanted or any(not 0 <= b < layout["num_buckets"] for b in wanted):
+            return self.connection._get(payload).read_all()  # the server names the bad bucket
+        by_uri: dict[str, list[int]] = {}
+        for bucket in wanted:
+            by_uri.setdefault(layout["leaders"][bucket], []).append(bucket)
+        parts = []
+        for uri, mine in by_uri.items():  # each leader streams its own buckets
+            one = {**payload, "buckets": mine}
+            parts.append(self._direct(uri, lambda c, one=one: c._get(one).read_all(),
+                                      lambda one=one: self.connection._get(one).read_all()))
+        return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
 
     def scan_batches(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
                      limit: int | None = None, buckets: Sequence[int] | None = None
@@ -381,6 +491,15 @@ class TableClient:
         and its ``start_offsets``/``end_offsets`` per bucket."""
         answer = self.connection._action("flightstore.usage", {"table": self.name})
         return {"bytes": answer["bytes"],
+                "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
+                "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
+
+    def describe(self) -> dict:
+        """The table's descriptor (``descriptor``: :meth:`TableDescriptor.to_json` text), its
+        incarnation id (``table_id``, new when a table is dropped and created again) and its
+        ``start_offsets``/``end_offsets`` per bucket: what a tiering job needs."""
+        answer = self.connection._action("flightstore.describe", {"table": self.name})
+        return {"descriptor": answer["descriptor"], "table_id": answer["table_id"],
                 "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
                 "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
 

@@ -24,6 +24,7 @@ __all__ = [
     "ICEBERG_CATALOG_PREFIX",
     "validate_server_options",
     "parse_duration_ms",
+    "parse_size_bytes",
     "validate_table_options",
     "table_option",
     "server_option",
@@ -40,6 +41,18 @@ def parse_duration_ms(text: str) -> int:
     scale = {"ms": 1, "": 1, "s": 1000, "sec": 1000, "min": 60_000, "m": 60_000,
              "h": 3_600_000, "d": 86_400_000}[unit]
     return value * scale
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+               "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_size_bytes(text: str) -> int:
+    """Parse a size (``512MB``, ``1GiB``, ``1000000``) to bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b|)\s*", str(text).lower())
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use e.g. 512MB, 2GB, 1GiB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
 
 
 def _parse_bool(text: str) -> bool:
@@ -60,13 +73,14 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "bool": _parse_bool,
     "str": str,
     "duration": parse_duration_ms,
+    "size": parse_size_bytes,
     "list": _parse_list,
 }
 
 
 @dataclass(frozen=True)
 class ConfigOption:
-    """One option: ``key``, value ``type`` (int, bool, str, duration, list), default and doc."""
+    """One option: ``key``, value ``type`` (int, bool, str, duration, size, list), default and doc."""
 
     key: str
     type: str
@@ -186,6 +200,23 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,
                  "Largest record batch sent in one Flight message."),
+    ConfigOption("query.memory-limit", "size", 1_000_000_000,
+                 "Memory the embedded SQL engine (DuckDB) may use for residual SQL (GROUP BY, joins, "
+                 "ORDER BY...) across all queries; beyond it, operators spill to `DATA_DIR/.spill` and "
+                 "a query that still does not fit fails with RESOURCE_EXHAUSTED.", minimum=1_000_000),
+    ConfigOption("query.spill-limit", "size", 10_000_000_000,
+                 "Disk the embedded SQL engine may spill to under `DATA_DIR/.spill`; a query that "
+                 "needs more fails with RESOURCE_EXHAUSTED.", minimum=0),
+    ConfigOption("query.timeout", "duration", 600_000,
+                 "A query running longer than this is stopped and answers DEADLINE_EXCEEDED (`0`: "
+                 "no limit). A client that cancels (CancelFlightInfo), disconnects or passes its own "
+                 "gRPC deadline stops its query too.", minimum=0),
+    ConfigOption("query.max-result-rows", "int", 1_000_000_000,
+                 "Most rows one residual-SQL query may return; past it the stream ends with "
+                 "RESOURCE_EXHAUSTED (`0`: no cap).", minimum=0),
+    ConfigOption("server.shutdown-grace", "duration", 10_000,
+                 "On SIGTERM/SIGINT the server stops accepting calls and waits this long for running "
+                 "ones, then stops them (CANCELLED) and exits.", minimum=0),
     ConfigOption("sql.cache.entries", "int", 1024,
                  "Entries each SQL cache keeps (query plans, point-lookup templates, residual result "
                  "schemas, prepared statements' schemas), least recently used forgotten first. "
@@ -234,7 +265,7 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("datalake.iceberg.s3.region", "str", None, "Region of the object storage bucket."),
     ConfigOption("datalake.tiering.enabled", "bool", True,
                  "The server tiers datalake-enabled tables itself; `false` leaves them to an "
-                 "external tiering job."),
+                 "external tiering job (the server then follows its commits: log retention, status)."),
     ConfigOption("datalake.tiering.lease", "duration", 60_000,
                  "How long a tierer's lease on a table lasts without renewal: a crashed tierer's "
                  "table is free for another after this long.", minimum=1000),
@@ -249,6 +280,11 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "nothing written.", minimum=1),
     ConfigOption("max.bucket.num", "int", 128_000,
                  "Most buckets one table may hold (`bucket.num` times its partitions).", minimum=1),
+    ConfigOption("max.table-bucket.num", "int", 1024,
+                 "Most buckets (`bucket.num`) CREATE TABLE may give a table (each partition of a "
+                 "partitioned one); more is refused at once. Each bucket of a primary-key table is "
+                 "a RocksDB instance opened with the table: about 7 MB of memory and 70 ms to "
+                 "create each.", minimum=1),
     ConfigOption("client.writer.dynamic-create-partition.enabled", "bool", True,
                  "A write to a partition that does not exist creates it (within `max.partition.num` "
                  "and `max.bucket.num`); `false` refuses such writes."),

@@ -27,6 +27,8 @@ __all__ = [
     "CorruptData",
     "DataLoss",
     "Cancelled",
+    "DeadlineExceeded",
+    "ResourceExhausted",
     "DataDirectoryInUse",
     "OffsetOutOfRange",
     "Unavailable",
@@ -138,6 +140,23 @@ class Cancelled(FlightstoreError):
     """The request was cancelled (maps to CANCELLED)."""
 
     flight_status = "cancelled"
+
+
+class DeadlineExceeded(FlightstoreError):
+    """The request ran past its time limit (``query.timeout``) and was stopped (maps to
+    DEADLINE_EXCEEDED)."""
+
+    flight_status = "deadline_exceeded"
+
+
+class ResourceExhausted(FlightstoreError):
+    """The request needs more than the server allows it (memory, spill space, result size) and
+    was stopped; the server keeps serving.
+
+    pyarrow's Flight server cannot send gRPC's RESOURCE_EXHAUSTED code; the server answers
+    INTERNAL with a message that starts ``RESOURCE_EXHAUSTED:``."""
+
+    flight_status = "resource_exhausted"
 
 
 class DataDirectoryInUse(FlightstoreError):

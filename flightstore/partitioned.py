@@ -98,6 +98,7 @@ class PartitionedTable(Table):
         self._projections = Projections(self.schema)
         self._written = threading.Condition()
         self._round_robin = itertools.count()
+        self.round_robin_buckets: Sequence[int] | None = None  # see Table
         self.ownership = ColumnOwnership()
         self._clock = clock
         self._create_partitions = create_partitions

@@ -130,6 +130,9 @@ class Table:
         self._projections = Projections(self.schema)
         self._written = threading.Condition()
         self._round_robin = itertools.count()
+        # The buckets a batch without bucket key may go to (None: all); in a cluster, those this
+        # server leads (flightstore.cluster.routing).
+        self.round_robin_buckets: Sequence[int] | None = None
         log_schemas = _log_schemas(descriptor)
         self.logs: list[LogTablet] = []
         self.kvs: list[KvTablet] = []
@@ -332,6 +335,9 @@ class Table:
         key = self.descriptor.bucket_key
         if key:
             return bucket_ids(data, key, self.num_buckets)
+        choices = self.round_robin_buckets
+        if choices:
+            return np.full(data.num_rows, choices[next(self._round_robin) % len(choices)], dtype=np.int32)
         return np.full(data.num_rows, next(self._round_robin) % self.num_buckets, dtype=np.int32)
 
     # ---- writes -------------------------------------------------------------------------------
@@ -879,9 +885,6 @@ def new_table_descriptor(path: TablePath | str, schema: pa.Schema | None = None,
     if descriptor.merge_engine == "aggregation":
         from flightstore.kv.merge.aggregation import validate_aggregation
         validate_aggregation(descriptor)
-    if descriptor.is_partitioned and descriptor.option("table.datalake.enabled"):
-        raise Unsupported(f"table {descriptor.path}: 'table.datalake.enabled' on a partitioned table is "
-                          "not supported yet (the lake layout is per bucket of an unpartitioned table)")
     return descriptor
 
 
@@ -978,6 +981,7 @@ class Store:
                                           partition_keys=partition_keys, options=options,
                                           descriptor=descriptor)
         self._check_open()
+        self.partition_limits.check_create(descriptor)
         created = self.catalog.create_table(descriptor, if_not_exists)
         if created and descriptor.option("table.auto-partition.enabled"):
             self.auto_partition(tables=[descriptor.path])  # its first partitions, at once
@@ -985,7 +989,8 @@ class Store:
     @property
     def partition_limits(self) -> PartitionLimits:
         return PartitionLimits(server_option(self.options, "max.partition.num"),
-                               server_option(self.options, "max.bucket.num"))
+                               server_option(self.options, "max.bucket.num"),
+                               server_option(self.options, "max.table-bucket.num"))
 
     def alter_table(self, path: TablePath | str, changes: Sequence[Change]) -> TableDescriptor:
         """Apply ALTER TABLE ``changes`` (all or nothing, one atomic catalog write) and make the

@@ -196,10 +196,3 @@ def test_verify_and_repair_see_every_partition_bucket(tmp_path):
         assert store.table("default.pk").row_count() == 2
     assert all(f.severity == "note" for f in verify(tmp_path / "data").findings)
 
-
-def test_tiering_a_partitioned_table_to_the_lake_is_refused_clearly(store):
-    from flightstore.errors import Unsupported
-    with pytest.raises(Unsupported, match="partitioned table is not supported yet"):
-        store.create_table("default.ev", SCHEMA, partition_keys=["dt"],
-                           options={"table.datalake.enabled": "true"})
-    assert store.list_tables() == []

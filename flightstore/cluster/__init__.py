@@ -12,6 +12,8 @@
 * ``ddl``         the DDL request/response protocol over znodes;
 * ``store``       the Store whose DDL goes through the coordinator;
 * ``mirror``      the local data directory following the cluster catalog;
+* ``routing``     the owner-only data path: each bucket served by its leader (forwarding);
+* ``peers``       Flight calls between servers (the caller's token, errors mapped);
 * ``zookeeper``   a local ZooKeeper process; ``local``: ``flightstore cluster`` (ZooKeeper + N servers).
 
 Nothing here is imported by a single server: ``kazoo`` loads only in cluster mode.

@@ -4,6 +4,8 @@ Every znode flightstore writes sits under one root: the chroot of ``--zookeeper 
 or ``/flightstore`` without one, so several clusters (and tests) share one ZooKeeper::
 
     <root>/cluster-id                        persistent  {"cluster_id"}: a data directory remembers it
+    <root>/secret                            persistent  {"secret"}: signs bearer tokens (any server
+                                                          accepts any server's) - keep ZooKeeper private
     <root>/servers/<id>                      ephemeral   ServerInfo: uri, pid, catalog_version
     <root>/coordinator/election/...          kazoo Election (Lock) contenders
     <root>/coordinator/active                ephemeral   {"id", "uri", "epoch"} of the coordinator
@@ -64,6 +66,10 @@ class ZkPaths:
     @property
     def cluster_id(self) -> str:
         return f"{self.root}/cluster-id"
+
+    @property
+    def secret(self) -> str:
+        return f"{self.root}/secret"
 
     @property
     def servers(self) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -84,6 +85,7 @@ class ClusterMember:
         self.coordinator = Coordinator(self.client, self.paths, config.server_id, config.advertised_uri)
         self.coordinator.partition_limits = store.partition_limits
         self.ddl = DdlClient(self.client, self.paths, config.server_id)
+        self.secret: bytes | None = None  # set on joining (see _secret)
         self._registered = threading.Event()
         self._reregister = threading.Event()
         self._stop = threading.Event()
@@ -119,6 +121,7 @@ class ClusterMember:
                 self.client.ensure_path(parent)
             cluster_id = self._cluster_id()
             self.mirror.check(cluster_id)
+            self.secret = self._secret()
             self.mirror.on_applied = self._publish_applied
             self.metadata.add_listener(self.mirror.apply)
             self.metadata.start()
@@ -153,6 +156,14 @@ class ClusterMember:
             self.client.stop()
         finally:
             self.client.close()
+
+    def _secret(self) -> bytes:
+        """The cluster secret that signs bearer tokens (the first server to join creates it)."""
+        try:
+            self.client.create(self.paths.secret, encode({"secret": secrets.token_hex(32)}))
+        except NodeExistsError:
+            pass
+        return bytes.fromhex(decode(self.client.get(self.paths.secret)[0])["secret"])
 
     def _cluster_id(self) -> str | None:
         try:

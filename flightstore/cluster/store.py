@@ -6,6 +6,10 @@ here validate locally, send the request to the coordinator and return once this 
 mirror has applied the committed change (so the caller can use the table at once). The mirror
 applies the coordinator's decisions to this data directory with the ``local_*`` methods: the
 single-server operations.
+
+Data: :meth:`table` answers a :class:`~flightstore.cluster.routing.RoutedTable` once the server
+has joined, so reads and writes of buckets another server leads go to that server
+(:mod:`flightstore.cluster.routing`); :meth:`local_table` is this directory's own table.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from flightstore.alter import Change, RenameTable, apply_changes
+from flightstore.cluster.peers import Peers
+from flightstore.cluster.routing import RoutedTable
 from flightstore.config import SERVER_OPTIONS
 from flightstore.errors import CoordinatorUnavailable
 from flightstore.schema import TableDescriptor, TablePath
@@ -34,6 +40,28 @@ class ClusterStore(Store):
                  options: Mapping[str, Any] | None = None) -> None:
         super().__init__(data_dir, fsync=fsync, options=options)
         self.member: ClusterMember | None = None
+        self.peers = Peers()
+        self._routed: dict[TablePath, RoutedTable] = {}
+
+    def local_table(self, path: TablePath | str) -> Table:
+        """This data directory's table (the buckets this server leads hold its rows)."""
+        return Store.table(self, path)
+
+    def table(self, path: TablePath | str) -> Table:
+        """The table as the cluster serves it: each bucket from its leader (before this server
+        joined, its local table)."""
+        local = Store.table(self, path)
+        member = self.member
+        if member is None:
+            return local
+        routed = self._routed.get(local.path)
+        if routed is None or routed.local is not local:  # new, or reopened (ALTER, DROP + CREATE)
+            routed = self._routed[local.path] = RoutedTable(local, member.server_id, member.view, self.peers)
+        return routed  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self.peers.close()
+        super().close()
 
     def _ddl(self, request: dict[str, Any]) -> None:
         member = self.member
@@ -55,6 +83,7 @@ class ClusterStore(Store):
         descriptor = new_table_descriptor(self._path(path) if descriptor is None else descriptor.path,
                                           schema, primary_key=primary_key, partition_keys=partition_keys,
                                           options=options, descriptor=descriptor)
+        self.partition_limits.check_create(descriptor)  # refused before it is sent
         self._ddl({"op": "create_table", "descriptor": descriptor.to_json(), "if_not_exists": if_not_exists})
         if descriptor.option("table.auto-partition.enabled"):
             Store.auto_partition(self, tables=[descriptor.path])  # its first partitions, at once

@@ -7,7 +7,9 @@ Modules, in the order data flows:
 * :mod:`~flightstore.lake.catalog` - the Iceberg SQL catalog and one lake table per table;
 * :mod:`~flightstore.lake.layout` - the lake table's schema, partition spec (bucket-aligned) and rows;
 * :mod:`~flightstore.lake.offsets` - tiered offsets in the snapshot summaries;
+* :mod:`~flightstore.lake.changes` - primary-key changelogs folded and applied bucket-aligned;
 * :mod:`~flightstore.lake.tiering` - one crash-safe tiering round;
+* :mod:`~flightstore.lake.remote` - a table read through Flight (the Spark tiering job's source);
 * :mod:`~flightstore.lake.lease` - at most one tierer per table;
 * :mod:`~flightstore.lake.tierer` - the server's background tierer (freshness, backoff, retention);
 * :mod:`~flightstore.lake.status` - lag per table and bucket;
@@ -22,7 +24,7 @@ from flightstore.lake.read import LakeSnapshot, lake_snapshots, plan_lake_files,
 from flightstore.lake.settings import LakeSettings
 from flightstore.lake.status import BucketStatus, TableStatus
 from flightstore.lake.tierer import LakeTierer
-from flightstore.lake.tiering import RoundResult, tier_log_round
+from flightstore.lake.tiering import RoundResult, tier_log_round, tier_round
 
 __all__ = [
     "BUCKET_COLUMN",
@@ -42,4 +44,5 @@ __all__ = [
     "plan_lake_files",
     "read_lake",
     "tier_log_round",
+    "tier_round",
 ]

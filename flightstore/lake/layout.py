@@ -37,6 +37,7 @@ __all__ = [
     "bucket_transform_column",
     "iceberg_schema",
     "lake_batch",
+    "lake_rows",
     "lake_schema",
     "partition_spec",
     "sort_order",
@@ -144,15 +145,25 @@ def sort_order(schema: Schema) -> SortOrder:
 def lake_batch(record: LogBatch, bucket: int, schema: pa.Schema) -> pa.RecordBatch:
     """The lake rows of one log record read from ``bucket``: its columns plus the meta columns.
 
-    ``schema`` is :func:`lake_schema` of the table; the record must hold every table column.
+    ``schema`` is :func:`lake_schema` of the table; the record must hold every table column (a
+    primary-key table's ``_change_type`` is left out: see :func:`change_kinds`).
     """
-    batch = record.batch
-    n = batch.num_rows
+    n = record.batch.num_rows
     micros = np.full(n, record.timestamp_ms * 1000, dtype=np.int64)
+    return lake_rows(record.batch, bucket, record.row_offsets, micros, schema)
+
+
+def lake_rows(batch: pa.RecordBatch, bucket: int, offsets: pa.Array, micros: np.ndarray,
+              schema: pa.Schema) -> pa.RecordBatch:
+    """``batch``'s table columns (picked by name, cast to the lake's types) plus ``__bucket`` =
+    ``bucket``, ``__offset`` = ``offsets`` and ``__timestamp`` = ``micros`` (UTC microseconds)."""
+    n = batch.num_rows
+    table_fields = list(schema)[:-len(META_COLUMNS)]
+    columns = [batch.column(field.name) for field in table_fields]
     arrays = [column if column.type == field.type else column.cast(field.type)
-              for column, field in zip(batch.columns, schema)] + [
+              for column, field in zip(columns, table_fields)] + [
         pa.array(np.full(n, bucket, dtype=np.int32)),
-        record.row_offsets,
+        offsets,
         pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(micros)]),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -61,7 +61,7 @@ def bucket_statuses(table: Table, tiered: dict[int, int] | None,
     from the log's start). ``lag_seconds`` is the age of the oldest untiered record."""
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
     statuses = []
-    for bucket, log in enumerate(table.logs):
+    for bucket, (log, _) in sorted(table.tablets().items()):  # table-wide numbers when partitioned
         end = log.end_offset
         known = None if tiered is None else tiered.get(bucket, log.start_offset)
         first = log.start_offset if known is None else max(known, log.start_offset)

@@ -11,10 +11,16 @@ retries after a backoff that doubles from 1 s up to ``datalake.tiering.retry-bac
 Writes and reads of the log go on meanwhile, and the log keeps every untiered record: the tierer
 tells each table the offsets the lake holds (:attr:`flightstore.store.Table.retention_floor`) only
 once a commit (or the lake's last snapshot) proves them.
+
+With ``datalake.tiering.enabled`` off (a Spark tiering job tiers instead), and for a table whose
+lease another tierer holds, the tierer only *follows* the lake: it reads the committed offsets of
+the table's lake table every freshness interval, hands them to log retention and reports them in
+the status, so the log of a table tiered elsewhere still shrinks and its lag still shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -22,12 +28,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flightstore.errors import FlightstoreError, InvalidInput, LakeUnavailable
+from flightstore.errors import (
+    FlightstoreError,
+    InvalidInput,
+    LakeUnavailable,
+    TableNotFound,
+    TieringLeaseHeld,
+)
 from flightstore.lake.catalog import LakeCatalog
 from flightstore.lake.lease import LeaseStore
+from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets, tiering_snapshots
 from flightstore.lake.settings import LakeSettings
 from flightstore.lake.status import TableStatus, bucket_statuses
-from flightstore.lake.tiering import RoundResult, tier_log_round
+from flightstore.lake.tiering import RoundResult, hold_untiered, tier_round
 from flightstore.schema import TablePath
 from flightstore.store import Store, Table
 
@@ -167,19 +180,43 @@ class LakeTierer:
 
     def _round(self, table: Table) -> RoundResult:
         name = str(table.path)
+        if not self.settings.tiering_enabled:
+            return self._follow(table)
         leases = self._lease_store()
-        leases.acquire(name, self.holder, self.settings.lease_ms)
+        try:
+            leases.acquire(name, self.holder, self.settings.lease_ms)
+        except TieringLeaseHeld:
+            self._follow(table)  # the other tierer's commits still let this log shrink
+            raise
         lake_table = self.catalog.ensure_table(table.descriptor, table.directory.name)
-        return tier_log_round(
+        return tier_round(
             table, lake_table, max_rows=self.settings.max_round_rows, hook=self.hook,
             before_commit=lambda: leases.acquire(name, self.holder, self.settings.lease_ms))
 
+    def _follow(self, table: Table) -> RoundResult:
+        """What another tierer (a Spark job) committed for ``table``: hand its offsets to log
+        retention and report them, without tiering. Only the lake table of this incarnation of the
+        table counts (a dropped table's lake must not let the new one's log go)."""
+        try:
+            lake_table = self.catalog.load_table(table.path)
+        except TableNotFound:
+            lake_table = None
+        if lake_table is None or lake_table.properties.get(TABLE_ID_PROPERTY) != table.directory.name:
+            hold_untiered(table, {})
+            return RoundResult(table.path, 0, {}, {})
+        offsets = committed_offsets(lake_table)
+        hold_untiered(table, offsets)
+        latest = next(iter(tiering_snapshots(lake_table)), None)
+        return RoundResult(table.path, 0, offsets, offsets,
+                           snapshot_id=latest.snapshot_id if latest is not None else None,
+                           committed_at_ms=latest.timestamp_ms if latest is not None else None)
+
     def _succeeded(self, table: Table, result: RoundResult) -> None:
-        table.retention_floor = dict(result.end_offsets)
+        hold_untiered(table, result.end_offsets)
         freshness_s = table.descriptor.option("table.datalake.freshness") / 1000
         with self._lock:
             state = self._states.setdefault(table.path, _TableState())
-            state.tiered = dict(result.end_offsets)
+            state.tiered = dict(result.end_offsets) if result.end_offsets else None  # None: nothing known
             if result.snapshot_id is not None:  # also after a restart: the lake's latest commit
                 state.last_snapshot_id = result.snapshot_id
                 state.last_commit_ms = result.committed_at_ms
@@ -210,6 +247,9 @@ class LakeTierer:
         table = self.store.table(path)
         if not table.descriptor.option("table.datalake.enabled"):
             raise InvalidInput(f"table {path} is not datalake-enabled ('table.datalake.enabled')")
+        if not self.settings.tiering_enabled:  # following another tierer: what the lake says now
+            with contextlib.suppress(FlightstoreError):  # unreachable: the last known state, the error
+                self.tier_now(path)
         with self._lock:
             state = self._states.get(path) or _TableState()
             tiered = None if state.tiered is None else dict(state.tiered)

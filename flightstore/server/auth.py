@@ -13,12 +13,23 @@ token stops working as soon as its user is removed from the users file.
 
 The authenticated user name is the call's principal for authorization
 (:func:`principal_of`); without authentication there is none and every caller is a super user.
+
+In cluster mode every server holds the cluster secret (kept in ZooKeeper) and tokens are signed
+with it instead of remembered: ``fs1.<user>.<expiry ms>.<HMAC-SHA256>``. Any server of the cluster
+accepts a token another one minted, so a client follows per-bucket endpoints to other servers
+with its token, and a server forwarding a call to a bucket's leader sends the caller's token
+(:data:`CALLER_TOKEN`): the leader authorizes the original caller. Signed tokens expire after
+``auth.token-ttl`` like the others and stop working when their user is removed; ``auth.max-tokens``
+does not bound them (nothing is kept per token).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextvars
+import hashlib
+import hmac
 import secrets
 import threading
 import time
@@ -30,9 +41,14 @@ from pyarrow import flight
 from flightstore.config import SERVER_OPTIONS
 from flightstore.server.users import UserStore
 
-__all__ = ["AUTH_MIDDLEWARE", "BasicAuthMiddlewareFactory", "NoAuthHandler", "principal_of"]
+__all__ = ["AUTH_MIDDLEWARE", "CALLER_TOKEN", "BasicAuthMiddlewareFactory", "NoAuthHandler",
+           "principal_of", "token_of"]
 
 AUTH_MIDDLEWARE = "auth"  # the key of the middleware in the server's middleware dict
+SIGNED_PREFIX = "fs1."
+# The bearer token of the call being served (set by the server for each RPC): what a server
+# forwarding the call to another one sends on the caller's behalf.
+CALLER_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("flightstore_token", default=None)
 
 
 class NoAuthHandler(flight.ServerAuthHandler):
@@ -48,9 +64,10 @@ class NoAuthHandler(flight.ServerAuthHandler):
 class Authenticated(flight.ServerMiddleware):
     """The middleware of an authenticated call: its user, and the token to send back (if new)."""
 
-    def __init__(self, user: str, token: str | None) -> None:
+    def __init__(self, user: str, token: str | None, credential: str | None = None) -> None:
         self.user = user
-        self.token = token
+        self.token = token  # a newly minted token, sent back to the client
+        self.credential = credential or token  # the bearer token this call is authenticated by
 
     def sending_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.token}"} if self.token else {}
@@ -63,6 +80,14 @@ def principal_of(context: flight.ServerCallContext | None) -> str | None:
         return None
     middleware = context.get_middleware(AUTH_MIDDLEWARE)
     return middleware.user if middleware is not None else None
+
+
+def token_of(context: flight.ServerCallContext | None) -> str | None:
+    """The bearer token a call is authenticated by (minted for it when it sent Basic credentials)."""
+    if context is None:
+        return None
+    middleware = context.get_middleware(AUTH_MIDDLEWARE)
+    return middleware.credential if middleware is not None else None
 
 
 class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
@@ -84,6 +109,7 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
         self.clock = clock
         self._tokens: OrderedDict[str, tuple[str, float]] = OrderedDict()  # token -> (user, expiry)
         self._lock = threading.Lock()
+        self.secret: bytes | None = None  # the cluster secret: tokens are signed, not remembered
 
     def live_tokens(self) -> int:
         """How many tokens are held (expired ones are dropped as new ones are minted)."""
@@ -113,6 +139,8 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
             if not sep or not self.users.verify(user, password):
                 raise flight.FlightUnauthenticatedError("wrong username or password")
             return Authenticated(user, self._mint(user))
+        if scheme.lower() == "bearer" and credentials.strip().startswith(SIGNED_PREFIX):
+            return self._verify_signed(credentials.strip())
         if scheme.lower() == "bearer":
             now = self.clock()
             with self._lock:
@@ -126,10 +154,34 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
                 with self._lock:
                     self._tokens.pop(credentials.strip(), None)
                 raise flight.FlightUnauthenticatedError(f"user {entry[0]!r} no longer exists")
-            return Authenticated(entry[0], None)
+            return Authenticated(entry[0], None, credentials.strip())
         raise flight.FlightUnauthenticatedError(f"unsupported authorization scheme {scheme!r}")
 
+    def _signature(self, body: str) -> str:
+        digest = hmac.new(self.secret or b"", body.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def _verify_signed(self, token: str) -> Authenticated:
+        body, _, signature = token.rpartition(".")
+        if self.secret is None or not hmac.compare_digest(self._signature(body), signature):
+            raise flight.FlightUnauthenticatedError("invalid or expired token; authenticate again")
+        try:
+            _, user_b64, expiry = body.split(".")
+            user = base64.urlsafe_b64decode(user_b64 + "=" * (-len(user_b64) % 4)).decode()
+            expires_ms = int(expiry)
+        except (ValueError, UnicodeDecodeError, binascii.Error):
+            raise flight.FlightUnauthenticatedError("malformed token; authenticate again") from None
+        if expires_ms <= time.time() * 1000:
+            raise flight.FlightUnauthenticatedError("the token expired; authenticate again")
+        if not self.users.exists(user):
+            raise flight.FlightUnauthenticatedError(f"user {user!r} no longer exists")
+        return Authenticated(user, None, token)
+
     def _mint(self, user: str) -> str:
+        if self.secret is not None:
+            user_b64 = base64.urlsafe_b64encode(user.encode()).decode().rstrip("=")
+            body = f"{SIGNED_PREFIX}{user_b64}.{int(time.time() * 1000 + self.token_ttl_s * 1000)}"
+            return f"{body}.{self._signature(body)}"
         token = secrets.token_urlsafe(32)
         now = self.clock()
         with self._lock:

@@ -14,45 +14,59 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import os
 import signal
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.flight as flight
+from pyarrow import flight
 
 from flightstore import changetype
+from flightstore.acl import CLUSTER, Operation, Permission, Resource
+from flightstore.cache import LruCache
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
-from flightstore.errors import (DataDirectoryInUse, FlightstoreError, InvalidInput, NotFound, TableNotFound,
-                               Unsupported)
+from flightstore.errors import (
+    DataDirectoryInUse,
+    FlightstoreError,
+    InvalidInput,
+    NotFound,
+    TableNotFound,
+    Unsupported,
+)
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
-from flightstore.cache import LruCache
-from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.server import metadata, protocol, tickets
-from flightstore.server.auth import (AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler,
-                                     principal_of)
+from flightstore.server.auth import (
+    AUTH_MIDDLEWARE,
+    CALLER_TOKEN,
+    BasicAuthMiddlewareFactory,
+    NoAuthHandler,
+    principal_of,
+    token_of,
+)
 from flightstore.server.authz import Authorizer
 from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
 from flightstore.server.partition_manager import AutoPartitionManager
+from flightstore.server.queries import RunningQueries
 from flightstore.server.session import Session, apply_options, option_values
 from flightstore.server.tls import TlsConfig
 from flightstore.server.upload import UploadLimits, upload_chunks
 from flightstore.server.users import UserStore
 from flightstore.sql import nodes
+from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
+from flightstore.sql.plan import is_union, parameter_schema
 from flightstore.sql.privileges import plan_tables, required_permissions, table_resource
 from flightstore.sql.resolve import resolve_database
-from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, Executor, StoreCatalog, is_query
-from flightstore.sql.plan import is_union
-from flightstore.sql.plan import parameter_schema
 from flightstore.store import Store
 
-__all__ = ["FlightSqlServer", "serve", "rechunk", "MAX_BATCH_BYTES"]
+__all__ = ["MAX_BATCH_BYTES", "FlightSqlServer", "rechunk", "serve"]
 
 log = logging.getLogger("flightstore.server")
 # Flight messages of at most 2 MiB: the client decodes one while the next is on the wire. A 24 MB
@@ -60,6 +74,7 @@ log = logging.getLogger("flightstore.server")
 # still for it but slowed the 130 MB full scan (python -m bench server, /tmp A/B runs).
 MAX_BATCH_BYTES = 2 * 1024 * 1024
 MAX_BATCH_ROWS = 65_536
+HARD_EXIT_MARGIN_S = 5.0  # after the shutdown grace: stopped queries end, then the process exits
 MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()  # built once: the default reads os.environ each time
 RESULT_TTL_S = 600
@@ -86,6 +101,10 @@ def _translate(exc: BaseException) -> BaseException:
             return flight.FlightUnauthorizedError(message)
         if status == "cancelled":
             return flight.FlightCancelledError(message)
+        if status == "deadline_exceeded":
+            return flight.FlightTimedOutError(message)
+        if status == "resource_exhausted":
+            return flight.FlightInternalError(f"RESOURCE_EXHAUSTED: {message}")
         if status == "unavailable":
             return flight.FlightUnavailableError(message)
         if status == "data_loss":
@@ -101,11 +120,13 @@ def _rpc(method: Callable) -> Callable:
     @functools.wraps(method)
     def wrapper(self: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
         caller = _CALLER.set(principal_of(context))
+        token = CALLER_TOKEN.set(token_of(context))
         try:
             return method(self, context, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - every error leaves through _translate
             raise _translate(exc) from None
         finally:
+            CALLER_TOKEN.reset(token)
             _CALLER.reset(caller)
     return wrapper
 
@@ -165,7 +186,8 @@ class FlightSqlServer(flight.FlightServerBase):
         """``users`` (a UserStore, or a dict of plain passwords for tests and embedded use) turns
         on authentication and authorization; ``tls`` serves ``grpc+tls://`` (``location`` may say
         ``grpc://``: the scheme follows ``tls``). ``lake`` (a :class:`flightstore.lake.LakeSettings`)
-        starts the background tierer of datalake-enabled tables unless its ``tiering_enabled`` is off.
+        starts the background tierer of datalake-enabled tables (which only follows the lake's
+        commits for retention and status when its ``tiering_enabled`` is off).
         A background thread (:mod:`.housekeeping`) takes the KV snapshots ``kv.snapshot.interval``
         makes due and applies ``table.log.ttl`` every ``retention_interval_s`` (default: the
         ``log.retention.check-interval`` option); it stops with :meth:`shutdown`."""
@@ -194,12 +216,13 @@ class FlightSqlServer(flight.FlightServerBase):
         self._prepare_cache: LruCache[tuple, tuple] = LruCache(server_option(store.options, "sql.cache.entries"))
         self._results: dict[str, tuple[float, pa.Table, str | None]] = {}  # (kept at, rows, owner)
         self._cancelled: set[bytes] = set()
+        self.queries = RunningQueries()  # DoGet streams of queries: CancelFlightInfo / shutdown stop them
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
         self.partition_manager = AutoPartitionManager(store).start()
         self.tierer: Any = None  # the lake's LakeTierer when this server tiers (flightstore.lake)
-        if lake is not None and lake.tiering_enabled:
+        if lake is not None:  # with tiering off it follows what a tiering job commits (retention, status)
             from flightstore.lake.tierer import LakeTierer
             self.tierer = LakeTierer(store, lake).start()
         if lake is not None:  # SQL reads the lake too: union reads, t$lake, time travel
@@ -230,14 +253,31 @@ class FlightSqlServer(flight.FlightServerBase):
     def uri(self) -> str:
         return f"{'grpc+tls' if self.tls is not None else 'grpc'}://127.0.0.1:{self.port}"
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float | None = None) -> None:
+        """Stop accepting calls and wait for the running ones; past ``grace_s`` (default: the
+        ``server.shutdown-grace`` option) stop every running query (its client gets CANCELLED).
+        Subscriptions end at once."""
+        if grace_s is None:
+            grace_s = server_option(self.store.options, "server.shutdown-grace") / 1000
         self._stop.set()
         self.partition_manager.stop()
         self.housekeeping.stop()
+        finished = threading.Event()
+
+        def abort_after_grace() -> None:
+            if not finished.wait(grace_s):
+                stopped = self.queries.cancel_all("shutdown")
+                log.warning("shutdown grace of %.1f s passed: stopping %d running queries", grace_s, stopped)
+
+        grace = threading.Thread(target=abort_after_grace, name="flightstore-shutdown-grace", daemon=True)
+        grace.start()
         super().shutdown()
+        finished.set()
+        grace.join()  # no thread of ours may be left waiting when the process exits
         if self.tierer is not None:
             self.tierer.stop()
         self.metrics.close()
+        self.executor.close()
 
     # ---- authorization: the one check, fed by the plan's resources ----------------------------
     def _authorize(self, permissions: Any) -> None:
@@ -299,8 +339,20 @@ class FlightSqlServer(flight.FlightServerBase):
         for partition in partitions:
             payload = {"sql": sql, "params": tickets.encode_params(params), "db": database,
                        "partition": partition, "query": query_id}
-            endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload), []))
+            endpoints.append(flight.FlightEndpoint(tickets.query_ticket(payload),
+                                                   self._bucket_locations(plan, partition)))
         return flight.FlightInfo(schema, descriptor, endpoints, -1, -1)
+
+    def _bucket_locations(self, plan: nodes.PlanNode, partition: int | None) -> list[str]:
+        """Where a per-bucket endpoint is served: in a cluster, the URI of the bucket's leader
+        (UNAVAILABLE naming it when it is down: no client gets a partial answer)."""
+        if partition is None or self.cluster is None:
+            return []
+        routed = self.store.table(plan.table)
+        place = routed.location(partition) if hasattr(routed, "location") else None
+        if place is None:
+            return [self.cluster.config.advertised_uri]
+        return [place.require().uri]
 
     def _answer_now(self, plan: nodes.PlanNode, schema: pa.Schema) -> pa.Table:
         """The whole result of a small query (GetFlightInfo ships it in the ticket): grants come
@@ -350,8 +402,10 @@ class FlightSqlServer(flight.FlightServerBase):
                     raise InvalidInput("statements run when their FlightInfo is requested")
                 self._authorize(plan)  # tickets are bearer data: check whoever presents one
                 schema = self.executor.output_schema(plan)
-                batches = self.metrics.metered(_result_label(plan),
-                                               self.executor.execute(plan, payload.get("partition"), schema))
+                control = self.executor.control(context.is_cancelled if context is not None else None)
+                batches = self.executor.execute(plan, payload.get("partition"), schema, control)
+                batches = self.queries.stream(payload.get("query"), control,
+                                              self.metrics.metered(_result_label(plan), batches))
             else:
                 table = self._metadata_table(command, self.session(context))
                 schema, batches = table.schema, table
@@ -387,7 +441,7 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _metadata_table(self, command: Any, session: Session) -> pa.Table:
         name = command.DESCRIPTOR.name
-        optional = lambda field: getattr(command, field) if command.HasField(field) else None  # noqa: E731
+        optional = lambda field: getattr(command, field) if command.HasField(field) else None
         if name == "CommandGetCatalogs":
             return metadata.catalogs_table()
         if name == "CommandGetDbSchemas":
@@ -435,9 +489,10 @@ class FlightSqlServer(flight.FlightServerBase):
             return iter([])
         elif kind == protocol.CANCEL_FLIGHT_INFO:
             info = flight.FlightInfo.deserialize(request.info)
+            queries = [e.ticket.ticket for e in info.endpoints if _is_query_ticket(e.ticket.ticket)]
             with self._lock:  # metadata tickets are the (shared) command bytes: never cancel those
-                self._cancelled.update(e.ticket.ticket for e in info.endpoints
-                                       if _is_query_ticket(e.ticket.ticket))
+                self._cancelled.update(queries)
+            self.queries.cancel({query_id for query_id in map(_query_id, queries) if query_id})
             result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
         elif kind == protocol.SET_SESSION_OPTIONS:
             session = self.session(context)
@@ -472,12 +527,14 @@ class FlightSqlServer(flight.FlightServerBase):
                 (protocol.CLOSE_SESSION, "close the session"),
                 ("flightstore.offsets", "log offsets of a table's buckets"),
                 ("flightstore.cluster", "this server's view of its cluster (servers, bucket leaders)"),
+                ("flightstore.locations", "a table's bucketing and the URI of each bucket's leader"),
                 ("flightstore.writer", "the last batch sequence a writer applied"),
                 ("flightstore.buckets", "the buckets a scan with a filter reads (partitions pruned)"),
                 ("flightstore.undo", "undo a writer's batches after a checkpoint sequence"),
                 ("flightstore.release", "release the columns a writer owns"),
                 ("flightstore.snapshot", "take a KV snapshot of a primary-key table's buckets now"),
-                ("flightstore.usage", "bytes a table holds on disk (KV, snapshots, log) and its offsets")]
+                ("flightstore.usage", "bytes a table holds on disk (KV, snapshots, log) and its offsets"),
+                ("flightstore.describe", "a table's descriptor, incarnation id and offsets (tiering jobs)")]
 
     def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)
@@ -673,11 +730,15 @@ class FlightSqlServer(flight.FlightServerBase):
         table = self.store.table(payload["table"])
         self._authorize_table(Operation.READ, table)
         columns = payload.get("columns")
+        forwarded = bool(payload.get("local")) and hasattr(table, "check_owned")  # from a cluster peer
         if op in ("lookup", "prefix_lookup"):
-            keys = pa.table(payload["keys"])
+            keys = tickets.decode_table(payload["keys_ipc"]) if "keys_ipc" in payload \
+                else pa.table(payload["keys"])
             schema = table.projection(columns or table.schema.names)
             if plan_only:
                 return schema, iter(())
+            if forwarded:
+                table = table.owner_side_keys(keys)
             found = table.lookup(keys, columns) if op == "lookup" else \
                 table.prefix_lookup(keys, columns, payload.get("limit"))
             self.metrics.sent(str(table.path), found)
@@ -686,6 +747,10 @@ class FlightSqlServer(flight.FlightServerBase):
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = table.projection(columns or table.schema.names)
             buckets = payload.get("buckets")
+            if forwarded:
+                if buckets is None:
+                    raise InvalidInput("a forwarded scan names its buckets")
+                table = table.check_owned(buckets)
             if is_union(table.descriptor):  # the lake below the tiered offsets, then the log
                 from flightstore.lake.union import UnionSplit, read_union
                 split = None
@@ -697,7 +762,8 @@ class FlightSqlServer(flight.FlightServerBase):
                 rows = read_union(self.executor.lake, table, columns or table.schema.names, filter=filter,
                                   limit=payload.get("limit"), buckets=buckets, split=split)
             else:
-                rows = table.scan(columns, filter, payload.get("limit"), buckets)
+                rows = table.scan(columns, filter, payload.get("limit"), buckets,
+                                  exact=bool(payload.get("exact", True)))
             return schema, self.metrics.metered(str(table.path), rows)
         if op == "subscribe":
             full = changetype.changelog_schema(table.schema)
@@ -705,22 +771,41 @@ class FlightSqlServer(flight.FlightServerBase):
             stop = threading.Event() if context is None else _CallStop(context, self._stop)
             if not plan_only:
                 self.metrics.mark_subscription(context)
+            if forwarded:
+                table = table.local
             return schema, self.metrics.metered(str(table.path), table.subscribe(
                 payload.get("start", "earliest"), columns=columns, stop=stop,
                 heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until")))
+        if op == "changelog":
+            full = changetype.changelog_schema(table.schema)
+            schema = pa.schema([full.field(c) for c in (columns or full.names)])
+            if plan_only:
+                return schema, iter(())
+            bucket = int(payload["bucket"])
+            if forwarded:
+                table = table.check_owned([bucket])
+            return schema, self.metrics.metered(str(table.path), table.read_changelog(
+                bucket, payload.get("from_offset"), columns=columns, to_offset=payload.get("to_offset"),
+                max_rows=payload.get("max_rows")))
         if op == "snapshot":
             full = changetype.snapshot_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
             if plan_only:
                 return schema, iter(())
+            if forwarded:
+                table = table.check_owned([int(payload["bucket"])])
             return schema, self.metrics.metered(str(table.path), table.read_snapshot(
                 int(payload["bucket"]), int(payload["at"]), columns))
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
+            if forwarded:
+                table = table.local
             if is_union(table.descriptor):
                 from flightstore.lake.union import union_count
                 return schema, pa.table({"count": [union_count(self.executor.lake, table)]}, schema=schema)
-            return schema, pa.table({"count": [table.row_count()]}, schema=schema)
+            partitions = payload.get("partitions")
+            count = table.row_count() if partitions is None else table.row_count(partitions)
+            return schema, pa.table({"count": [count]}, schema=schema)
         raise InvalidInput(f"unknown flightstore read command {op!r}")
 
     def _sql_get(self, payload: dict, context: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch] | pa.Table]:
@@ -754,6 +839,15 @@ class FlightSqlServer(flight.FlightServerBase):
             raise InvalidInput("a changelog write needs a _change_type column")
         writer_id, base = payload.get("writer_id"), payload.get("sequence")
         columns = payload.get("columns")
+        if payload.get("local") and hasattr(table, "owner_side"):
+            # A part a cluster peer forwarded (at most one of its chunks): one batch, on this
+            # server's own buckets only.
+            data = reader.read_all()
+            table.accept_gap(writer_id, base)
+            result = _write_chunk(table.owner_side(data, columns, op), op, data, columns, writer_id, base)
+            self.metrics.written(table.path, data)
+            return {"op": "written", "rows": data.num_rows, "duplicate": bool(result.duplicate),
+                    "offsets": {str(k): v for k, v in result.items()}, "chunks": 1, "sequence": base}
         # Chunk k of a sequenced upload is batch ``base + k`` of its writer: a retried upload is
         # cut the same way, so the chunks applied before a lost acknowledgement are skipped.
         rows, duplicates, chunks, offsets = 0, 0, 0, {}
@@ -774,6 +868,8 @@ class FlightSqlServer(flight.FlightServerBase):
         if kind == "flightstore.offsets":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)  # as Fluss's LIST_OFFSETS
+            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
+                table = table.local
             which = payload.get("which", "end")
             if which == "end":
                 offsets = table.end_offsets()
@@ -824,9 +920,19 @@ class FlightSqlServer(flight.FlightServerBase):
             return tickets.encode_custom({"op": "usage", "bytes": table.disk_usage(),
                                           "start_offsets": {str(k): v for k, v in start.items()},
                                           "end_offsets": {str(k): v for k, v in end.items()}})
+        if kind == "flightstore.describe":
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.DESCRIBE, table)
+            start, end = table.start_offsets(), table.end_offsets()
+            return tickets.encode_custom({"op": "describe", "descriptor": table.descriptor.to_json(),
+                                          "table_id": table.directory.name,
+                                          "start_offsets": {str(k): v for k, v in start.items()},
+                                          "end_offsets": {str(k): v for k, v in end.items()}})
         if kind == "flightstore.writer":
             table = self.store.table(payload["table"])
             self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
+            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
+                table = table.local
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
         if kind == "flightstore.lake-status":
@@ -835,11 +941,20 @@ class FlightSqlServer(flight.FlightServerBase):
             else:
                 self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.tierer is None:
-                raise Unsupported("this server does not tier tables into the lake "
-                                  "(datalake.tiering.enabled is off)")
+                raise Unsupported("this server does not tier tables into the lake (cluster mode)")
             statuses = ([self.tierer.status(payload["table"])] if payload.get("table")
                         else self.tierer.statuses())
             return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})
+        if kind == "flightstore.locations":
+            table = self.store.table(payload["table"])
+            self._authorize_table(Operation.DESCRIBE, table)
+            descriptor = table.descriptor
+            places = table.locations() if hasattr(table, "locations") else []
+            return tickets.encode_custom({
+                "op": "locations", "num_buckets": descriptor.num_buckets,
+                "bucket_key": list(descriptor.bucket_key), "partitioned": descriptor.is_partitioned,
+                "primary_key": list(descriptor.primary_key),
+                "leaders": [p.server.uri if p.server is not None else None for p in places]})
         if kind == "flightstore.cluster":
             self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.cluster is None:
@@ -906,6 +1021,14 @@ def _is_query_ticket(data: bytes) -> bool:
         return False
 
 
+def _query_id(data: bytes) -> str | None:
+    """The query id a streamed query's ticket carries (one per FlightInfo), if any."""
+    if tickets.is_result(data) or tickets.is_custom(data):
+        return None
+    command = protocol.unpack_any(data)
+    return tickets.decode_query_handle(command.statement_handle).get("query")
+
+
 def _result_label(plan: nodes.PlanNode) -> str:
     """The ``table`` label of a query's rows in the metrics: the tables it reads."""
     return ",".join(str(path) for path in plan_tables(plan))
@@ -947,6 +1070,34 @@ def _param_rows(table: pa.Table) -> list[list[Any]]:
     return [list(row) for row in zip(*columns)]
 
 
+def _wait_for_signal(grace_s: float) -> None:
+    """Return at SIGTERM/SIGINT. The server listens from its construction: the main thread waits
+    here, in Python, where signal handlers run (Arrow's own ``serve()`` would shut the server down
+    on the signal itself, waiting for running calls forever)."""
+    requested = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if not requested.is_set():
+            log.info("signal %d: stopping (grace %.1f s)", signum, grace_s)
+        requested.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not requested.wait(1.0):
+        pass
+
+
+def _exit_unless(finished: threading.Event, seconds: float) -> None:
+    """Exit the process unless ``finished`` within ``seconds`` of the stop signal: calls that no
+    query control reaches (a write in progress) do not keep it alive. Like a crash, this loses no
+    acknowledged write."""
+    if finished.wait(seconds):
+        return
+    log.error("calls still running %.1f s after the stop signal: exiting now", seconds)
+    logging.shutdown()
+    os._exit(1)
+
+
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
           fsync: bool = SERVER_OPTIONS["log.fsync"].default,
           users: UserStore | dict[str, str] | None = None, cluster: Any = None,
@@ -985,6 +1136,8 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         from flightstore.cluster.member import join
         try:
             server.cluster = join(cluster, store, host, server.port)
+            if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
+                server.authenticator.secret = server.cluster.secret
         except FlightstoreError as exc:
             server.shutdown()
             store.close()
@@ -1000,17 +1153,21 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
             raise SystemExit(f"flightstore: cannot serve metrics on {host}:{metrics_port} ({exc})") from None
         print(f"flightstore metrics at http://{host}:{bound}/metrics", flush=True)
 
-    def stop(signum: int, frame: Any) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    grace_s = server_option(options, "server.shutdown-grace") / 1000
+    finished = threading.Event()
+    guard = threading.Thread(target=_exit_unless, args=(finished, grace_s + HARD_EXIT_MARGIN_S),
+                             name="flightstore-exit-guard", daemon=True)
     try:
-        server.serve()
+        _wait_for_signal(grace_s)
+        guard.start()
+        server.shutdown(grace_s)  # stops accepting, waits grace_s, then stops running queries
     finally:
         if server.cluster is not None:
             server.cluster.stop()
         if server.tierer is not None:
             server.tierer.stop()
         store.close()
+        finished.set()
+        if guard.is_alive():
+            guard.join()  # no thread of ours may be left running when the interpreter finalizes
         print("flightstore stopped", flush=True)

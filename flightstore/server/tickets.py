@@ -14,6 +14,7 @@ then streams a ready table: no second plan, no second lookup, still no server-si
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from typing import Any
@@ -24,9 +25,21 @@ from flightstore.errors import InvalidInput
 from flightstore.expressions import _decode_value, _encode_value
 from flightstore.server import protocol
 
-__all__ = ["CUSTOM_PREFIX", "RESULT_PREFIX", "INLINE_RESULT_BYTES", "result_ticket", "is_result",
-           "decode_result", "encode_custom", "decode_custom", "is_custom", "query_ticket",
-           "decode_query_handle", "encode_params", "decode_params"]
+__all__ = [
+    "CUSTOM_PREFIX",
+    "INLINE_RESULT_BYTES",
+    "RESULT_PREFIX",
+    "decode_custom",
+    "decode_params",
+    "decode_query_handle",
+    "decode_result",
+    "encode_custom",
+    "encode_params",
+    "is_custom",
+    "is_result",
+    "query_ticket",
+    "result_ticket",
+]
 
 CUSTOM_PREFIX = b"flightstore/1 "
 RESULT_PREFIX = b"flightstore/result "
@@ -102,3 +115,18 @@ def decode_result(data: bytes) -> pa.Table:
         return pa.ipc.open_stream(body, options=_READ_OPTIONS).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise InvalidInput(f"malformed result ticket: {exc}") from None
+
+
+def encode_table(table: pa.Table) -> str:
+    """``table`` as base64 Arrow IPC, for a JSON payload (lookup keys keep their exact types)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return base64.b64encode(sink.getvalue().to_pybytes()).decode()
+
+
+def decode_table(text: str) -> pa.Table:
+    try:
+        return pa.ipc.open_stream(base64.b64decode(text)).read_all()
+    except (ValueError, TypeError, pa.ArrowException) as exc:
+        raise InvalidInput(f"malformed keys in the request: {exc}") from None

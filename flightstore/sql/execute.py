@@ -7,8 +7,14 @@ ranges (one partition per bucket it visits), ``Changelog`` onto the logs.
 ``UnionScan`` onto a union read of a datalake-enabled log table (:mod:`flightstore.lake.union`: the lake
 below the tiered offsets plus the log from there), ``LakeScan`` onto a pyiceberg read of the lake
 (time travel included), ``t$lake$snapshots`` / ``t$lake$status`` onto the lake's commits and the
-tiering status. ``Residual`` SQL runs on an embedded DuckDB fed by pruned, pre-filtered Arrow inputs. Statements
-(DDL, writes) run once and answer one ``rows_affected`` row.
+tiering status. ``Residual`` SQL runs on the embedded engine (:mod:`flightstore.sql.engine`, DuckDB
+with a memory limit and spilling) fed by pruned, pre-filtered Arrow **streams** (each catalog table
+input is scanned batch by batch as DuckDB pulls it) and its result streams out batch by batch.
+Statements (DDL, writes) run once and answer one ``rows_affected`` row.
+
+Every query runs under a :class:`~flightstore.sql.control.QueryControl` (``query.timeout``, and
+whatever the server adds: CancelFlightInfo, the caller's disconnection): the stream stops between
+batches, and the engine's watchdog interrupts DuckDB mid-batch.
 
 Every query has an exact :meth:`Executor.output_schema` known before it runs (Flight SQL clients
 check that FlightInfo's schema equals the stream's, nullability included), and every batch a
@@ -17,11 +23,10 @@ partition yields is cast to it.
 
 from __future__ import annotations
 
-import re
 import threading
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,10 +35,12 @@ from flightstore import changetype
 from flightstore.cache import LruCache
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.config import server_option
-from flightstore.errors import SqlError, Unsupported
+from flightstore.errors import ResourceExhausted, SqlError, Unsupported
 from flightstore.partitioning import flink_name, values_table
 from flightstore.schema import TableDescriptor, TablePath, arrow_type_to_sql
 from flightstore.sql import nodes as n
+from flightstore.sql.control import QueryControl
+from flightstore.sql.engine import InputRescanned, SqlEngine
 from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
 from flightstore.sql.parse import literal_shape
 from flightstore.sql.plan import is_union
@@ -48,8 +55,10 @@ from flightstore.sql.resolve import (
 )
 from flightstore.store import Store, Table
 
-__all__ = ["Executor", "StoreCatalog", "ROWS_AFFECTED_SCHEMA", "is_query"]
+__all__ = ["ROWS_AFFECTED_SCHEMA", "Executor", "StoreCatalog", "is_query"]
 
+INPUT_BATCH_ROWS = 32_768
+MAX_TEMPLATE_LITERALS = 32  # more literals than any primary key has columns
 ROWS_AFFECTED_SCHEMA = pa.schema([pa.field("rows_affected", pa.int64(), nullable=False)])
 _QUERY_NODES = (n.PointLookup, n.PrefixLookup, n.Scan, n.RangeScan, n.UnionScan, n.LakeScan, n.Count,
                 n.Changelog, n.Residual,
@@ -114,8 +123,21 @@ class Executor:
         self._plans: LruCache[tuple, n.PlanNode] = LruCache(cache_entries)
         self._templates: LruCache[tuple, n.PointLookup] = LruCache(cache_entries)
         self._residual_schemas: LruCache[tuple, pa.Schema] = LruCache(cache_entries)
-        self._engine: duckdb.DuckDBPyConnection | None = None
+        options = store.options
+        self.engine = SqlEngine(server_option(options, "query.memory-limit"), store.data_dir / ".spill",
+                                server_option(options, "query.spill-limit"))
+        self.query_timeout_s = server_option(options, "query.timeout") / 1000
+        self.max_result_rows = server_option(options, "query.max-result-rows")
         self._lock = threading.Lock()
+
+    def control(self, caller_gone=None) -> QueryControl:
+        """A new query's stop conditions: the ``query.timeout`` deadline (from now) and
+        ``caller_gone`` (the server passes its call context's ``is_cancelled``)."""
+        return QueryControl(self.query_timeout_s, caller_gone)
+
+    def close(self) -> None:
+        """Release the embedded engine (its spill files go with it)."""
+        self.engine.close()
 
     # ---- planning -----------------------------------------------------------------------------
     def plan(self, sql: str, params: Sequence[Any] | None = None,
@@ -128,6 +150,8 @@ class Executor:
         shape's template without parsing, and is not cached per literal text: a stream of
         distinct literals neither reparses nor fills the caches."""
         shape = literal_shape(sql) if params is None else None
+        if shape is not None and len(shape[1]) > MAX_TEMPLATE_LITERALS:
+            shape = None  # a template is one key row: a long literal list (IN) never makes one
         if shape is not None:
             planned = self._from_template(*shape, database)
             if planned is not None:
@@ -241,12 +265,16 @@ class Executor:
 
     # ---- running ------------------------------------------------------------------------------
     def execute(self, plan: n.PlanNode, partition: int | None = None,
-                schema: pa.Schema | None = None) -> Iterator[pa.RecordBatch]:
+                schema: pa.Schema | None = None,
+                control: QueryControl | None = None) -> Iterator[pa.RecordBatch]:
         """Yield the result batches of ``plan`` (of one bucket when ``partition`` is given), cast
         to ``schema``: the plan's :meth:`output_schema`, computed here unless the caller has it
-        (for residual SQL that costs a DuckDB run)."""
+        (for residual SQL that costs a DuckDB run). The stream stops (Cancelled, DeadlineExceeded)
+        between batches when ``control`` (default: a new one with ``query.timeout``) says so."""
         schema = self.output_schema(plan) if schema is None else schema
-        for batch in self._run(plan, partition):
+        control = self.control() if control is None else control
+        for batch in self._run(plan, partition, control):
+            control.check()
             if batch.num_rows:
                 yield _cast(batch, schema)
 
@@ -348,7 +376,8 @@ class Executor:
         table.upsert(data, columns=pk + list(plan.assignments))
         return rows.num_rows
 
-    def _run(self, plan: n.PlanNode, partition: int | None) -> Iterator[pa.RecordBatch | pa.Table]:
+    def _run(self, plan: n.PlanNode, partition: int | None,
+             control: QueryControl) -> Iterator[pa.RecordBatch | pa.Table]:
         store = self.store
         if isinstance(plan, n.PointLookup):
             table = store.table(plan.table)
@@ -393,7 +422,7 @@ class Executor:
         elif isinstance(plan, n.Changelog):
             yield from self._changelog(plan, partition)
         elif isinstance(plan, n.Residual):
-            yield from self._residual(plan)
+            yield from self._residual(plan, control)
         elif isinstance(plan, n.ShowDatabases):
             yield pa.table({"database_name": store.list_databases()})
         elif isinstance(plan, n.ShowTables):
@@ -467,7 +496,9 @@ class Executor:
             full = binlog_schema(descriptor)
         return _fields(full, item.columns)
 
-    def _input_data(self, item: n.ResidualInput) -> pa.Table:
+    def _input_data(self, item: n.ResidualInput, stream: bool = False):
+        """An input of residual SQL: for a table, a ``(schema, batches)`` stream of its pruned scan
+        when ``stream`` (DuckDB pulls it batch by batch), else the scan's table."""
         if item.source == "table":
             # The WHERE stays in the residual SQL: the filter only has to skip batches by their
             # statistics; DuckDB filters the rows (faster than a second, Arrow-side pass).
@@ -479,6 +510,9 @@ class Executor:
                          for p in read_union(self.lake, table, item.columns, filter=item.filter,
                                              exact=False)]
                 return pa.concat_tables(parts) if parts else schema.empty_table()
+            if stream:
+                return (self._input_schema(item),
+                        _small_batches(table.scan(list(item.columns), item.filter, exact=False)))
             return table.scan_table(list(item.columns), item.filter, exact=False)
         if item.source == "lake":
             return self._lake_rows(item.table, item.columns, item.filter, None, item.snapshot_id,
@@ -578,23 +612,6 @@ class Executor:
                    "row_count": [count for _, count in stats]}
         return pa.table(columns, schema=partitions_schema(descriptor))
 
-    def _duckdb(self, sql: str, inputs: dict[str, pa.Table]) -> pa.Table:
-        # One in-memory DuckDB per executor, a cursor (its own connection, its own registered
-        # inputs) per query: opening a database costs ~25 ms, a cursor ~2 ms.
-        with self._lock:
-            if self._engine is None:
-                self._engine = duckdb.connect(config={"enable_external_access": False})
-            connection = self._engine.cursor()
-        try:
-            for name, data in inputs.items():
-                connection.register(name, data)
-            try:
-                return connection.sql(sql).to_arrow_table()
-            except duckdb.Error as exc:
-                raise SqlError(f"query failed: {_engine_message(str(exc), inputs)}") from None
-        finally:
-            connection.close()
-
     def _residual_schema(self, plan: n.Residual) -> pa.Schema:
         """The result schema of residual SQL (DuckDB on empty inputs), kept per plan and catalog
         version: prepare, GetFlightInfo and DoGet all ask for it."""
@@ -605,24 +622,46 @@ class Executor:
             key = None
         schema = self._residual_schemas.get(key) if key is not None else None
         if schema is None:
-            empty = {item.name: self._input_schema(item).empty_table() for item in plan.inputs}
-            schema = self._duckdb(plan.sql, empty).schema
+            schema = self.engine.schema(plan.sql, {item.name: self._input_schema(item)
+                                                   for item in plan.inputs})
             if key is not None:
                 self._residual_schemas.put(key, schema)
         return schema
 
-    def _residual(self, plan: n.Residual) -> Iterator[pa.Table]:
-        inputs = {item.name: self._input_data(item) for item in plan.inputs}
-        yield self._duckdb(plan.sql, inputs)
+    def _residual(self, plan: n.Residual, control: QueryControl) -> Iterator[pa.RecordBatch]:
+        """Stream the residual SQL's result from streamed inputs; should DuckDB read one input
+        twice (the plan scans a table reference more than once) before the first batch came out,
+        run it again on materialized inputs."""
+        inputs = {item.name: self._input_data(item, stream=True) for item in plan.inputs}
+        rows = 0
+        try:
+            for batch in self.engine.run(plan.sql, inputs, control):
+                rows = self._count_result(rows, batch)
+                yield batch
+        except InputRescanned:
+            if rows:
+                raise SqlError("the embedded engine read one input twice after the answer had "
+                               "begun; the query cannot run streamed") from None
+            inputs = {item.name: self._input_data(item) for item in plan.inputs}
+            for batch in self.engine.run(plan.sql, inputs, control):
+                rows = self._count_result(rows, batch)
+                yield batch
+
+    def _count_result(self, rows: int, batch: pa.RecordBatch) -> int:
+        """``rows`` plus the batch's, refused past ``query.max-result-rows``."""
+        rows += batch.num_rows
+        if self.max_result_rows and rows > self.max_result_rows:
+            raise ResourceExhausted(f"the query returns more than {self.max_result_rows:,} rows "
+                                    "(server option query.max-result-rows); it was stopped")
+        return rows
 
 
-def _engine_message(message: str, inputs: dict[str, Any]) -> str:
-    """DuckDB's message without what only the rewritten SQL has: its ``LINE 1: ...`` excerpt (of
-    SQL the user did not write) and the ``"__t0"`` input names."""
-    kept = [line for line in message.splitlines() if line.strip()]
-    cut = next((i for i, line in enumerate(kept) if line.startswith("LINE ")), len(kept))
-    text = " ".join(kept[:cut])
-    return re.sub(r'"?__t\d+"?(?: AS )?', "", text).strip()
+def _small_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` as zero-copy slices of at most :data:`INPUT_BATCH_ROWS` rows: DuckDB reads
+    ahead a fixed number of input batches, so their size bounds what a streamed input holds."""
+    for batch in batches:
+        for start in range(0, batch.num_rows, INPUT_BATCH_ROWS):
+            yield batch.slice(start, INPUT_BATCH_ROWS)
 
 
 def _with_filter_columns(columns: Sequence[str], filter) -> list[str]:

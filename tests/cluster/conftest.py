@@ -22,6 +22,8 @@ from flightstore.cluster.metadata import MetadataCache
 from flightstore.cluster.store import ClusterStore
 from flightstore.cluster.zookeeper import ZooKeeperServer
 from flightstore.server import tickets
+from tests.server.test_flightsql_dbapi import dbapi_python  # noqa: F401 - fixture of test_data_path
+from tests.spark.conftest import spark  # noqa: F401 - fixture of test_data_path's Spark test
 
 SESSION_TIMEOUT = "6s"
 CALL = flight.FlightCallOptions(timeout=60)

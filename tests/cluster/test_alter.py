@@ -1,5 +1,6 @@
 """ALTER TABLE and partitions in cluster mode: changes go through the coordinator (applied to the
-descriptor it holds) and every member's data directory follows, data kept."""
+descriptor it holds) and every member's data directory follows, data kept (each member's own table:
+these members serve no Flight calls, so nothing is forwarded between them)."""
 
 from __future__ import annotations
 
@@ -23,16 +24,16 @@ def test_alter_and_partitions_go_through_the_coordinator(members, observer):
     store.create_database("shop")
     store.create_table("shop.ev", SCHEMA, primary_key=["dt", "id"], partition_keys=["dt"],
                        options={"bucket.num": "2"})
-    store.table("shop.ev").upsert({"dt": ["d1", "d2"], "id": [1, 2], "v": [1.0, 2.0]})  # creates d1, d2
+    store.local_table("shop.ev").upsert({"dt": ["d1", "d2"], "id": [1, 2], "v": [1.0, 2.0]})  # creates d1, d2
     store.alter_table("shop.ev", [AddColumns((pa.field("note", pa.string()),)),
                                   SetOptions((("table.auto-partition.num-retention", "3"),))])
-    store.table("shop.ev").upsert({"dt": ["d1"], "id": [3], "v": [3.0], "note": ["new"]})
+    store.local_table("shop.ev").upsert({"dt": ["d1"], "id": [3], "v": [3.0], "note": ["new"]})
     for member in (first, second):  # both catalogs hold the coordinator's descriptor
         descriptor = member.store.catalog.get_table(TablePath("shop", "ev"))
         assert descriptor.schema.names == ["dt", "id", "v", "note"] and descriptor.version == 2
         assert [p.name for p in descriptor.partitions] == ["d1", "d2"]
         assert descriptor.options["table.auto-partition.num-retention"] == "3"
-    rows = sorted(store.table("shop.ev").scan_table().to_pylist(), key=lambda r: r["id"])
+    rows = sorted(store.local_table("shop.ev").scan_table().to_pylist(), key=lambda r: r["id"])
     assert rows == [{"dt": "d1", "id": 1, "v": 1.0, "note": None}, {"dt": "d2", "id": 2, "v": 2.0, "note": None},
                     {"dt": "d1", "id": 3, "v": 3.0, "note": "new"}]
 
@@ -52,7 +53,7 @@ def test_alter_and_partitions_go_through_the_coordinator(members, observer):
     for member in (first, second):
         assert member.store.list_tables("shop") == ["events"]
         assert [p.name for p in member.store.catalog.get_table(TablePath("shop", "events")).partitions] == ["d1"]
-    renamed = store.table("shop.events")  # the writing member kept its rows through the rename
+    renamed = store.local_table("shop.events")  # the writing member kept its rows through the rename
     assert sorted(r["id"] for r in renamed.scan_table(["id"]).to_pylist()) == [1, 3]
     with pytest.raises(InvalidInput, match="max.partition.num"):
         first.store.alter_table("shop.events", [AddPartition((f"x{i}",)) for i in range(1001)])

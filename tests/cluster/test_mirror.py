@@ -23,7 +23,7 @@ def test_changes_made_while_a_member_was_down_are_applied_when_it_returns(member
     first.store.create_database("shop")
     for name in ("kept", "dropped", "recreated"):
         first.store.create_table(f"shop.{name}", SCHEMA, primary_key=["id"], options={"bucket.num": "2"})
-        second.store.table(f"shop.{name}").upsert(ROWS)
+        second.store.local_table(f"shop.{name}").upsert(ROWS)  # members serve no Flight calls
     members.stop(2)
     first.store.drop_table("shop.dropped")
     first.store.drop_table("shop.recreated")
@@ -32,9 +32,9 @@ def test_changes_made_while_a_member_was_down_are_applied_when_it_returns(member
     second = members.start(2, data_dir=tmp_path / "member-2")
     local = second.store
     assert local.list_tables("shop") == ["added", "kept", "recreated"]
-    assert local.table("shop.kept").row_count() == 3          # its data survived the downtime
-    assert local.table("shop.recreated").row_count() == 0     # a new table of the same name
-    assert local.table("shop.recreated").num_buckets == 1
+    assert local.local_table("shop.kept").row_count() == 3          # its data survived the downtime
+    assert local.local_table("shop.recreated").row_count() == 0     # a new table of the same name
+    assert local.local_table("shop.recreated").num_buckets == 1
     identity = json.loads((tmp_path / "member-2" / IDENTITY_FILE).read_text())
     view = observer.wait(lambda v: v.version == second.mirror.applied_version, "the observer catching up")
     assert identity["server_id"] == 2 and identity["cluster_id"] == view.cluster_id

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pyarrow as pa
 import pytest
+from pyarrow import flight
 
 import flightstore
+from flightstore.bucketing import bucket_ids
 from flightstore.errors import BucketUnavailable
 from flightstore.schema import TablePath
 from tests.cluster.conftest import describe
@@ -53,8 +56,12 @@ def test_three_servers_assign_survive_kills_and_reelect(servers, observer):
         .locations(ORDERS)
     assert all(loc.available and loc.server.uri == uris[loc.leader] for loc in locations)
 
-    # Rows written to server 3 (phase 1: each server stores what it is sent).
-    _sql(uris[3], "INSERT INTO shop.orders VALUES (1, 1.5), (2, 2.5), (3, 3.5)")
+    # Rows written through server 3 go to their buckets' leaders.
+    _sql(uris[3], "INSERT INTO shop.orders VALUES " + ", ".join(f"({i}, {i}.5)" for i in range(1, 31)))
+    leader_of = [loc.leader for loc in locations]
+    on = {i: [k for k, b in zip(range(1, 101), bucket_ids(pa.table({"id": pa.array(range(1, 101), pa.int64())}),
+                                                           ["id"], 6)) if leader_of[b] == i]
+          for i in (1, 2, 3)}
 
     # kill -9 server 3: its registration expires, its buckets are unavailable naming it, the
     # others stay available, and the survivors' own caches say the same.
@@ -72,6 +79,24 @@ def test_three_servers_assign_survive_kills_and_reelect(servers, observer):
         assert [b["available"] for b in buckets] == [b["leader"] != 3 for b in buckets]
         assert all("server 3" in b["reason"] for b in buckets if b["leader"] == 3)
 
+    # Its buckets' reads and writes fail with UNAVAILABLE naming it, through any server; nothing
+    # of a refused write is applied; the other buckets keep serving reads and writes.
+    with pytest.raises(flight.FlightUnavailableError, match="server 3"):
+        _sql(uris[1], "SELECT * FROM shop.orders")
+    with pytest.raises(flight.FlightUnavailableError, match="server 3"):
+        _sql(uris[2], f"SELECT * FROM shop.orders WHERE id = {on[3][0]}")
+    live_new = [k for k in on[1] + on[2] if k > 30]
+    with pytest.raises(flight.FlightUnavailableError, match="server 3"):
+        _sql(uris[1], f"INSERT INTO shop.orders VALUES ({live_new[0]}, 0.25), ({on[3][-1]}, 0.25)")
+    assert _sql(uris[2], f"SELECT * FROM shop.orders WHERE id = {live_new[0]}").num_rows == 0
+    assert _sql(uris[1], f"SELECT id FROM shop.orders WHERE id = {on[1][0]}").to_pylist() == [{"id": on[1][0]}]
+    _sql(uris[2], "INSERT INTO shop.orders VALUES " + ", ".join(f"({k}, 100.0)" for k in live_new))
+    with flightstore.connect(uris[1]) as conn:  # the Python client too: live leaders answer
+        found = conn.table("shop.orders").lookup({"id": live_new})
+        assert sorted(found.column("id").to_pylist()) == sorted(live_new)
+        with pytest.raises(flight.FlightUnavailableError, match="server 3"):
+            conn.table("shop.orders").lookup({"id": [on[3][0]]})
+
     # Restart server 3 with the same id and data directory: it resumes its buckets, its rows are there.
     uris[3] = servers.start(3).uri
     view = observer.wait(lambda v: set(v.servers) == {1, 2, 3}, "server 3 registering again")
@@ -82,7 +107,10 @@ def test_three_servers_assign_survive_kills_and_reelect(servers, observer):
         return all(b["available"] for b in d["tables"]["shop.orders"]["buckets"])
     assert observer_wait_remote(uris[3], all_available)["tables"]["shop.orders"]["buckets"] == \
         observer_wait_remote(uris[1], all_available)["tables"]["shop.orders"]["buckets"]
-    assert _sql(uris[3], "SELECT SUM(amount) AS s FROM shop.orders").to_pylist() == [{"s": 7.5}]
+    # Every acknowledged write is there, read through the restarted server.
+    expected = {i: i + 0.5 for i in range(1, 31)} | {k: 100.0 for k in live_new}
+    rows = _sql(uris[3], "SELECT id, amount FROM shop.orders").to_pylist()
+    assert {r["id"]: r["amount"] for r in rows} == expected
 
     # kill -9 the coordinator. A DDL sent right away waits for the re-election and is answered
     # by the new coordinator; the new table's buckets go to the live servers only.

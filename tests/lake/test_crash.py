@@ -17,10 +17,12 @@ import sys
 import threading
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import flightstore
-from flightstore.lake import LakeCatalog, LakeSettings, read_lake
+from flightstore.lake import LakeCatalog, LakeSettings, LakeTierer, read_lake
 from flightstore.lake.offsets import committed_offsets
 from flightstore.lake.tiering import PHASES
 from flightstore.store import Store
@@ -182,3 +184,73 @@ def test_kill_minus_nine_of_a_tiering_server_loses_and_doubles_nothing(tmp_path,
                "every written row in the lake", timeout=180)
     _assert_consistent(data_dir, options)
     server.stop()
+
+
+PK_ROWS = EVENTS.remove(0).insert(0, pa.field("k", pa.int64(), nullable=False))
+
+
+def _pk_lake_matches_the_kv(data_dir: Path, options: dict) -> dict[int, int]:
+    """The lake of ``default.pk`` holds, per bucket, exactly the KV's rows at the bucket's committed
+    offset (no key twice, none missing, no stale value). Returns the committed offsets."""
+    catalog = LakeCatalog(LakeSettings.from_options(data_dir, options))
+    with Store(data_dir) as store:
+        table = store.table("default.pk")
+        try:
+            offsets = committed_offsets(catalog.load_table(table.path))
+        except flightstore.errors.TableNotFound:
+            offsets = {}
+        lake = read_lake(catalog, table.descriptor)
+        for bucket in range(table.num_buckets):
+            mine = lake.filter(pc.equal(lake.column("__bucket"), bucket)).select(PK_ROWS.names)
+            assert mine.num_rows == len(set(mine.column("k").to_pylist())), "a key is in the lake twice"
+            if bucket not in offsets:
+                assert mine.num_rows == 0
+                continue
+            kv = pa.Table.from_batches(list(table.rows_at(bucket, offsets[bucket])), schema=PK_ROWS)
+            assert mine.sort_by("k").to_pylist() == kv.sort_by("k").to_pylist(), f"bucket {bucket} differs"
+    catalog.reset()
+    return offsets
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [4, 17])
+def test_kill_during_primary_key_rounds_loses_and_doubles_nothing(tmp_path, seed):
+    rng = random.Random(seed)
+    data_dir, options = tmp_path / "data", {}
+    with Store(data_dir) as store:
+        store.create_table("default.pk", PK_ROWS, primary_key=["k"], options={
+            "bucket.num": rng.randint(2, 4), "table.datalake.enabled": "true"})
+    phases = list(PHASES)
+    rng.shuffle(phases)
+    written = 0
+    for phase in phases:  # the first kill falls in the round where the buckets enter the lake
+        with Store(data_dir) as store:
+            table = store.table("default.pk")
+            for _ in range(rng.randint(2, 5)):
+                count = rng.randint(1, 300)
+                rows = events(written, count)
+                keys = pa.array([rng.randrange(0, 800) for _ in range(count)], pa.int64())
+                table.upsert(rows.set_column(0, pa.field("k", pa.int64(), nullable=False), keys))
+                written += count
+                table.delete(pa.table({"k": pa.array(rng.sample(range(800), 20), pa.int64())}))
+            if rng.random() < 0.5:
+                table.snapshot(force=True)
+        committed_before = _pk_lake_matches_the_kv(data_dir, options)
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.lake.tier_child", str(data_dir), str(rng.randint(50, 400)),
+             "1", phase, json.dumps(options), "default.pk"], cwd=ROOT, check=False,
+            capture_output=True, text=True, timeout=300)
+        assert child.returncode == -signal.SIGKILL, child.stderr
+        committed_after = _pk_lake_matches_the_kv(data_dir, options)
+        assert (committed_after != committed_before) == (phase == "after-commit")
+    with Store(data_dir) as store:  # the last round in this process: the lake catches up exactly
+        tierer = LakeTierer(store, LakeSettings.from_options(data_dir, options))
+        while tierer.tier_now("default.pk").committed:
+            pass
+        tierer.stop()
+        table = store.table("default.pk")
+        lake = read_lake(LakeCatalog(LakeSettings.from_options(data_dir, options)), table.descriptor)
+        assert lake.select(PK_ROWS.names).sort_by("k").to_pylist() == \
+            table.scan_table().sort_by("k").to_pylist()
+        end = table.end_offsets()
+    assert _pk_lake_matches_the_kv(data_dir, options) == end

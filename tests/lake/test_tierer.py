@@ -166,3 +166,54 @@ def test_retention_of_other_tables_is_unchanged(store):
     for first in range(0, 1000, 100):
         table.append(events(first, 100))
     assert store.enforce_retention(int(time.time() * 1000) + 10**9) > 0
+
+
+def _tiered_by_a_job(store, data_dir, path) -> None:
+    """One round by another tierer (as the Spark job does: its own holder, same core)."""
+    from flightstore.lake import LakeSettings
+    job = LakeTierer(store, LakeSettings.from_options(data_dir), holder="spark-job:test")
+    job.tier_now(path)
+    job.stop()
+
+
+def test_with_tiering_off_the_server_follows_a_jobs_commits_for_retention_and_status(store, data_dir):
+    from flightstore.lake import LakeSettings
+    following = LakeTierer(store, LakeSettings.from_options(data_dir, {"datalake.tiering.enabled": "false"}))
+    table = create_events(store, table_log_segment_bytes=1024, table_log_ttl="1ms")
+    for first in range(0, 300, 30):
+        table.append(events(first, 30))
+    assert not following.tier_now(table.path).committed  # it tiers nothing itself
+    assert following.status(table.path).buckets[0].tiered_offset is None
+    table.enforce_retention(now_ms=2**62)
+    assert table.start_offsets() == {0: 0, 1: 0, 2: 0}  # nothing tiered: nothing deleted
+    _tiered_by_a_job(store, data_dir, table.path)
+    tiered = table.end_offsets()
+    for first in range(300, 600, 30):
+        table.append(events(first, 30))
+    status = following.status(table.path)  # asks the lake: the job's offsets at once
+    assert {b.bucket: b.tiered_offset for b in status.buckets} == tiered and status.lag_records == 300
+    following.tier_now(table.path)  # its rounds do the same in the background
+    table.enforce_retention(now_ms=2**62)
+    starts = table.start_offsets()
+    assert any(starts[b] > 0 for b in starts) and all(starts[b] <= tiered[b] for b in starts)
+    _tiered_by_a_job(store, data_dir, table.path)
+    assert lake_seqs(following.catalog, table) == list(range(600))  # nothing the job needed was gone
+    following.stop()
+
+
+def test_a_tierer_refused_by_the_lease_still_lets_tiered_records_go(store, settings):
+    table = create_events(store, table_log_segment_bytes=1024, table_log_ttl="1ms")
+    for first in range(0, 300, 30):
+        table.append(events(first, 30))
+    job = LakeTierer(store, settings, holder="spark-job:test")
+    job.tier_now(table.path)  # and keeps the lease
+    server_tierer = LakeTierer(store, settings)
+    with pytest.raises(TieringLeaseHeld):
+        server_tierer.tier_now(table.path)
+    tiered = table.end_offsets()
+    table.retention_floor = None
+    with pytest.raises(TieringLeaseHeld):
+        server_tierer.tier_now(table.path)
+    assert table.retention_floor == tiered
+    job.stop()
+    server_tierer.stop()

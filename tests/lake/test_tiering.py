@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from flightstore.errors import DataLoss, LakeUnavailable, Unsupported
+from flightstore.errors import DataLoss, LakeUnavailable
 from flightstore.lake import LakeCatalog, LakeTierer, lake_snapshots, read_lake, tier_log_round
 from flightstore.lake.offsets import OFFSETS_PROPERTY, committed_offsets
 from tests.lake.conftest import EVENTS, create_events, events, lake_seqs
@@ -126,15 +126,6 @@ def test_rows_expired_before_tiering_are_reported_not_skipped(store, tierer):
     with pytest.raises(DataLoss, match="deleted before they were tiered"):
         tierer.tier_now(table.path)
     assert "DataLoss" in tierer.status(table.path).last_error
-
-
-def test_primary_key_tables_are_not_tiered_yet(store, tierer):
-    table = store.create_table("default.pk", EVENTS, primary_key=["k"],
-                               options={"table.datalake.enabled": "true"})
-    table.upsert(events(0, 10))
-    with pytest.raises(Unsupported, match="primary-key"):
-        tierer.tier_now(table.path)
-    assert "primary-key" in tierer.status(table.path).last_error
 
 
 def test_a_recreated_table_gets_a_new_lake_table_and_the_old_one_is_kept(store, tierer):

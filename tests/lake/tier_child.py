@@ -1,9 +1,9 @@
 """Child process of the tiering crash test: tiers a table round after round and kills itself with
 SIGKILL at a chosen point of a chosen round.
 
-Usage: python -m tests.lake.tier_child DATA_DIR MAX_ROUND_ROWS KILL_ROUND KILL_PHASE [OPTIONS_JSON]
+Usage: python -m tests.lake.tier_child DATA_DIR MAX_ROUND_ROWS KILL_ROUND KILL_PHASE [OPTIONS_JSON [TABLE]]
 KILL_PHASE is one of flightstore.lake.tiering.PHASES or ``none`` (tier everything, exit 0);
-OPTIONS_JSON holds further server options (an S3 warehouse).
+OPTIONS_JSON holds further server options (an S3 warehouse); TABLE defaults to default.events.
 The kill point comes in through the tierer's ``hook``; nothing in flightstore knows about tests.
 """
 
@@ -32,7 +32,8 @@ def main() -> None:
         options = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
         settings = LakeSettings.from_options(data_dir, {**options, "datalake.tiering.max-round-rows": max_rows})
         tierer = LakeTierer(store, settings, hook=hook)
-        while tierer.tier_now("default.events").committed:
+        name = sys.argv[6] if len(sys.argv) > 6 else "default.events"
+        while tierer.tier_now(name).committed:
             pass
         tierer.stop()
     print("done", rounds["n"], flush=True)

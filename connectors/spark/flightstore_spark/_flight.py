@@ -20,7 +20,9 @@ __all__ = [
     "Options",
     "TableInfo",
     "custom_schema",
+    "endpoint_uri",
     "lake_split",
+    "leaders",
     "open_connection",
     "put_once",
     "query_endpoints",
@@ -54,8 +56,9 @@ class Options:
         """Any option, case-insensitively (Spark lower-cases option names)."""
         return self.raw.get(name.lower(), default)
 
-    def connect(self) -> Connection:
-        return open_connection(self.uri, self.username, self.password, **self.tls)
+    def connect(self, uri: str | None = None) -> Connection:
+        """A connection to the configured server, or to ``uri`` (a bucket's leader in a cluster)."""
+        return open_connection(uri or self.uri, self.username, self.password, **self.tls)
 
 
 def open_connection(uri: str, username: str | None = None, password: str | None = None,
@@ -103,6 +106,18 @@ def primary_key(conn: Connection, name: str) -> list[str]:
         return []
     rows = sorted(zip(result.column("key_sequence").to_pylist(), result.column("column_name").to_pylist()))
     return [name for _, name in rows]
+
+
+def leaders(conn: Connection, name: str) -> list[str | None]:
+    """The URI of each bucket's leader (by bucket number within a partition); [] on a single
+    server or when a leader is down (then the configured server answers, naming it)."""
+    layout = conn.table(name)._locations()
+    return list(layout["leaders"]) if layout is not None else []
+
+
+def endpoint_uri(endpoint: flight.FlightEndpoint) -> str | None:
+    """The location an endpoint names (a bucket's leader in a cluster), or None: the same server."""
+    return endpoint.locations[0].uri.decode() if endpoint.locations else None
 
 
 def table_info(conn: Connection, name: str) -> TableInfo:
@@ -184,14 +199,23 @@ def put_once(conn: Connection, op: str, table: str, data: pa.Table, *, writer_id
     payload = {"op": op, "table": table, "columns": list(columns) if columns else None,
                "writer_id": writer_id, "sequence": sequence}
     attempt, deadline = 0, time.monotonic() + conflict_wait_s
+    # In a cluster each part goes to its bucket's leader (one part, to ``conn``, on a single server).
+    parts = conn.table(table)._by_leader(data) or [(conn.uri, data)]
     while True:
         try:
-            result = conn._put(payload, data)
+            results = [conn._peer(uri)._put(payload, part) for uri, part in parts]
+            result = results[0] if len(results) == 1 else {
+                "op": "written", "rows": sum(r["rows"] for r in results),
+                "duplicate": all(r["duplicate"] for r in results),
+                "offsets": {k: v for r in results for k, v in r["offsets"].items()},
+                # each leader numbered its chunks from ``sequence``: the longest run counts
+                "sequence": max(sequence if r.get("sequence") is None else r["sequence"] for r in results)}
             break
         except flight.FlightUnavailableError:
             attempt += 1
             if attempt >= retries:
                 raise
+            parts = [(conn.uri, data)]  # through the configured server: it names what is down
             time.sleep(0.2 * attempt)
         except pa.ArrowInvalid as exc:
             if "owned by live writer" not in str(exc) or time.monotonic() > deadline:

@@ -154,14 +154,17 @@ class FlightstoreReader(DataSourceReader):
         with options.connect() as conn:
             if options.query:
                 info = _flight.query_endpoints(conn, options.query)
-                return [InputPartition({"ticket": e.ticket.ticket}) for e in info.endpoints]
+                return [InputPartition({"ticket": e.ticket.ticket, "uri": _flight.endpoint_uri(e)})
+                        for e in info.endpoints]
             client = conn.table(options.table)
+            leaders = _flight.leaders(conn, options.table)  # in a cluster: read each bucket at its leader
             if wants_changelog(options):
                 starts, ends = client.offsets("start"), client.offsets("end")
                 columns = self.schema.fieldNames()
                 return [InputPartition({"payload": {
                     "op": "subscribe", "table": options.table, "columns": columns,
-                    "start": {str(b): starts[b]}, "until": {str(b): ends[b]}}})
+                    "start": {str(b): starts[b]}, "until": {str(b): ends[b]}},
+                    "uri": leaders[b % len(leaders)] if leaders else None})
                     for b in sorted(ends) if ends[b] > starts[b]]
             planned = _flight.lake_split(conn, options.table, self.pushed)
             # One input partition per bucket; of a partitioned table, per (partition, bucket) of
@@ -179,7 +182,8 @@ class FlightstoreReader(DataSourceReader):
                 "buckets": [int(b)], "log_from": {b: offset}}})
                 for b, offset in sorted(planned["offsets"].items(), key=lambda item: int(item[0]))]
         return [InputPartition({"payload": {"op": "scan", "table": options.table, "columns": columns,
-                                            "filter": filter_json, "buckets": [bucket]}})
+                                            "filter": filter_json, "buckets": [bucket]},
+                                "uri": leaders[bucket % len(leaders)] if leaders else None})
                 for bucket in buckets]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -187,7 +191,7 @@ class FlightstoreReader(DataSourceReader):
         if "lake" in value:  # straight from the warehouse: no server in the path
             yield from read_lake_split(value["lake"], self.schema)
             return
-        with self.options.connect() as conn:
+        with self.options.connect(value.get("uri")) as conn:
             if "ticket" in value:
                 batches = _flight.read_ticket(conn, value["ticket"])
             else:

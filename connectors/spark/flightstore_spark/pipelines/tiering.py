@@ -1,0 +1,139 @@
+"""Tiering as a Spark job: the server's tiering core, run by Spark against a flightstore server.
+
+For deployments that keep compute on Spark (and run the server with
+``datalake.tiering.enabled=false``). Each round of each table is the same crash-safe
+:func:`flightstore.lake.tiering.tier_round` the server runs: Spark executors read the buckets'
+changelogs through Flight (one task per bucket), the driver folds them, writes the data files and
+commits one Iceberg snapshot recording every bucket's offset. The job takes each table's tiering
+lease first: a table the server (or another job) is tiering is refused with a clear error and the
+job exits non-zero. Rounds repeat until the backlog seen at the start is in the lake.
+
+    python -m flightstore_spark.pipelines.tiering --uri grpc://127.0.0.1:8815 \\
+        --data-dir /srv/flightstore [--tables db.orders,db.users] [--lake-option KEY=VALUE ...]
+
+The lake is found like the server finds it: ``--data-dir`` gives the embedded default
+(``DATA_DIR/lake/catalog.db`` and ``DATA_DIR/lake/warehouse``), ``--lake-option`` any
+``datalake.*`` server option (``datalake.iceberg.uri``, ``datalake.iceberg.warehouse``, S3 keys...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import socket
+import sys
+from collections.abc import Callable, Sequence
+
+__all__ = ["main", "spark_bucket_reader", "tier_tables"]
+
+
+def _read_on_executor(uri: str, name: str, descriptor_json: str, read: tuple) -> tuple[int, bytes, int]:
+    import flightstore
+    from flightstore.lake.remote import read_bucket_changes
+    from flightstore.schema import TableDescriptor
+
+    with flightstore.connect(uri) as connection:
+        return read_bucket_changes(connection, name, TableDescriptor.from_json(descriptor_json), read)
+
+
+def spark_bucket_reader(spark, uri: str, name: str, descriptor_json: str) -> Callable:
+    """A ``map_buckets`` for :class:`~flightstore.lake.remote.FlightSource`: one Spark task per
+    bucket read, each with its own Flight connection; results come back to the driver."""
+
+    def map_buckets(reads: Sequence[tuple]) -> list[tuple[int, bytes, int]]:
+        if not reads:
+            return []
+        rdd = spark.sparkContext.parallelize(list(reads), len(reads))
+        return rdd.map(lambda read: _read_on_executor(uri, name, descriptor_json, read)).collect()
+
+    return map_buckets
+
+
+def _enabled_tables(connection) -> list[str]:
+    from flightstore.schema import TableDescriptor
+
+    names = []
+    for database in connection.sql("SHOW DATABASES").column(0).to_pylist():
+        for table in connection.sql(f"SHOW TABLES IN {database}").column(0).to_pylist():
+            described = connection.table(f"{database}.{table}").describe()
+            if TableDescriptor.from_json(described["descriptor"]).option("table.datalake.enabled"):
+                names.append(f"{database}.{table}")
+    return names
+
+
+def tier_tables(spark, uri: str, settings, tables: Sequence[str] | None = None, *,
+                holder: str | None = None, hook: Callable[[str], None] | None = None) -> dict:
+    """Tier ``tables`` (default: every datalake-enabled table) until each is caught up with the
+    log end it saw. Returns ``{table: [RoundResult, ...] or the error (a FlightstoreError)}``."""
+    import flightstore
+    from flightstore.errors import FlightstoreError, InvalidInput, TieringLeaseHeld
+    from flightstore.lake.catalog import LakeCatalog
+    from flightstore.lake.lease import LeaseStore
+    from flightstore.lake.remote import FlightSource
+    from flightstore.lake.tiering import tier_round
+
+    holder = holder or f"spark-job:{socket.gethostname()}:{spark.sparkContext.applicationId}"
+    catalog = LakeCatalog(settings)
+    outcome: dict = {}
+    with flightstore.connect(uri) as connection:
+        for name in (list(tables) if tables else _enabled_tables(connection)):
+            leases = None
+            try:
+                source = FlightSource(connection, name)
+                if not source.descriptor.option("table.datalake.enabled"):
+                    raise InvalidInput(f"table {name} is not datalake-enabled ('table.datalake.enabled')")
+                leases = LeaseStore(catalog.catalog.engine)
+                leases.acquire(name, holder, settings.lease_ms)
+                rounds = []
+                while True:
+                    source = FlightSource(connection, name, map_buckets=spark_bucket_reader(
+                        spark, uri, name, source.descriptor.to_json()))
+                    lake_table = catalog.ensure_table(source.descriptor, source.table_id)
+                    result = tier_round(source, lake_table, max_rows=settings.max_round_rows, hook=hook,
+                                        before_commit=functools.partial(leases.acquire, name, holder,
+                                                                        settings.lease_ms))
+                    rounds.append(result)
+                    if not result.backlog_left:
+                        break
+                outcome[name] = rounds
+                leases.release(name, holder)
+            except FlightstoreError as exc:
+                outcome[name] = exc
+                if leases is not None and not isinstance(exc, TieringLeaseHeld):
+                    leases.release(name, holder)
+    catalog.reset()
+    return outcome
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from flightstore.lake.settings import LakeSettings
+    from flightstore_spark.pipelines._common import local_spark
+
+    parser = argparse.ArgumentParser(prog="python -m flightstore_spark.pipelines.tiering",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--uri", required=True)
+    parser.add_argument("--tables", help="comma-separated tables (default: every datalake-enabled table)")
+    parser.add_argument("--data-dir", default=".", help="the server's data directory (embedded lake default)")
+    parser.add_argument("--lake-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a datalake.* server option (repeatable)")
+    parser.add_argument("--master", default="local[*]")
+    args = parser.parse_args(argv)
+    options = dict(item.split("=", 1) for item in args.lake_option)
+    settings = LakeSettings.from_options(args.data_dir, options)
+    spark = local_spark(args.master, "flightstore-tiering")
+    try:
+        outcome = tier_tables(spark, args.uri, settings, args.tables.split(",") if args.tables else None)
+    finally:
+        spark.stop()
+    failed = 0
+    for name, result in outcome.items():
+        if isinstance(result, Exception):
+            failed += 1
+            print(f"{name}: not tiered: {type(result).__name__}: {result}", file=sys.stderr)
+        else:
+            print(f"{name}: {sum(r.rows for r in result)} rows in {sum(r.committed for r in result)} commit(s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

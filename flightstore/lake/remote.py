@@ -1,0 +1,129 @@
+"""A table read through a flightstore server, for tiering rounds that run outside it (the Spark job).
+
+:class:`FlightSource` gives :func:`flightstore.lake.tiering.tier_round` what it reads of a table,
+through the server's Flight API only: the descriptor and offsets (``flightstore.describe``), each
+bucket's changelog between two offsets (a subscription bounded by ``until``) and a bucket's rows at
+an offset (``snapshot`` reads). :func:`read_bucket_changes` reads one bucket and is what a Spark
+executor runs; :meth:`FlightSource.read_changes` runs it for every bucket through ``map_buckets``
+(sequential by default; the Spark job passes one that fans the buckets out over executors).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flightstore import changetype
+from flightstore.client import Connection
+from flightstore.lake.changes import snapshot_rows
+from flightstore.lake.layout import lake_rows, lake_schema
+from flightstore.schema import TableDescriptor
+
+__all__ = ["BucketRead", "FlightSource", "read_bucket_changes"]
+
+# One bucket's read: (bucket, start offset, end offset, row budget or None).
+BucketRead = tuple[int, int, int, "int | None"]
+# What reading it gives: (bucket, lake rows as Arrow IPC bytes, offset reached).
+BucketRows = tuple[int, bytes, int]
+MapBuckets = Callable[[Sequence[BucketRead]], list[BucketRows]]
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def read_bucket_changes(connection: Connection, name: str, descriptor: TableDescriptor,
+                        read: BucketRead) -> BucketRows:
+    """The lake rows of one bucket's changelog in ``[start, end)`` as Arrow IPC bytes, with the
+    int8 change kinds in a ``_change_type`` column on a primary-key table, and the offset reached.
+
+    A row budget stops the read after the record that reaches it: rounds end on record
+    boundaries, so a ``-U``/``+U`` pair (one write) is never split between two rounds."""
+    bucket, start, end, budget = read
+    reached = start
+    schema = lake_schema(descriptor)
+    out = schema.append(pa.field(changetype.CHANGE_TYPE_COLUMN, pa.int8())) \
+        if descriptor.has_primary_key else schema
+    batches = []
+    if start < end:
+        with connection.table(name).subscribe({bucket: start}, until={bucket: end}) as stream:
+            for batch in stream:
+                micros = batch.column(changetype.COMMIT_TIMESTAMP_COLUMN).cast(pa.int64()).to_numpy() * 1000
+                rows = lake_rows(batch, bucket, batch.column(changetype.LOG_OFFSET_COLUMN), micros, schema)
+                if descriptor.has_primary_key:
+                    kinds = changetype.from_strings(batch.column(changetype.CHANGE_TYPE_COLUMN))
+                    rows = pa.RecordBatch.from_arrays(rows.columns + [kinds], schema=out)
+                batches.append(rows)
+                reached = min(end, batch.column(changetype.LOG_OFFSET_COLUMN)[-1].as_py() + 1)
+                if budget is not None:
+                    budget -= rows.num_rows
+                    if budget <= 0:
+                        break
+    return bucket, _ipc(pa.Table.from_batches(batches, schema=out)), reached
+
+
+class FlightSource:
+    """A table of a flightstore server as a tiering round's source (see module docstring)."""
+
+    def __init__(self, connection: Connection, name: str, *, map_buckets: MapBuckets | None = None) -> None:
+        self.connection = connection
+        self.name = name
+        described = connection.table(name).describe()
+        self.descriptor = TableDescriptor.from_json(described["descriptor"])
+        self.path = self.descriptor.path
+        self.table_id: str = described["table_id"]
+        self._offsets = (described["start_offsets"], described["end_offsets"])
+        self._map = map_buckets or self._sequential
+
+    def _sequential(self, reads: Sequence[BucketRead]) -> list[BucketRows]:
+        return [read_bucket_changes(self.connection, self.name, self.descriptor, read) for read in reads]
+
+    def offsets(self) -> tuple[dict[int, int], dict[int, int]]:
+        return dict(self._offsets[0]), dict(self._offsets[1])
+
+    def read_changes(self, start: Mapping[int, int], end: Mapping[int, int], max_rows: int | None
+                     ) -> tuple[pa.Table, np.ndarray | None, dict[int, int]]:
+        """Every bucket's changelog in ``[start, end)``; ``max_rows`` is shared out between the
+        buckets (each stops after the record that reaches its share)."""
+        pending = sorted(b for b in end if start[b] < end[b])
+        share = None if max_rows is None or not pending else max(1, max_rows // len(pending))
+        reached = dict(start)
+        parts = []
+        for bucket, data, offset in sorted(self._map([(b, start[b], end[b], share) for b in pending]),
+                                           key=lambda answer: answer[0]):
+            parts.append(_from_ipc(data))
+            reached[bucket] = offset
+        schema = lake_schema(self.descriptor)
+        pk = self.descriptor.has_primary_key
+        if not parts:
+            return schema.empty_table(), (np.empty(0, np.int8) if pk else None), reached
+        rows = pa.concat_tables(parts)
+        kinds = None
+        if pk:
+            kinds = rows.column(changetype.CHANGE_TYPE_COLUMN).to_numpy()
+            rows = rows.drop_columns([changetype.CHANGE_TYPE_COLUMN])
+        return rows, kinds, reached
+
+    def rows_at(self, bucket: int, at: int, schema: pa.Schema) -> list[pa.RecordBatch]:
+        table = self.connection.table(self.name)
+        rows = table.read_snapshot(bucket, at, columns=self.descriptor.schema.names)
+        last_ms = None
+        if self._offsets[0].get(bucket, 0) < at:
+            with table.subscribe({bucket: at - 1}, columns=[changetype.COMMIT_TIMESTAMP_COLUMN],
+                                 until={bucket: at}) as stream:
+                for batch in stream:
+                    last_ms = pc.max(batch.column(0).cast(pa.int64())).as_py()
+        if last_ms is None:
+            last_ms = int(time.time() * 1000)
+        return snapshot_rows(rows.to_batches(), bucket, at, last_ms, schema)

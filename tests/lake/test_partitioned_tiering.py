@@ -1,0 +1,116 @@
+"""Tiering partitioned tables: the lake partitions by identity(partition columns) then the bucket
+transform; ``__bucket`` is the table-wide bucket number; log retention of each partition waits for
+the lake."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.transforms import BucketTransform, IdentityTransform
+
+from flightstore.bucketing import bucket_ids
+from flightstore.lake import read_lake
+from flightstore.lake.offsets import committed_offsets
+from flightstore.partitioning import split_bucket_id
+
+SCHEMA = pa.schema([("dt", pa.string()), ("user", pa.int64()), ("seq", pa.int64())])
+DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
+
+
+def _rows(first: int, count: int) -> pa.Table:
+    seq = np.arange(first, first + count, dtype=np.int64)
+    return pa.table({"dt": [DAYS[i % 3] for i in seq], "user": seq * 13 % 997, "seq": seq}, schema=SCHEMA)
+
+
+def _files(lake_table):
+    io = PyArrowFileIO(lake_table.io.properties)
+    for task in lake_table.scan().plan_files():
+        with io.new_input(task.file.file_path).open() as handle:
+            yield task.file, pq.read_table(handle)
+
+
+def test_partitioned_log_table_tiers_by_partition_then_bucket(store, tierer):
+    table = store.create_table("default.clicks", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 4, "bucket.key": "user", "table.datalake.enabled": "true"})
+    table.append(_rows(0, 600))
+    first = tierer.tier_now(table.path)
+    table.append(_rows(600, 300))
+    second = tierer.tier_now(table.path)
+    assert first.rows == 600 and second.rows == 300
+    lake_table = tierer.catalog.load_table(table.path)
+    spec = lake_table.spec().fields
+    assert [type(f.transform) for f in spec] == [IdentityTransform, BucketTransform]
+    assert [lake_table.schema().find_field(f.source_id).name for f in spec] == ["dt", "user"]
+    assert spec[1].transform.num_buckets == 4
+    partition_ids = {p.name: p.id for p in table.descriptor.partitions}
+    files = 0
+    for data_file, rows in _files(lake_table):
+        files += 1
+        day, key_bucket = data_file.partition[0], data_file.partition[1]
+        assert set(rows.column("dt").to_pylist()) == {day}
+        local = bucket_ids(rows.select(["user"]), ["user"], 4)
+        assert set(local.tolist()) == {key_bucket}  # Iceberg's bucket transform == flightstore's
+        (global_bucket,) = set(rows.column("__bucket").to_pylist())
+        assert split_bucket_id(global_bucket, 4) == (partition_ids[day], key_bucket)
+        offsets = rows.column("__offset").to_numpy()
+        assert (np.diff(offsets) > 0).all()
+    assert files >= 12  # 3 partitions x 4 buckets, two rounds
+    lake = read_lake(tierer.catalog, table.descriptor)
+    assert sorted(lake.column("seq").to_pylist()) == list(range(900))
+    assert committed_offsets(lake_table) == table.end_offsets()
+    table.append(_rows(900, 5))
+    status = tierer.status(table.path)  # per table-wide bucket, like the offsets
+    assert [b.bucket for b in status.buckets] == sorted(table.end_offsets())
+    assert [b.tiered_offset for b in status.buckets] == [second.end_offsets[b] for b in sorted(table.end_offsets())]
+    assert status.lag_records == 5
+
+
+def test_partitioned_log_table_without_bucket_key_uses_identity_bucket(store, tierer):
+    table = store.create_table("default.raw", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 2, "table.datalake.enabled": "true"})
+    table.append(_rows(0, 90))
+    tierer.tier_now(table.path)
+    lake_table = tierer.catalog.load_table(table.path)
+    assert [f.name for f in lake_table.spec().fields] == ["dt", "__bucket"]
+    for data_file, rows in _files(lake_table):
+        assert set(rows.column("__bucket").to_pylist()) == {data_file.partition[1]}
+    assert sorted(read_lake(tierer.catalog, table.descriptor).column("seq").to_pylist()) == list(range(90))
+
+
+def test_partitioned_primary_key_table_tiers_the_kv_and_rewrites_one_partition(store, tierer):
+    table = store.create_table("default.orders", SCHEMA, primary_key=["dt", "user"], partition_keys=["dt"],
+                               options={"bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true"})
+    table.upsert(_rows(0, 300))
+    tierer.tier_now(table.path)
+    before = {f.file_path: f.partition[0] for f, _ in _files(tierer.catalog.load_table(table.path))}
+    table.upsert(pa.table({"dt": [DAYS[0]] * 3, "user": [13, 26, 5000], "seq": [-1, -2, -3]}, schema=SCHEMA))
+    table.delete(pa.table({"dt": [DAYS[0]], "user": [39]}))
+    result = tierer.tier_now(table.path)
+    assert result.files_removed >= 1 and result.deleted == 1
+    after = {f.file_path for f, _ in _files(tierer.catalog.load_table(table.path))}
+    assert {path for path, day in before.items() if day != DAYS[0]} <= after  # other days untouched
+    lake = read_lake(tierer.catalog, table.descriptor, columns=SCHEMA.names)
+    assert lake.sort_by([("dt", "ascending"), ("user", "ascending")]).to_pylist() == \
+        table.scan_table().sort_by([("dt", "ascending"), ("user", "ascending")]).to_pylist()
+
+
+def test_each_partition_keeps_its_untiered_log(store, tierer):
+    table = store.create_table("default.ttl", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 1, "table.datalake.enabled": "true", "table.log.segment.bytes": 1024})
+    for first in range(0, 300, 30):
+        table.append(_rows(first, 30))
+    tierer.tier_now(table.path)  # tells every partition what the lake holds
+    for first in range(300, 600, 30):
+        table.append(_rows(first, 30))
+    for unit in table.units.values():
+        for log in unit.logs:
+            log.ttl_ms = 1
+    table.enforce_retention(now_ms=2**62)
+    tiered = committed_offsets(tierer.catalog.load_table(table.path))
+    starts = table.start_offsets()
+    assert any(starts[b] > 0 for b in starts)  # tiered segments went
+    assert all(starts[b] <= tiered[b] for b in tiered)  # untiered ones stayed
+    tierer.tier_now(table.path)
+    assert sorted(read_lake(tierer.catalog, table.descriptor).column("seq").to_pylist()) == list(range(600))
