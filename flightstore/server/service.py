@@ -827,7 +827,11 @@ class FlightSqlServer(flight.FlightServerBase):
         schema = self.executor.output_schema(plan)
         if self.executor.answers_at_once(plan):
             return schema, self._answer_now(plan, schema)
-        return schema, self.metrics.metered(_result_label(plan), self.executor.execute(plan, None, schema))
+        # Streamed like a Flight SQL ticket's DoGet: the query timeout, the client going away and
+        # shutdown stop it between batches (no query id: CancelFlightInfo needs a FlightInfo).
+        control = self.executor.control(context.is_cancelled if context is not None else None)
+        batches = self.executor.execute(plan, None, schema, control)
+        return schema, self.queries.stream(None, control, self.metrics.metered(_result_label(plan), batches))
 
     def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader) -> dict:
         op = payload["op"]
