@@ -223,6 +223,10 @@ def test_sql_is_one_doget_of_a_statement_ticket_in_the_connections_session(serve
         command = protocol.pack_any(protocol.CommandStatementQuery(query="SELECT * FROM t"))
         info = conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
         assert conn.read_info(info).sort_by("id").equals(scanned.sort_by("id"))
+        # Per-bucket endpoints asked for: sql() takes the FlightInfo to read each bucket where it names.
+        conn.set_session_options({"flightstore.per-bucket-endpoints": True})
+        assert sorted(conn.sql("SELECT id FROM t").column("id").to_pylist()) == [1, 2, 3, 4]
+        wait_until(lambda: _rpcs(server, "GetFlightInfo") == 2, "sql() asking for the per-bucket FlightInfo")
 
 
 @pytest.mark.parametrize("ticket, message", [
