@@ -626,8 +626,10 @@ class Table:
         read from its newest KV snapshot image plus the changelog after it, consistent at the log
         end offset when the bucket is reached (RocksDB without an image).
 
-        ``exact=False`` lets a log table's rows through unfiltered in batches the statistics could
-        not rule out: for callers that apply ``filter`` again themselves (residual SQL)."""
+        ``exact=False`` lets rows through unfiltered in batches the statistics could not rule out,
+        in no particular order: for callers that apply ``filter`` again themselves (residual SQL).
+        A primary-key bucket without a usable image is then read from its changelog when the log
+        still holds it from offset 0 (see :meth:`KvTablet.full_scan`)."""
         columns = self._check_columns(columns)
         if filter is not None:
             filter = filter.bind(self.schema)
@@ -644,7 +646,7 @@ class Table:
                 return
             if self.has_primary_key:
                 kv = self.kvs[bucket]
-                source = kv.full_scan(columns, filter, remaining) if key_range is None else \
+                source = kv.full_scan(columns, filter, remaining, exact=exact) if key_range is None else \
                     kv.scan(columns, filter, remaining, key_range)
             else:
                 source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter,

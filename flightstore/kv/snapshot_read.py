@@ -8,8 +8,9 @@ The image (:mod:`flightstore.kv.image`) holds the rows at offset ``S``; the chan
 RocksDB read and no lock is involved: the image is immutable and the log below ``at`` never changes,
 so the result is the KV exactly at ``at`` whatever writes run meanwhile.
 
-Everything is vectorized: the changelog tail is read column-pruned and deduplicated per key with
-one dictionary encoding of the encoded keys; each image batch drops the changed keys and applies
+Everything is vectorized: the changelog tail is read column-pruned; its inserted rows no update or
+delete touched since are taken as they are, the other keys are deduplicated with one dictionary
+encoding of the encoded keys; each image batch drops the changed keys and applies
 the filter with one Arrow expression. For a single integer or temporal key column (the image is
 sorted by it) the changed keys are found by binary search (``np.searchsorted``) in the batch's key
 column, else by one ``is_in`` over the encoded keys. Image batches come in key order, then the
@@ -65,7 +66,13 @@ def _ordered_values(array: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
 def changed_rows(log: LogTablet, start: int, at: int, primary_key: Sequence[str],
                  columns: Sequence[str], where: str) -> ChangedRows:
     """The net changes of ``[start, at)`` in ``log``, with the table ``columns`` given (the primary
-    key columns are read as well). Raises OffsetOutOfRange if the log no longer holds ``start``."""
+    key columns are read as well). Raises OffsetOutOfRange if the log no longer holds ``start``.
+
+    A ``+I`` says its key held no row just before it, so a key whose only record in the range is
+    a ``+I`` was absent at ``start`` and holds that record's row at ``at``: such rows are taken as
+    they are and their keys are left out of :attr:`ChangedRows.keys` (no image row has them). Only
+    the keys some ``-U``/``+U``/``-D`` touched are encoded and deduplicated; a range of inserts
+    alone (a bulk load) costs no key encoding at all."""
     wanted = list(dict.fromkeys(list(columns) + list(primary_key)))
     stored = wanted + [changetype.CHANGE_TYPE_COLUMN]
     batches = [r.batch for r in read_held(log, start, where, columns=stored, to_offset=at)] \
@@ -73,29 +80,43 @@ def changed_rows(log: LogTablet, start: int, at: int, primary_key: Sequence[str]
     if not batches:
         return ChangedRows(pa.array([], pa.large_binary()), pa.table({c: [] for c in wanted}))
     tail = pa.Table.from_batches(batches)
-    encoded = pc.dictionary_encode(encode_key_array(tail, primary_key))
+    kinds = tail.column(changetype.CHANGE_TYPE_COLUMN).to_numpy()
+    inserts = kinds == changetype.INSERT
+    if inserts.all():
+        return ChangedRows(pa.array([], pa.large_binary()), tail.select(wanted))
+    keys = encode_key_array(tail, primary_key)
+    others = ~inserts
+    touched = pc.unique(keys.filter(pa.array(others)))  # keys an update or delete touched
+    in_touched = pc.is_in(keys, value_set=touched).to_numpy(zero_copy_only=False)
+    plain = inserts & ~in_touched  # inserted and left alone since: their rows as they are
+    involved = np.flatnonzero(in_touched)
+    encoded = pc.dictionary_encode(keys.take(pa.array(involved)))
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     last = np.full(len(encoded.dictionary), -1, dtype=np.int64)
     np.maximum.at(last, codes, np.arange(len(codes), dtype=np.int64))
-    last.sort()  # the rows in the order of their last change
-    current = tail.take(pa.array(last))
-    kinds = current.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
+    # the rows in the order of their last change, the untouched inserts among them
+    rows = np.sort(np.concatenate([np.flatnonzero(plain), involved[last]]))
+    current = tail.take(pa.array(rows))
+    kinds = kinds[rows]
     alive = (kinds == changetype.INSERT) | (kinds == changetype.UPDATE_AFTER)
-    values = _ordered_values(current.column(primary_key[0])) if len(primary_key) == 1 else None
+    values = _ordered_values(tail.column(primary_key[0]).filter(pa.array(others))) \
+        if len(primary_key) == 1 else None
     return ChangedRows(encoded.dictionary, current.filter(pa.array(alive)).select(wanted),
-                       None if values is None else np.sort(values))
+                       None if values is None else np.unique(values))
 
 
 def read_at(image: Image | None, image_offset: int, log: LogTablet, at: int, primary_key: Sequence[str],
             columns: Sequence[str], filter: Predicate | None = None, limit: int | None = None, *,
-            where: str = "log") -> Iterator[pa.RecordBatch]:
+            where: str = "log", exact: bool = True) -> Iterator[pa.RecordBatch]:
     """The rows at log offset ``at`` (only ``columns``, exactly ``filter``, at most ``limit``),
     from ``image`` (the rows at ``image_offset``; None means an empty bucket at that offset) and
-    the changelog ``[image_offset, at)``. ``filter`` must be bound to the table schema."""
+    the changelog ``[image_offset, at)``. ``filter`` must be bound to the table schema.
+    ``exact=False`` uses ``filter`` only to skip image batches by their statistics (the caller
+    filters the rows again; ``limit`` then counts unfiltered rows)."""
     wanted = list(columns)
-    needed = list(dict.fromkeys(wanted + (sorted(filter.columns()) if filter is not None else [])))
+    needed = list(dict.fromkeys(wanted + (sorted(filter.columns()) if filter is not None and exact else [])))
     changes = changed_rows(log, image_offset, at, primary_key, needed, where)
-    return _merge(image, changes, primary_key, wanted, needed, filter, limit)
+    return _merge(image, changes, primary_key, wanted, needed, filter, limit, exact)
 
 
 def _unchanged(column: pa.Array, changes: ChangedRows) -> pa.Array:
@@ -118,8 +139,9 @@ def _unchanged(column: pa.Array, changes: ChangedRows) -> pa.Array:
 
 
 def _merge(image: Image | None, changes: ChangedRows, primary_key: Sequence[str], wanted: list[str],
-           needed: list[str], filter: Predicate | None, limit: int | None) -> Iterator[pa.RecordBatch]:
-    expression = filter.to_arrow() if filter is not None else None
+           needed: list[str], filter: Predicate | None, limit: int | None,
+           exact: bool = True) -> Iterator[pa.RecordBatch]:
+    expression = filter.to_arrow() if filter is not None and exact else None
     remaining = limit
 
     def emit(batch: pa.RecordBatch | pa.Table) -> Iterator[pa.RecordBatch]:

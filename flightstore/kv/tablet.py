@@ -32,9 +32,9 @@ import shutil
 import struct
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -56,7 +56,7 @@ from flightstore.log import LogTablet
 from flightstore.log.held import require_held
 from flightstore.schema import TableDescriptor
 
-__all__ = ["KvTablet", "ApplyResult", "changelog_schema", "UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES"]
+__all__ = ["UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES", "ApplyResult", "KvTablet", "changelog_schema"]
 
 log = logging.getLogger("flightstore.kv")
 
@@ -534,20 +534,40 @@ class KvTablet:
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
     def full_scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
-                  limit: int | None = None) -> Iterator[pa.RecordBatch]:
+                  limit: int | None = None, *, exact: bool = True) -> Iterator[pa.RecordBatch]:
         """Every current row, filtered exactly, at most ``limit``: the newest snapshot image plus
         the changelog after it (:mod:`flightstore.kv.snapshot_read`, consistent at the log end
         when called), or RocksDB (:meth:`scan`) when there is no usable image or the changelog
-        since it is much longer than the image."""
+        since it is much longer than the image.
+
+        ``exact=False`` is for analytic callers that apply ``filter`` again and need no key order
+        (residual SQL): rows come unfiltered (batches are still skipped by statistics), and a
+        bucket without a usable image is read from its whole changelog (the image of offset 0 is
+        empty) when the log still starts at 0, has no declared-lost range and is not much longer
+        than the bucket: columnar reads instead of a RocksDB iteration."""
         snapshot = self.snapshots.newest
         at = self.log.end_offset
-        if snapshot is not None and at - snapshot.offset <= \
-                IMAGE_TAIL_FACTOR * max(snapshot.rows, IMAGE_TAIL_MIN_ROWS):
+        wanted = columns or self.schema.names
+        if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows):
             image = self.snapshots.image(snapshot, self.schema)
             if image is not None:
-                return read_at(image, snapshot.offset, self.log, at, self.primary_key,
-                               columns or self.schema.names, filter, limit, where=self.name)
+                return read_at(image, snapshot.offset, self.log, at, self.primary_key, wanted, filter,
+                               limit, where=self.name, exact=exact)
+        if not exact and self._replayable(at):
+            return read_at(None, 0, self.log, at, self.primary_key, wanted, filter, limit,
+                           where=self.name, exact=False)
         return self.scan(columns, filter, limit)
+
+    @staticmethod
+    def _tail_is_short(tail_rows: int, image_rows: int) -> bool:
+        return tail_rows <= IMAGE_TAIL_FACTOR * max(image_rows, IMAGE_TAIL_MIN_ROWS)
+
+    def _replayable(self, at: int) -> bool:
+        """Whether the changelog ``[0, at)`` is held whole and short enough to read instead of
+        RocksDB."""
+        log_ = self.log
+        return (log_.start_offset == 0 and log_.lost_rows == 0 and not log_.damage()
+                and self._tail_is_short(at, self.row_count))
 
     def rows_at(self, at: int, columns: Sequence[str] | None = None, filter: Predicate | None = None,
                 limit: int | None = None) -> Iterator[pa.RecordBatch]:

@@ -43,6 +43,7 @@ from flightstore.sql.control import QueryControl
 from flightstore.sql.engine import InputRescanned, SqlEngine
 from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
 from flightstore.sql.parse import literal_shape
+from flightstore.sql.partial import fused_sql
 from flightstore.sql.plan import is_union
 from flightstore.sql.plan import plan as plan_sql
 from flightstore.sql.resolve import (
@@ -479,6 +480,8 @@ class Executor:
 
     # ---- residual SQL on DuckDB ---------------------------------------------------------------
     def _input_schema(self, item: n.ResidualInput) -> pa.Schema:
+        if item.partial is not None:
+            return self._partial_schema(item)
         descriptor = self.store.table(item.table).descriptor
         if item.source == "table":
             full = descriptor.schema
@@ -499,6 +502,8 @@ class Executor:
     def _input_data(self, item: n.ResidualInput, stream: bool = False):
         """An input of residual SQL: for a table, a ``(schema, batches)`` stream of its pruned scan
         when ``stream`` (DuckDB pulls it batch by batch), else the scan's table."""
+        if item.partial is not None:
+            return self._partial_data(item)
         if item.source == "table":
             # The WHERE stays in the residual SQL: the filter only has to skip batches by their
             # statistics; DuckDB filters the rows (faster than a second, Arrow-side pass).
@@ -528,6 +533,50 @@ class Executor:
         if item.filter is not None:
             full = full.filter(item.filter.bind(full.schema).to_arrow())
         return full.select(list(item.columns))
+
+    # ---- partial aggregates (flightstore.sql.partial) ------------------------------------------
+    def _partial_schema(self, item: n.ResidualInput) -> pa.Schema:
+        """The schema of ``item.partial``'s rows (DuckDB on an empty input), kept per input and
+        catalog version like the residual schemas."""
+        key = (item, self.store.catalog.version)
+        schema = self._residual_schemas.get(key)
+        if schema is None:
+            rows = _fields(self.store.table(item.table).descriptor.schema, item.columns)
+            schema = self.engine.schema(item.partial, {item.name: rows})
+            self._residual_schemas.put(key, schema)
+        return schema
+
+    def _partial_data(self, item: n.ResidualInput) -> pa.Table:
+        """``item.partial`` run where the rows are: once per server over a stream of the buckets
+        it holds (pruned, skipped by statistics), never materialized. (Measured: a partial per
+        bucket costs DuckDB ~30% more at 100k groups than one over the same buckets' stream.)"""
+        schema = self._partial_schema(item)
+        batches = list(self.engine.run(item.partial, {item.name: self._local_rows(item, stream=True)}))
+        return _cast(pa.Table.from_batches(batches, schema=batches[0].schema) if batches
+                     else schema.empty_table(), schema)
+
+    def _fused_inputs(self, plan: n.Residual, stream: bool) -> dict:
+        """The rows of a plan's one partial input, all held here: the partial and the merge run
+        as one statement over them (:func:`~flightstore.sql.partial.fused_sql`), one DuckDB call."""
+        item = plan.inputs[0]
+        return {item.name: self._local_rows(item, stream)}
+
+    def _local_rows(self, item: n.ResidualInput, stream: bool):
+        """The input's rows in the buckets held here: a ``(schema, batches)`` stream, or a table.
+        A union table (lake + log) streams its lake part, then its log tail."""
+        table = self.store.table(item.table)
+        rows_schema = _fields(table.descriptor.schema, item.columns)
+        if is_union(table.descriptor):
+            from flightstore.lake.union import read_union
+            parts = read_union(self.lake, table, item.columns, filter=item.filter, exact=False)
+            batches = (b for p in parts for b in _cast(
+                p if isinstance(p, pa.Table) else pa.Table.from_batches([p]), rows_schema).to_batches())
+        else:
+            batches = table.scan(list(item.columns), item.filter, buckets=table.bucket_ids(item.partitions),
+                                 exact=False)
+        if stream:
+            return rows_schema, _small_batches(batches)
+        return pa.Table.from_batches(list(batches), schema=rows_schema)
 
     # ---- the lake -----------------------------------------------------------------------------
     def _lake_catalog(self, path: TablePath) -> Any:
@@ -632,18 +681,22 @@ class Executor:
         """Stream the residual SQL's result from streamed inputs; should DuckDB read one input
         twice (the plan scans a table reference more than once) before the first batch came out,
         run it again on materialized inputs."""
-        inputs = {item.name: self._input_data(item, stream=True) for item in plan.inputs}
+        fused = len(plan.inputs) == 1 and plan.inputs[0].partial is not None
+        sql = fused_sql(plan.inputs[0].name, plan.inputs[0].partial, plan.sql) if fused else plan.sql
+        inputs = self._fused_inputs(plan, stream=True) if fused else \
+            {item.name: self._input_data(item, stream=True) for item in plan.inputs}
         rows = 0
         try:
-            for batch in self.engine.run(plan.sql, inputs, control):
+            for batch in self.engine.run(sql, inputs, control):
                 rows = self._count_result(rows, batch)
                 yield batch
         except InputRescanned:
             if rows:
                 raise SqlError("the embedded engine read one input twice after the answer had "
                                "begun; the query cannot run streamed") from None
-            inputs = {item.name: self._input_data(item) for item in plan.inputs}
-            for batch in self.engine.run(plan.sql, inputs, control):
+            inputs = self._fused_inputs(plan, stream=False) if fused else \
+                {item.name: self._input_data(item) for item in plan.inputs}
+            for batch in self.engine.run(sql, inputs, control):
                 rows = self._count_result(rows, batch)
                 yield batch
 

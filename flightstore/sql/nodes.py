@@ -135,7 +135,7 @@ class PlanNode:
             value = getattr(self, f.name)
             if value is None and f.metadata.get("shown") == "when set":
                 continue
-            text = render_value(value) if f.name == "sql" else _render(value)
+            text = render_value(value) if f.name in ("sql", "partial") else _render(value)
             parts.append(f"{f.name}={text}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
@@ -258,7 +258,11 @@ class Changelog(PlanNode):
 
 @dataclass(frozen=True)
 class ResidualInput(PlanNode):
-    """One table feeding a residual query, registered under ``name`` (pruned and pre-filtered)."""
+    """One table feeding a residual query, registered under ``name`` (pruned and pre-filtered).
+
+    With ``partial`` (see :mod:`flightstore.sql.partial`) the input is not the rows but the union
+    of ``partial`` (DuckDB SQL over the rows, registered under ``name``) run on each bucket's rows
+    where they are: partial aggregates that the residual SQL merges."""
 
     name: str
     table: TablePath
@@ -269,6 +273,7 @@ class ResidualInput(PlanNode):
     partitions: tuple[str, ...] | None = field(default=None, metadata=_SHOWN_WHEN_SET)
     snapshot_id: int | None = field(default=None, metadata=_SHOWN_WHEN_SET)
     as_of_ms: int | None = field(default=None, metadata=_SHOWN_WHEN_SET)
+    partial: str | None = field(default=None, metadata=_SHOWN_WHEN_SET)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+import pyarrow as pa
 from sqlglot import exp
 from sqlglot.errors import OptimizeError, SqlglotError
 from sqlglot.optimizer.qualify import qualify
@@ -21,10 +22,11 @@ from flightstore.errors import InvalidInput, SqlError
 from flightstore.expressions import Predicate, and_all
 from flightstore.partitioning import pruned_names
 from flightstore.sql.nodes import Residual, ResidualInput
+from flightstore.sql.partial import push_partial_aggregates
 from flightstore.sql.predicates import conjuncts, to_predicate
 from flightstore.sql.resolve import CatalogView, ResolvedTable, resolve_column, resolve_table_node
 
-__all__ = ["plan_residual", "INPUT_PREFIX"]
+__all__ = ["INPUT_PREFIX", "plan_residual"]
 
 INPUT_PREFIX = "__t"
 _UNRESOLVED = re.compile(r"Column '(?:\"?[^\"']*\"?\.)?\"?([^\"']+)\"?' could not be resolved"
@@ -103,7 +105,19 @@ def plan_residual(ast: exp.Expression, catalog: CatalogView) -> Residual:
                                     source=table.source, columns=tuple(columns), filter=predicate,
                                     partitions=partitions, snapshot_id=table.snapshot_id,
                                     as_of_ms=table.as_of_ms))
-    return Residual(sql=sql, inputs=tuple(inputs))
+    planned = Residual(sql=sql, inputs=tuple(inputs))
+    return _with_partial_aggregates(ast, planned, resolved) or planned
+
+
+def _with_partial_aggregates(ast: exp.Expression, planned: Residual, resolved: list[ResolvedTable]
+                             ) -> Residual | None:
+    """The aggregation of one table split into per-bucket partial aggregates and their merge
+    (:mod:`flightstore.sql.partial`), when the query allows it."""
+    if len(resolved) != 1:
+        return None
+    item = planned.inputs[0]
+    schema = pa.schema([resolved[0].schema.field(c) for c in item.columns])
+    return push_partial_aggregates(ast, planned, schema)
 
 
 def _unqualify_columns(ast: exp.Expression, refs: list[exp.Table]) -> None:

@@ -425,3 +425,63 @@ def test_an_undo_whose_changelog_expired_is_refused_and_changes_nothing(table):
     assert contents(table) == before
     table.upsert(rows(range(3), "w1"), writer_id="job", sequence=1)
     assert table.undo("job", 0) == 3  # batch 1 is still held: undone as usual
+
+
+# ---- analytic scans without an image: the changelog from offset 0 -------------------------------
+
+def test_analytic_scans_without_an_image_replay_the_changelog_not_rocksdb(store, monkeypatch):
+    table = store.create_table("plain", SCHEMA, primary_key=["k"], options={"bucket.num": 2})
+    model = Model()
+    model.upsert(table, rows(range(1000, 1400), "bulk"))  # a bulk load: inserts alone
+    churn(table, model, 6)  # then updates, partial updates, deletes, re-inserts
+    model.upsert(table, rows(range(2000, 2050), "late"))
+    expected = rocksdb_contents(table)
+    assert expected == model.state
+
+    def no_rocksdb(*args, **kwargs):
+        raise AssertionError("an analytic scan iterated RocksDB although the changelog serves")
+
+    monkeypatch.setattr(KvTablet, "scan", no_rocksdb)
+    assert by_key(table.scan_table(exact=False).to_pylist()) == expected
+    # rows come unfiltered (the caller filters again), skipping nothing the filter wants
+    loose = table.scan_table(["k", "v"], Comparison("v", "<", 40.0), exact=False)
+    wanted = {k: r["v"] for k, r in expected.items() if r["v"] is not None and r["v"] < 40}
+    assert {r["k"]: r["v"] for r in loose.to_pylist() if r["v"] is not None and r["v"] < 40} == wanted
+    with pytest.raises(AssertionError, match="iterated RocksDB"):
+        table.scan_table()  # exact scans keep reading RocksDB in key order
+
+
+def test_a_changelog_much_longer_than_the_bucket_is_not_replayed(store, monkeypatch):
+    table = store.create_table("plain", SCHEMA, primary_key=["k"], options={"bucket.num": 1})
+    model = Model()
+    churn(table, model, 3)
+    calls = []
+    original = KvTablet.scan
+
+    def counting(self, *args, **kwargs):
+        calls.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(KvTablet, "scan", counting)
+    assert by_key(table.scan_table(exact=False).to_pylist()) == model.state
+    assert calls == []
+    monkeypatch.setattr("flightstore.kv.tablet.IMAGE_TAIL_MIN_ROWS", 1)
+    monkeypatch.setattr("flightstore.kv.tablet.IMAGE_TAIL_FACTOR", 0)
+    assert by_key(table.scan_table(exact=False).to_pylist()) == model.state
+    assert len(calls) == 1
+
+
+def test_changed_rows_take_a_run_of_inserts_as_it_is(store):
+    from flightstore.kv.snapshot_read import changed_rows
+
+    table = store.create_table("plain", SCHEMA, primary_key=["k"], options={"bucket.num": 1})
+    table.upsert(rows(range(10), "a"))
+    kv = table.kvs[0]
+    inserted = changed_rows(kv.log, 0, kv.log.end_offset, ["k"], ["name"], "t")
+    assert inserted.empty and inserted.rows.column("k").to_pylist() == list(range(10))
+    table.upsert(rows([3, 12], "b"))
+    table.delete({"k": [5]})
+    mixed = changed_rows(kv.log, 0, kv.log.end_offset, ["k"], ["name"], "t")
+    assert sorted(mixed.sorted_values.tolist()) == [3, 5]  # only the keys an update or delete touched
+    assert {r["k"]: r["name"] for r in mixed.rows.to_pylist()} == \
+        {**{k: f"a{k}" for k in range(10) if k not in (3, 5)}, 3: "b3", 12: "b12"}

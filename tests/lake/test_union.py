@@ -159,6 +159,11 @@ def test_union_read_after_retention_deleted_tiered_segments(store, tierer, sql):
     assert _seqs(sql("SELECT seq FROM events")) == list(range(650))
     assert sql("SELECT COUNT(*) AS n FROM events").column("n").to_pylist() == [650]
     assert sql("SELECT COUNT(*) AS n FROM events WHERE seq >= 0").column("n").to_pylist() == [650]
+    # Partial aggregates read the union too (lake part, then the log tail, streamed).
+    grouped = "SELECT seq % 3 AS r, COUNT(*) AS n, SUM(seq) AS total FROM events GROUP BY seq % 3 ORDER BY r"
+    assert "partial=" in sql("EXPLAIN " + grouped).column("plan")[0].as_py()
+    assert sql(grouped).to_pylist() == [
+        {"r": r, "n": len(range(r, 650, 3)), "total": sum(range(r, 650, 3))} for r in range(3)]
     # Filters and pruning on both parts: a bucket-key equality, a range straddling the split.
     model = events(0, 650)
     key = 7 * 123 % 1000
