@@ -257,6 +257,9 @@ def test_spark_reads_and_writes_through_any_server(cluster, spark):
     assert read.rdd.getNumPartitions() == 6
     rows = {r["k"]: (r["a"], r["b"]) for r in read.collect()}
     assert rows == {k: (f"a{k}", 2 * k) for k in range(300)}
+    with flightstore.connect(uris[1]) as conn:  # the module's other tests compare listings with a single server
+        conn.sql("DROP TABLE sparkdb.sk")
+        conn.sql("DROP DATABASE sparkdb")
 
 
 def test_flightsql_dbapi_through_a_server_that_leads_few_buckets(cluster, single, dbapi_python, tmp_path):
