@@ -548,14 +548,18 @@ class KvTablet:
         snapshot = self.snapshots.newest
         at = self.log.end_offset
         wanted = columns or self.schema.names
-        if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows):
-            image = self.snapshots.image(snapshot, self.schema)
-            if image is not None:
-                return read_at(image, snapshot.offset, self.log, at, self.primary_key, wanted, filter,
-                               limit, where=self.name, exact=exact)
-        if not exact and self._replayable(at):
-            return read_at(None, 0, self.log, at, self.primary_key, wanted, filter, limit,
-                           where=self.name, exact=False)
+        try:  # read_at reads the changelog part before it returns: damage found there is found here
+            if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows):
+                image = self.snapshots.image(snapshot, self.schema)
+                if image is not None:
+                    return read_at(image, snapshot.offset, self.log, at, self.primary_key, wanted, filter,
+                                   limit, where=self.name, exact=exact)
+            if not exact and self._replayable(at):
+                return read_at(None, 0, self.log, at, self.primary_key, wanted, filter, limit,
+                               where=self.name, exact=False)
+        except (DataLoss, CorruptData) as error:
+            # RocksDB holds the current rows whatever the changelog lost: answer from it.
+            log.warning("%s: the changelog cannot be read (%s); scanning RocksDB instead", self.name, error)
         return self.scan(columns, filter, limit)
 
     @staticmethod
