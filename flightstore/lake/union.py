@@ -31,9 +31,11 @@ from flightstore.lake.catalog import LakeCatalog, lake_failures
 from flightstore.lake.layout import BUCKET_COLUMN, lake_schema, table_types
 from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets
 from flightstore.lake.read import scan_snapshot, snapshot_batches
+from flightstore.log import LogTablet
 from flightstore.store import Table
 
-__all__ = ["UnionSplit", "plan_split", "public_io_properties", "read_union", "union_count", "union_split"]
+__all__ = ["UnionSplit", "plan_split", "public_io_properties", "read_union", "union_buckets", "union_count",
+           "union_split"]
 
 _REPLANS = 5  # how often a split whose log part retention deleted meanwhile is planned again
 
@@ -107,11 +109,42 @@ def union_split(catalog: LakeCatalog | None, table: Table, snapshot_id: int | No
                    f"were deleted but the lake holds only the rows below it")
 
 
-def _lake_filter(filter: fs.Predicate | None, buckets: Sequence[int] | None,
-                 num_buckets: int) -> fs.Predicate | None:
-    if buckets is None or set(buckets) >= set(range(num_buckets)):
+def _partitioned(table: Table) -> bool:
+    return bool(table.descriptor.partition_keys)
+
+
+def _logs(table: Table) -> dict[int, LogTablet]:
+    """Every bucket's log by table-wide bucket id (a partitioned table: of its live partitions)."""
+    return {bucket: tablets[0] for bucket, tablets in table.tablets().items()}
+
+
+def _wanted(table: Table, filter: fs.Predicate | None, buckets: Sequence[int] | None,
+            logs: dict[int, LogTablet]) -> list[int]:
+    """The table-wide buckets a read visits: ``buckets`` (default all) of the live partitions
+    ``filter`` cannot rule out (partition pruning); a bucket of a dropped partition has no rows."""
+    if _partitioned(table):
+        live = table.bucket_ids(filter=filter.bind(table.schema) if filter is not None else None)
+    else:
+        live = sorted(logs)
+    if buckets is None:
+        return live
+    kept = set(live)
+    return [int(b) for b in buckets if int(b) in kept]
+
+
+def union_buckets(table: Table, filter: fs.Predicate | None = None) -> list[int]:
+    """The table-wide buckets a union read with ``filter`` visits (a partitioned table: those of
+    the live partitions the filter cannot rule out): one Flight endpoint each."""
+    return _wanted(table, filter, None, _logs(table))
+
+
+def _lake_filter(table: Table, filter: fs.Predicate | None, wanted: Sequence[int]) -> fs.Predicate | None:
+    """``filter`` for the lake part, restricted to the ``wanted`` buckets. A partitioned table is
+    always restricted: its lake may still hold rows of dropped partitions (tiering never deletes
+    them), which live under table-wide bucket ids no live partition uses."""
+    if not _partitioned(table) and set(wanted) >= set(range(table.num_buckets)):
         return filter
-    only = fs.In(BUCKET_COLUMN, tuple(int(b) for b in buckets))
+    only = fs.In(BUCKET_COLUMN, tuple(int(b) for b in wanted))
     return only if filter is None else fs.And(filter, only)
 
 
@@ -129,10 +162,13 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     short answer)."""
     columns = list(columns)
     split = union_split(catalog, table) if split is None else split
-    wanted = list(range(table.num_buckets)) if buckets is None else list(buckets)
+    logs = _logs(table)
+    wanted = _wanted(table, filter, buckets, logs)
+    if not wanted:
+        return
     remaining = limit
     if split.snapshot is not None and (remaining is None or remaining > 0):
-        lake_filter = _lake_filter(filter, buckets, table.num_buckets)
+        lake_filter = _lake_filter(table, filter, wanted)
         bound = lake_filter.bind(table_types(table.descriptor)) if lake_filter is not None else None
         for batch in snapshot_batches(split.lake_table, split.snapshot, table.descriptor, columns,
                                       bound, remaining):
@@ -144,7 +180,9 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     for bucket in wanted:
         if remaining is not None and remaining <= 0:
             return
-        log = table.logs[bucket]
+        log = logs.get(bucket)
+        if log is None or bucket not in split.offsets:
+            continue  # its partition was dropped, or created, since the split was planned
         if split.offsets[bucket] < log.start_offset:
             raise DataLoss(f"table {table.path} bucket {bucket}: log records from offset "
                            f"{split.offsets[bucket]} were deleted; plan the read again")
@@ -159,12 +197,25 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
                 return
 
 
-def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | None = None) -> int:
-    """``COUNT(*)`` of the union without reading a row: the lake snapshot's record count plus the
-    log records from the split offsets on."""
+def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | None = None,
+                partitions: Sequence[str] | None = None) -> int:
+    """``COUNT(*)`` of the union (of the named ``partitions`` of a partitioned table): the lake
+    snapshot's record count plus the log records from the split offsets on. A partitioned table's
+    lake part counts the ``__bucket`` column of its live partitions' buckets (its lake may hold
+    dropped partitions' rows), reading that one column only."""
     split = union_split(catalog, table) if split is None else split
-    tail = sum(max(0, log.end_offset - split.offsets[bucket]) for bucket, log in enumerate(table.logs))
-    return split.lake_rows + tail
+    logs = _logs(table)
+    wanted = table.bucket_ids(partitions) if _partitioned(table) else sorted(logs)
+    tail = sum(max(0, logs[b].end_offset - split.offsets.get(b, logs[b].end_offset))
+               for b in wanted if b in logs)
+    if split.snapshot is None or not _partitioned(table):
+        return split.lake_rows + tail
+    if not wanted:
+        return tail
+    only = fs.In(BUCKET_COLUMN, tuple(int(b) for b in wanted)).bind(table_types(table.descriptor))
+    lake = sum(batch.num_rows for batch in snapshot_batches(split.lake_table, split.snapshot,
+                                                            table.descriptor, [BUCKET_COLUMN], only))
+    return lake + tail
 
 
 # Properties of the lake's file IO a reader elsewhere may be given (never credentials).
@@ -184,7 +235,12 @@ def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate |
     properties without credentials (readers bring their own)."""
     split = union_split(catalog, table, snapshot_id)
     files: list[dict] = []
-    if split.snapshot is not None:
+    if _partitioned(table):  # the live partitions' buckets the filter leaves (pruning)
+        wanted = _wanted(table, filter, None, _logs(table))
+        split = UnionSplit(split.lake_table, split.snapshot,
+                           {b: o for b, o in split.offsets.items() if b in set(wanted)})
+        filter = _lake_filter(table, filter, wanted)
+    if split.snapshot is not None and split.offsets:
         bound = filter.bind(table_types(table.descriptor)) if filter is not None else None
         with lake_failures(f"planning a read of the lake table of {table.path}"):
             tasks = list(scan_snapshot(split.lake_table, split.snapshot,

@@ -751,7 +751,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 split = None
                 if payload.get("log_from") is not None:  # a log-tail split of a planned union read
                     split = UnionSplit(None, None, {int(b): int(o) for b, o in payload["log_from"].items()})
-                    buckets = [b for b in (buckets or range(table.num_buckets)) if b in split.offsets]
+                    buckets = [b for b in (buckets or split.offsets) if b in split.offsets]
                 if filter is not None:
                     filter = filter.bind(table.schema)
                 rows = read_union(self.executor.lake, table, columns or table.schema.names, filter=filter,

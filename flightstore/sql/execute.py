@@ -259,8 +259,9 @@ class Executor:
             if isinstance(plan, n.Changelog) and plan.kind == "binlog":
                 return [None]
             if isinstance(plan, n.UnionScan):  # each bucket: its lake files, then its log tail
-                table = self.store.table(plan.table)
-                return list(range(table.num_buckets)) if table.num_buckets > 1 else [None]
+                from flightstore.lake.union import union_buckets
+                buckets = union_buckets(self.store.table(plan.table), plan.filter)
+                return buckets if len(buckets) > 1 else [None]
             buckets = self.store.table(plan.table).bucket_ids(plan.partitions)
             if len(buckets) > 1:
                 return list(buckets)
@@ -408,7 +409,7 @@ class Executor:
             table = store.table(plan.table)
             if is_union(table.descriptor):
                 from flightstore.lake.union import union_count
-                count = union_count(self.lake, table)
+                count = union_count(self.lake, table, partitions=plan.partitions)
             else:
                 count = table.row_count() if plan.partitions is None else table.row_count(plan.partitions)
             yield pa.table({plan.column_name: pa.array([count], pa.int64())})

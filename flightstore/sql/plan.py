@@ -267,9 +267,8 @@ def _route(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Pred
 
 def is_union(descriptor) -> bool:
     """Whether a plain read of the table is a union of its lake and its log: a datalake-enabled
-    log table (primary-key tables answer from the KV, their current state)."""
-    return (bool(descriptor.option("table.datalake.enabled")) and not descriptor.primary_key
-            and not descriptor.partition_keys)
+    log table, partitioned or not (primary-key tables answer from the KV, their current state)."""
+    return bool(descriptor.option("table.datalake.enabled")) and not descriptor.primary_key
 
 
 def _range_scan(table: ResolvedTable, columns: tuple[str, ...], predicates: list[Predicate],
