@@ -79,6 +79,7 @@ class Connection:
         self._timeout = timeout
         self._credentials = (username, password or "") if username is not None else None
         self._options = flight.FlightCallOptions(timeout=timeout)
+        self._per_bucket_endpoints = False  # the session option: read each bucket at its endpoint
         if self._credentials is not None:
             self._authenticate()
 
@@ -122,11 +123,19 @@ class Connection:
 
     # ---- SQL ----------------------------------------------------------------------------------
     def sql(self, text: str) -> pa.Table:
-        """Run one SQL statement; queries return their rows, statements ``rows_affected``."""
-        command = protocol.pack_any(protocol.CommandStatementQuery(query=text))
-        info = self._retrying(lambda: self._client.get_flight_info(
-            flight.FlightDescriptor.for_command(command), self._options))
-        return self.read_info(info)
+        """Run one SQL statement; queries return their rows, statements ``rows_affected``.
+
+        One round trip: a DoGet of a flightstore ``sql`` ticket carrying the statement, which the
+        server plans, authorizes and answers in this connection's session (Flight SQL clients
+        such as ADBC take two: GetFlightInfo, then DoGet of its ticket). A connection that set
+        ``flightstore.per-bucket-endpoints`` takes that path too, reading each bucket's endpoint
+        at the server it names."""
+        if self._per_bucket_endpoints:  # the endpoints name each bucket's server: read them there
+            command = protocol.pack_any(protocol.CommandStatementQuery(query=text))
+            return self.read_info(self._retrying(lambda: self._client.get_flight_info(
+                flight.FlightDescriptor.for_command(command), self._options)))
+        ticket = flight.Ticket(tickets.encode_custom({"op": "sql", "sql": text}))
+        return self._retrying(lambda: self._client.do_get(ticket, self._options).read_all())
 
     def sql_batches(self, text: str) -> Iterator[pa.RecordBatch]:
         """Run one SQL query and iterate over its record batches as they arrive: the client holds
@@ -183,6 +192,8 @@ class Connection:
         errors = protocol.parse("SetSessionOptionsResult", answer.body.to_pybytes()).errors
         if errors:
             raise InvalidOption("session options refused: " + ", ".join(sorted(errors)))
+        if "flightstore.per-bucket-endpoints" in options:
+            self._per_bucket_endpoints = bool(options["flightstore.per-bucket-endpoints"])
 
     def session_options(self) -> dict[str, Any]:
         """This connection's Flight session options and their current values."""

@@ -204,6 +204,13 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "Memory the embedded SQL engine (DuckDB) may use for residual SQL (GROUP BY, joins, "
                  "ORDER BY...) across all queries; beyond it, operators spill to `DATA_DIR/.spill` and "
                  "a query that still does not fit fails with RESOURCE_EXHAUSTED.", minimum=1_000_000),
+    ConfigOption("query.materialize-input-limit", "size", 256_000_000,
+                 "A table input of residual SQL whose estimated size (its maintained row count times "
+                 "the read columns' widths) is at most this (and at most a quarter of "
+                 "`query.memory-limit`) is read whole before the embedded engine runs, so DuckDB "
+                 "scans it in parallel and pushes filters into it (joins with small dimension "
+                 "tables); bigger inputs are streamed batch by batch in bounded memory (`0`: always "
+                 "stream).", minimum=0),
     ConfigOption("query.spill-limit", "size", 10_000_000_000,
                  "Disk the embedded SQL engine may spill to under `DATA_DIR/.spill`; a query that "
                  "needs more fails with RESOURCE_EXHAUSTED.", minimum=0),

@@ -242,6 +242,7 @@ class Projections:
         self.schema = schema
         self.metadata = schema.metadata if keep_metadata else None
         self._memo: dict[tuple[str, ...], pa.Schema] = {}
+        self.names = frozenset(schema.names)  # membership checks of every lookup's columns
 
     def of(self, names: Sequence[str]) -> pa.Schema:
         key = tuple(names)

@@ -537,7 +537,7 @@ class Table:
         missing = [c for c in columns if c not in table.column_names]
         if missing:
             raise InvalidInput(f"lookup in {self.path} needs column(s) {missing}")
-        arrays = []
+        arrays, cast = [], False
         for name in columns:
             field = self.schema.field(name)
             column = table.column(name)
@@ -551,6 +551,9 @@ class Table:
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                 raise SchemaMismatch(f"key column {name!r}: cannot convert {column.type} to "
                                      f"{field.type}: {exc}") from None
+            cast = True
+        if not cast and table.num_columns == len(columns) and table.column_names == list(columns):
+            return table  # already the key columns, typed as stored (a planned lookup's keys)
         return pa.Table.from_arrays(arrays, names=list(columns))
 
     def projection(self, columns: Sequence[str]) -> pa.Schema:
@@ -560,7 +563,7 @@ class Table:
     def _check_columns(self, columns: Sequence[str] | None) -> list[str]:
         if columns is None:
             return self.schema.names
-        known = set(self.schema.names)
+        known = self._projections.names
         bad = [c for c in columns if c not in known]
         if bad:
             raise InvalidInput(f"table {self.path} has no column(s) {bad}")
@@ -575,7 +578,7 @@ class Table:
         if keys.num_rows == 0:
             return out_schema.empty_table()
         buckets = self.buckets_of(keys)
-        if (buckets == buckets[0]).all():  # one bucket (every single-key lookup): no reordering
+        if keys.num_rows == 1 or (buckets == buckets[0]).all():  # one bucket: no reordering
             rows = self.kvs[buckets[0]].lookup(keys, columns)[1]
             return rows.replace_schema_metadata() if rows.schema.equals(out_schema) else rows.cast(out_schema)
         parts, positions = [], []

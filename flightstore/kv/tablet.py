@@ -68,6 +68,9 @@ WRITER_META_PREFIXES = (_WRITER, UNDO_FENCE_PREFIX)  # what a writer keeps in th
 _VALUE_FORMAT = b"value_format"  # present: every value leads with its schema version
 _INT = struct.Struct(">q")
 _WRITER_STATE = struct.Struct(">qq")
+_FOUND, _NOT_FOUND = np.ones(1, bool), np.zeros(1, bool)  # found masks of one key (read-only)
+_FOUND.setflags(write=False)
+_NOT_FOUND.setflags(write=False)
 # A full scan reads the newest snapshot image plus the changelog after it unless that tail holds
 # more than this many rows per image row (then iterating RocksDB is cheaper).
 IMAGE_TAIL_FACTOR = 4
@@ -398,6 +401,12 @@ class KvTablet:
         """One RocksDB multi-get of encoded ``keys``: (found mask, decoded rows of the found ones).
         A RocksDB error (a corrupt block...) is DataLoss naming the table and bucket."""
         keys = keys if isinstance(keys, list) else keys.tolist()
+        if len(keys) == 1:  # a point lookup: one get, no multi-get set-up
+            with storage_errors(self.where, "RocksDB read failed", str(self.directory)):
+                value = self._db.get(keys[0])
+            if value is None:
+                return _NOT_FOUND, self.codec.decode([], columns)
+            return _FOUND, self.codec.decode([value], columns)
         with storage_errors(self.where, "RocksDB read failed", str(self.directory)):
             values = self._db.get(keys) if keys else []
         if len(values) <= 16:  # point lookups: a few Python checks beat building an array
@@ -539,14 +548,18 @@ class KvTablet:
         snapshot = self.snapshots.newest
         at = self.log.end_offset
         wanted = columns or self.schema.names
-        if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows):
-            image = self.snapshots.image(snapshot, self.schema)
-            if image is not None:
-                return read_at(image, snapshot.offset, self.log, at, self.primary_key, wanted, filter,
-                               limit, where=self.name, exact=exact)
-        if not exact and self._replayable(at):
-            return read_at(None, 0, self.log, at, self.primary_key, wanted, filter, limit,
-                           where=self.name, exact=False)
+        try:  # read_at reads the changelog part before it returns: damage found there is found here
+            if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows):
+                image = self.snapshots.image(snapshot, self.schema)
+                if image is not None:
+                    return read_at(image, snapshot.offset, self.log, at, self.primary_key, wanted, filter,
+                                   limit, where=self.name, exact=exact)
+            if not exact and self._replayable(at):
+                return read_at(None, 0, self.log, at, self.primary_key, wanted, filter, limit,
+                               where=self.name, exact=False)
+        except (DataLoss, CorruptData) as error:
+            # RocksDB holds the current rows whatever the changelog lost: answer from it.
+            log.warning("%s: the changelog cannot be read (%s); scanning RocksDB instead", self.name, error)
         return self.scan(columns, filter, limit)
 
     @staticmethod

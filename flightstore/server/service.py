@@ -740,6 +740,9 @@ class FlightSqlServer(flight.FlightServerBase):
 
     # ---- flightstore's own commands (Python client) -------------------------------------------
     def _custom_info(self, descriptor: flight.FlightDescriptor, payload: dict) -> flight.FlightInfo:
+        if payload["op"] == "sql":
+            raise InvalidInput("a flightstore 'sql' command is a DoGet ticket; send SQL to "
+                               "GetFlightInfo as a Flight SQL CommandStatementQuery")
         schema, _ = self._custom_get(payload, None, plan_only=True)
         ticket = descriptor.command
         if payload["op"] == "subscribe":
@@ -755,6 +758,8 @@ class FlightSqlServer(flight.FlightServerBase):
         """The schema and rows of a flightstore read command: an iterator for streamed reads,
         a Table for results that are complete already (lookups, counts, kept results)."""
         op = payload["op"]
+        if op == "sql":
+            return self._sql_get(payload, context)
         if op == "result":
             with self._lock:
                 entry = self._results.get(payload["id"])
@@ -856,6 +861,31 @@ class FlightSqlServer(flight.FlightServerBase):
             count = table.row_count() if partitions is None else table.row_count(partitions)
             return schema, pa.table({"count": [count]}, schema=schema)
         raise InvalidInput(f"unknown flightstore read command {op!r}")
+
+    def _sql_get(self, payload: dict, context: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch] | pa.Table]:
+        """One SQL statement in one DoGet (the Python client's ``sql()``): what GetFlightInfo of a
+        ``CommandStatementQuery`` and DoGet of its ticket do together, in the caller's session and
+        authorized the same way, without the second round trip. Statements run and answer
+        ``rows_affected``; small queries answer at once; other queries stream every bucket."""
+        sql = payload.get("sql")
+        if not isinstance(sql, str) or not sql.strip():
+            raise InvalidInput("a flightstore 'sql' ticket needs the statement as a non-empty "
+                               "string under 'sql'")
+        session = self.session(context)
+        plan = self.executor.plan(sql, None, session.database)
+        self._authorize(plan)
+        if not is_query(plan):
+            rows = self._run_statement(plan, session)
+            return ROWS_AFFECTED_SCHEMA, pa.table({"rows_affected": pa.array([rows], pa.int64())},
+                                                  schema=ROWS_AFFECTED_SCHEMA)
+        schema = self.executor.output_schema(plan)
+        if self.executor.answers_at_once(plan):
+            return schema, self._answer_now(plan, schema)
+        # Streamed like a Flight SQL ticket's DoGet: the query timeout, the client going away and
+        # shutdown stop it between batches (no query id: CancelFlightInfo needs a FlightInfo).
+        control = self.executor.control(context.is_cancelled if context is not None else None)
+        batches = self.executor.execute(plan, None, schema, control)
+        return schema, self.queries.stream(None, control, self.metrics.metered(_result_label(plan), batches))
 
     def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader) -> dict:
         op = payload["op"]

@@ -6,10 +6,12 @@ import threading
 
 import pyarrow as pa
 import pytest
+from pyarrow import flight
 
 import flightstore
 from flightstore.expressions import Comparison
-from tests.waiting import distinct_millisecond
+from flightstore.server import protocol, tickets
+from tests.waiting import distinct_millisecond, wait_until
 
 
 def test_client_round_trip(server):
@@ -193,3 +195,61 @@ def test_use_holds_for_its_own_connection_only(server):
         assert shop.sql("SELECT a FROM t").column("a").to_pylist() == [3]
         assert server.store.table("default.t").row_count() == 2
         assert server.store.table("shop.t").row_count() == 1
+
+
+def _rpcs(server, method: str, status: str = "OK") -> float:
+    return server.server.metrics.registry.get_sample_value(
+        "flightstore_rpc_total", {"method": method, "status": status}) or 0.0
+
+
+def test_sql_is_one_doget_of_a_statement_ticket_in_the_connections_session(server):
+    with flightstore.connect(server.uri, timeout=120) as conn:
+        conn.sql("CREATE DATABASE shop")
+        conn.sql("USE shop")  # the ticket carries only the statement: the session names the database
+        conn.sql("CREATE TABLE t (id BIGINT, v STRING, PRIMARY KEY (id) NOT ENFORCED) WITH ('bucket.num' = '3')")
+        assert conn.sql("INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')").to_pylist() == \
+            [{"rows_affected": 4}]
+        assert server.store.table("shop.t").row_count() == 4
+        wait_until(lambda: _rpcs(server, "DoGet") == 4, "the four statements counted")
+        infos, gets = _rpcs(server, "GetFlightInfo"), _rpcs(server, "DoGet")
+        assert conn.sql("SELECT v FROM t WHERE id = 3").to_pylist() == [{"v": "c"}]  # answered at once
+        assert conn.sql("SELECT * FROM t WHERE id = 99").num_rows == 0
+        scanned = conn.sql("SELECT * FROM t")  # streamed from every bucket
+        assert sorted(scanned.column("id").to_pylist()) == [1, 2, 3, 4]
+        assert conn.sql("SELECT COUNT(*) AS n FROM t").to_pylist() == [{"n": 4}]
+        # One RPC per statement, and the same answer as Flight SQL's GetFlightInfo + DoGet.
+        wait_until(lambda: _rpcs(server, "DoGet") == gets + 4, "one DoGet per statement")
+        assert _rpcs(server, "GetFlightInfo") == infos == 0
+        command = protocol.pack_any(protocol.CommandStatementQuery(query="SELECT * FROM t"))
+        info = conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
+        assert conn.read_info(info).sort_by("id").equals(scanned.sort_by("id"))
+        # Per-bucket endpoints asked for: sql() takes the FlightInfo to read each bucket where it names.
+        conn.set_session_options({"flightstore.per-bucket-endpoints": True})
+        assert sorted(conn.sql("SELECT id FROM t").column("id").to_pylist()) == [1, 2, 3, 4]
+        wait_until(lambda: _rpcs(server, "GetFlightInfo") == 2, "sql() asking for the per-bucket FlightInfo")
+
+
+@pytest.mark.parametrize("ticket, message", [
+    (tickets.encode_custom({"op": "sql"}), "needs the statement as a non-empty string"),
+    (tickets.encode_custom({"op": "sql", "sql": 42}), "needs the statement as a non-empty string"),
+    (tickets.encode_custom({"op": "sql", "sql": "  "}), "needs the statement as a non-empty string"),
+    (tickets.CUSTOM_PREFIX + b'{"op": "sql", "sql": ', "malformed flightstore command"),
+    (tickets.encode_custom({"op": "sql", "sql": "SELECT * FROM"}), "syntax error"),
+    (tickets.encode_custom({"op": "sql", "sql": "SELECT * FROM missing WHERE id = 1"}), "missing"),
+], ids=["no sql", "not a string", "blank", "not json", "syntax error", "unknown table"])
+def test_a_bad_sql_ticket_is_invalid_argument_and_the_server_keeps_serving(server, ticket, message):
+    with flightstore.connect(server.uri, timeout=120) as conn:
+        with pytest.raises((pa.ArrowInvalid, pa.ArrowKeyError), match=message) as refused:
+            conn._client.do_get(flight.Ticket(ticket), conn._options).read_all()
+        if "missing" in message:
+            assert isinstance(refused.value, pa.ArrowKeyError)  # NOT_FOUND
+        else:
+            assert isinstance(refused.value, pa.ArrowInvalid)  # INVALID_ARGUMENT
+        assert conn.sql("SHOW DATABASES").column(0).to_pylist() == ["default"]
+
+
+def test_a_sql_ticket_sent_to_get_flight_info_is_refused(server):
+    with flightstore.connect(server.uri, timeout=120) as conn:
+        descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom({"op": "sql", "sql": "SHOW DATABASES"}))
+        with pytest.raises(pa.ArrowInvalid, match="DoGet ticket"):
+            conn._client.get_flight_info(descriptor, conn._options)

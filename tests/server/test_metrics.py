@@ -67,10 +67,11 @@ def test_scrape_reports_rpcs_rows_offsets_streams_and_memory(metered):
         before = scrape(url)
 
         # RPC counts by method and status; latency histogram counts agree.
-        assert value(before, "flightstore_rpc_total", method="GetFlightInfo", status="INVALID_ARGUMENT") == 1
-        ok_infos = value(before, "flightstore_rpc_total", method="GetFlightInfo", status="OK")
-        assert ok_infos >= 4
-        assert value(before, "flightstore_rpc_duration_seconds_count", method="GetFlightInfo", status="OK") == ok_infos
+        # (the Python client sends each SQL statement as one DoGet of a flightstore "sql" ticket)
+        assert value(before, "flightstore_rpc_total", method="DoGet", status="INVALID_ARGUMENT") == 1
+        ok_gets = value(before, "flightstore_rpc_total", method="DoGet", status="OK")
+        assert ok_gets >= 5
+        assert value(before, "flightstore_rpc_duration_seconds_count", method="DoGet", status="OK") == ok_gets
         assert value(before, "flightstore_rpc_total", method="DoPut", status="OK") == 1
         # Rows and bytes in and out, per table.
         assert value(before, "flightstore_rows_in_total", table="default.kv") == 100
@@ -108,6 +109,8 @@ def test_scrape_reports_rpcs_rows_offsets_streams_and_memory(metered):
         rest = reader.read_all()
         assert rest.num_rows > 0
         wait_until(lambda: value(scrape(url), "flightstore_active_queries") == 0, "the query finished")
+        # GetFlightInfo: the subscription's (its start is fixed there) and this query's
+        assert value(scrape(url), "flightstore_rpc_total", method="GetFlightInfo", status="OK") == 2
 
     # A call refused by authentication is counted under its status.
     client = flight.FlightClient(server.uri)
@@ -177,8 +180,8 @@ def test_prometheus_scrapes_a_real_server(tmp_path):
             result = _query(port, promql)
             return float(result[0]["value"][1]) if result else None
 
-        infos = 'flightstore_rpc_total{job="flightstore",method="GetFlightInfo",status="OK"}'
-        assert wait_until(lambda: (sample(infos) or 0) >= 6, "Prometheus scraping our RPC counts", timeout=240)
+        gets = 'flightstore_rpc_total{job="flightstore",method="DoGet",status="OK"}'
+        assert wait_until(lambda: (sample(gets) or 0) >= 6, "Prometheus scraping our RPC counts", timeout=240)
         assert wait_until(lambda: sample('flightstore_log_end_offset{table="default.t",bucket="0"}') == 42,
                           "Prometheus scraping the log end offset", timeout=120)
         assert wait_until(lambda: sample('flightstore_rows_in_total{table="default.t"}') == 42,

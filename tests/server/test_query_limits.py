@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from pyarrow import flight
 
+import flightstore
 from flightstore.server import protocol
 from tests.server.conftest import RunningServer
 from tests.waiting import wait_until
@@ -114,6 +115,11 @@ def test_a_query_past_its_timeout_is_interrupted_mid_batch(limited) -> None:
         client.do_get(_info(client, SLOW_AGGREGATE).endpoints[0].ticket).read_all()
     wait_until(lambda: _idle(served), "the timed-out query's work stopping", timeout=30)
     assert served.server.executor.engine.stopped["timeout"] == stopped + 1  # DuckDB was interrupted
+    with flightstore.connect(served.uri, timeout=60) as conn, \
+            pytest.raises(flight.FlightTimedOutError, match="query.timeout"):
+        conn.sql(SLOW_AGGREGATE)  # the Python client's one-DoGet sql()
+    wait_until(lambda: _idle(served), "the timed-out sql() query's work stopping", timeout=30)
+    assert served.server.executor.engine.stopped["timeout"] == stopped + 2
     _still_serving(served)
     client.close()
 
