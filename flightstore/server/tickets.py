@@ -78,7 +78,7 @@ _NUMBER = (int, float)
 #: The JSON types of the fields of flightstore's commands and query tickets (null is let through:
 #: optional fields take their default; ``bool`` is never taken for an int).
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "op": (str,), "table": (str,), "id": (str,), "sql": (str,), "db": (str,), "query": (str,),
+    "op": (str,), "table": (str,), "id": (str,), "db": (str,), "query": (str,),  # "sql": its op checks it
     "partition": _INT, "params": (list,), "columns": (list,), "writer_id": (str,), "sequence": _INT,
     "after_sequence": _INT, "keys": (dict,), "filter": (dict, str), "limit": _INT, "buckets": (list,),
     "bucket": _INT, "at": _INT, "start": (str, int, dict), "until": (dict,), "log_from": (dict,),
