@@ -36,7 +36,7 @@ bench: $(TESTING)
 	$(PY) -m bench
 
 lint: $(TESTING)
-	$(PY) -m pip install -q ruff && $(VENV)/bin/ruff check flightstore flightstore_sqlalchemy connectors tests bench
+	$(PY) -m pip install -q 'ruff==0.17.6' && $(VENV)/bin/ruff check flightstore flightstore_sqlalchemy connectors tests bench
 
 clean:
 	rm -rf $(VENV) data cluster-data

@@ -159,7 +159,8 @@ class Connection:
         for endpoint in info.endpoints:
             server = self._peer(endpoint.locations[0].uri.decode()) if endpoint.locations else self
             parts.append(server._retrying(
-                lambda server=server, ticket=endpoint.ticket: server._client.do_get(ticket, server._options).read_all()))
+                lambda server=server, ticket=endpoint.ticket:
+                    server._client.do_get(ticket, server._options).read_all()))
         if not parts:
             return info.schema.empty_table()
         return pa.concat_tables(parts)

@@ -35,7 +35,6 @@ from flightstore.errors import (
     DataLoss,
     FlightstoreError,
     InvalidInput,
-    OutOfOrderSequence,
     PartitionNotFound,
     SchemaMismatch,
     Unsupported,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import struct
+
 import mmh3
 import numpy as np
 import pyarrow as pa
-import struct
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flightstore.bucketing import bucket_ids, hash_column, murmur3_32
 

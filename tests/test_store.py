@@ -10,8 +10,15 @@ import sys
 import pyarrow as pa
 import pytest
 
-from flightstore.errors import (DataDirectoryInUse, InvalidInput, InvalidOption, OutOfOrderSequence,
-                                SchemaMismatch, TableNotFound, Unsupported)
+from flightstore.errors import (
+    DataDirectoryInUse,
+    InvalidInput,
+    InvalidOption,
+    OutOfOrderSequence,
+    SchemaMismatch,
+    TableNotFound,
+    Unsupported,
+)
 from flightstore.expressions import Comparison
 from flightstore.store import Store
 

@@ -4,7 +4,8 @@ ALTER TABLE never rewrites a log: after ``ADD COLUMN`` the records written befor
 columns. A log directory's ``schemas.json`` records its *schema epochs*, ``[[version, from_offset],
 ...]`` in offset order: records from ``from_offset`` on were written under ``version`` (until the next
 epoch). A reader finds a record's version by bisection on its base offset, decodes it against that
-version's schema and conforms it to the current one (:func:`flightstore.schema.conform`: columns added later are NULL, widened
+version's schema and conforms it to the current one (:func:`flightstore.schema.conform`: columns added later are
+NULL, widened
 columns are cast).
 
 Durability: an epoch is written (atomically: temporary file, fsync, rename, fsync of the directory)

@@ -462,7 +462,10 @@ class FlightSqlServer(flight.FlightServerBase):
 
     def _metadata_table(self, command: Any, session: Session) -> pa.Table:
         name = command.DESCRIPTOR.name
-        optional = lambda field: getattr(command, field) if command.HasField(field) else None
+
+        def optional(field: str):
+            return getattr(command, field) if command.HasField(field) else None
+
         if name == "CommandGetCatalogs":
             return metadata.catalogs_table()
         if name == "CommandGetDbSchemas":

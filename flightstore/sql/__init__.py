@@ -4,11 +4,34 @@
 types the statement's placeholders for prepared statements.
 """
 
-from flightstore.sql.nodes import (Changelog, Count, CreateDatabase, CreateTable, Delete, Describe,
-                                   DropDatabase, DropTable, Explain, Insert, InsertSelect, Plan,
-                                   PlanNode, PointLookup, PrefixLookup, RangeScan, Residual,
-                                   ResidualInput, Scan, ShowDatabases, ShowTables, Update, UseDatabase,
-                                   Grant, Revoke, ShowGrants)
+from flightstore.sql.nodes import (
+                                   Changelog,
+                                   Count,
+                                   CreateDatabase,
+                                   CreateTable,
+                                   Delete,
+                                   Describe,
+                                   DropDatabase,
+                                   DropTable,
+                                   Explain,
+                                   Grant,
+                                   Insert,
+                                   InsertSelect,
+                                   Plan,
+                                   PlanNode,
+                                   PointLookup,
+                                   PrefixLookup,
+                                   RangeScan,
+                                   Residual,
+                                   ResidualInput,
+                                   Revoke,
+                                   Scan,
+                                   ShowDatabases,
+                                   ShowGrants,
+                                   ShowTables,
+                                   Update,
+                                   UseDatabase,
+)
 from flightstore.sql.plan import CatalogView, parameter_schema, plan
 
 __all__ = [

@@ -16,8 +16,17 @@ from flightstore.errors import DatabaseNotFound, InvalidInput, SqlError, TableNo
 from flightstore.names import check_name
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.sql.literals import NotALiteral, datatype_to_arrow, literal_value
-from flightstore.sql.nodes import (CreateDatabase, CreateTable, Describe, DropDatabase, DropTable,
-                                   Plan, ShowDatabases, ShowTables, UseDatabase)
+from flightstore.sql.nodes import (
+    CreateDatabase,
+    CreateTable,
+    Describe,
+    DropDatabase,
+    DropTable,
+    Plan,
+    ShowDatabases,
+    ShowTables,
+    UseDatabase,
+)
 from flightstore.sql.parse import Show
 from flightstore.sql.resolve import CatalogView, resolve_database, resolve_table_node
 

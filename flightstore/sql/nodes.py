@@ -14,15 +14,15 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from flightstore.acl import Operation, Resource
-from flightstore.expressions import (AlwaysTrue, And, Comparison, In, IsNotNull, IsNull, Not, Or,
-                                     Predicate, StartsWith)
+from flightstore.expressions import AlwaysTrue, And, Comparison, In, IsNotNull, IsNull, Not, Or, Predicate, StartsWith
 from flightstore.kv.ranges import KeyRange
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.sql.literals import render_value
 
 __all__ = [
-    "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "RangeScan", "UnionScan", "LakeScan", "Count", "Changelog", "Residual",
-    "ResidualInput", "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase", "DropDatabase",
+    "PlanNode", "Plan", "PointLookup", "PrefixLookup", "Scan", "RangeScan", "UnionScan", "LakeScan", "Count",
+    "Changelog", "Residual", "ResidualInput", "Insert", "InsertSelect", "Delete", "Update", "CreateDatabase",
+    "DropDatabase",
     "CreateTable", "DropTable", "ShowDatabases", "ShowTables", "Describe", "Explain", "UseDatabase",
     "Grant", "Revoke", "ShowGrants", "AlterTable", "ShowPartitions", "render_predicate", "render_change",
 ]

@@ -27,17 +27,25 @@ from flightstore.errors import InvalidInput, SqlError
 from flightstore.expressions import Predicate, and_all
 from flightstore.kv.ranges import key_range, pinned_bucket, residual_predicates
 from flightstore.partitioning import pruned_names
-from flightstore.sql import ddl, dml, grants
-from flightstore.sql import nodes
+from flightstore.sql import ddl, dml, grants, nodes
+from flightstore.sql.alter import plan_alter, plan_show_partitions
 from flightstore.sql.literals import NotALiteral, literal_value
 from flightstore.sql.nodes import *  # noqa: F401,F403 - the nodes are part of this module's API
+from flightstore.sql.nodes import (
+    Changelog,
+    Count,
+    LakeScan,
+    Plan,
+    PointLookup,
+    PrefixLookup,
+    RangeScan,
+    Scan,
+    UnionScan,
+)
 from flightstore.sql.nodes import __all__ as _NODES
-from flightstore.sql.nodes import (Changelog, Count, LakeScan, Plan, PointLookup, PrefixLookup, RangeScan,
-                                   Scan, UnionScan)
 from flightstore.sql.parameters import parameter_schema
-from flightstore.sql.parse import Explain as ParsedExplain
-from flightstore.sql.alter import plan_alter, plan_show_partitions
 from flightstore.sql.parse import Alter as ParsedAlter
+from flightstore.sql.parse import Explain as ParsedExplain
 from flightstore.sql.parse import Show, bind_parameters, parse_statement
 from flightstore.sql.predicates import conjuncts, extract_keys, to_predicate
 from flightstore.sql.residual import plan_residual

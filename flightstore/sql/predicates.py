@@ -17,8 +17,7 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 from sqlglot import exp
 
-from flightstore.expressions import (And, Comparison, In, IsNotNull, IsNull, Not, Or, Predicate,
-                                     StartsWith)
+from flightstore.expressions import And, Comparison, In, IsNotNull, IsNull, Not, Or, Predicate, StartsWith
 from flightstore.sql.literals import NotALiteral, cast_value, literal_value
 
 __all__ = ["conjuncts", "to_predicate", "flatten_and", "extract_keys", "MAX_KEYS"]

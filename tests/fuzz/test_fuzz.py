@@ -252,14 +252,14 @@ def _put(client, command: bytes) -> None:
        action_type=st.sampled_from(ACTIONS))
 def test_malformed_flight_calls(fuzzed, rpc, command, action_type) -> None:
     server, client = fuzzed
-    if rpc == "info":
-        call = lambda: client.get_flight_info(flight.FlightDescriptor.for_command(command), CALL)
-    elif rpc == "get":
-        call = lambda: client.do_get(flight.Ticket(command), CALL).read_all()
-    elif rpc == "put":
-        call = lambda: _put(client, command)
-    else:
-        call = lambda: list(client.do_action(flight.Action(action_type, command), CALL))
+    def call():
+        if rpc == "info":
+            return client.get_flight_info(flight.FlightDescriptor.for_command(command), CALL)
+        if rpc == "get":
+            return client.do_get(flight.Ticket(command), CALL).read_all()
+        if rpc == "put":
+            return _put(client, command)
+        return list(client.do_action(flight.Action(action_type, command), CALL))
     _check(server, client, call)
 
 

@@ -101,7 +101,8 @@ def test_scrape_reports_rpcs_rows_offsets_streams_and_memory(metered):
         n = 2_000_000
         conn.table("lg").append(pa.table({"id": np.arange(n), "w": np.arange(n)}))
         command = flight.FlightDescriptor.for_command(
-            flightstore.client.protocol.pack_any(flightstore.client.protocol.CommandStatementQuery(query="SELECT * FROM lg")))
+            flightstore.client.protocol.pack_any(
+                flightstore.client.protocol.CommandStatementQuery(query="SELECT * FROM lg")))
         info = conn._client.get_flight_info(command, conn._options)
         reader = conn._client.do_get(info.endpoints[0].ticket, conn._options)
         reader.read_chunk()

@@ -10,8 +10,7 @@ from sqlglot import exp
 
 from flightstore import errors
 from flightstore.sql.literals import cast_value, datatype_to_arrow, literal_value
-from flightstore.sql.parse import (Explain, Show, bind_parameters, parse_statement, placeholders,
-                                   value_to_sql)
+from flightstore.sql.parse import Explain, Show, bind_parameters, parse_statement, placeholders, value_to_sql
 
 
 def test_flink_ddl_parses() -> None:

@@ -13,10 +13,16 @@ import pytest
 from flightstore import errors
 from flightstore.expressions import Comparison, In
 from flightstore.schema import TablePath
-from flightstore.sql import (Count, CreateTable, Delete, Insert, PointLookup, Residual, Scan,
-                             parameter_schema, plan)
-from flightstore.sql.resolve import (CatalogView, binlog_schema, changelog_schema, lake_schema,
-                                     lake_snapshots_schema, lake_status_schema, partitions_schema)
+from flightstore.sql import Count, CreateTable, Delete, Insert, PointLookup, Residual, Scan, parameter_schema, plan
+from flightstore.sql.resolve import (
+    CatalogView,
+    binlog_schema,
+    changelog_schema,
+    lake_schema,
+    lake_snapshots_schema,
+    lake_status_schema,
+    partitions_schema,
+)
 from tests.sql.catalog import sample_catalog
 
 FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures" / "plans"

@@ -12,7 +12,8 @@ server, from that bucket's tiered offset.
 Options: ``uri`` (grpc://host:port, grpc+tls://host:port), ``table`` (``db.t``) or ``query`` (a whole
 SELECT pushed to the server; its Flight endpoints become the partitions), ``columns`` (``a,b``:
 pruned on the server), ``username``/``password``, ``tls.root.certs`` (PEM file of the CA that signed
-the server's certificate) and, for mutual TLS, ``tls.cert.chain``/``tls.private.key``; streaming options are in :mod:`flightstore_spark.stream`, write options
+the server's certificate) and, for mutual TLS, ``tls.cert.chain``/``tls.private.key``; streaming options are in
+:mod:`flightstore_spark.stream`, write options
 in :mod:`flightstore_spark.writer`.
 """
 

@@ -18,7 +18,8 @@ Options:
   per file; ``_log_offset`` / ``_commit_timestamp`` from the lake's ``__offset`` / ``__timestamp``)
   plus each bucket's log from the offset that snapshot tiered up to; the offset records the
   snapshot (``"lake": <snapshot id>``), so a replay reads the same files.
-* ``maxRowsPerTrigger``: admission control (the lake part of a first micro-batch is read whole); the rows are spread over the buckets that have data.
+* ``maxRowsPerTrigger``: admission control (the lake part of a first micro-batch is read whole); the rows are
+  spread over the buckets that have data.
 * ``columns``: ``a,b`` to read only those table columns (the changelog columns always come along).
 
 Rows carry ``_change_type`` (+I, -U, +U, -D; +A for log tables), ``_log_offset`` and

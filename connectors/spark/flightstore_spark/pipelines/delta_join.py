@@ -32,8 +32,15 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from flightstore_spark import _flight
-from flightstore_spark.pipelines._common import (distinct_keys, fold_last, local_spark, match_rows,
-                                                 pipeline_parser, query_identity, with_trigger)
+from flightstore_spark.pipelines._common import (
+    distinct_keys,
+    fold_last,
+    local_spark,
+    match_rows,
+    pipeline_parser,
+    query_identity,
+    with_trigger,
+)
 
 __all__ = ["DeltaJoin", "main", "start", "stream_stream_join_state"]
 
