@@ -11,6 +11,8 @@ Series (each server has its own registry, so several servers in one process do n
   written (DoPut, ingest, SQL INSERT); ``flightstore_rows_out_total{table}``,
   ``flightstore_bytes_out_total{table}``: rows and bytes sent to clients, labelled with the table a
   result comes from (the input tables, comma-separated, for joins and other residual SQL).
+* ``flightstore_partial_aggregates_total``: partial aggregates this server ran over the buckets it
+  leads for a query another server of the cluster received (which merges them).
 * ``flightstore_log_end_offset{table,bucket}``, ``flightstore_kv_applied_offset{table,bucket}``:
   read at scrape time from the tables this server has open.
 * ``flightstore_active_queries`` (GetFlightInfo and DoGet calls in flight, subscriptions excluded),
@@ -148,6 +150,8 @@ class ServerMetrics:
         self.rows_out = Counter("flightstore_rows_out", "Rows sent to clients, by table", ["table"], registry=r)
         self.bytes_out = Counter("flightstore_bytes_out", "Arrow bytes sent to clients, by table",
                                  ["table"], registry=r)
+        self.partials = Counter("flightstore_partial_aggregates",
+                                "Partial aggregates run here for a cluster peer's query", registry=r)
         self.active_queries = Gauge("flightstore_active_queries",
                                     "GetFlightInfo and DoGet calls in flight (subscriptions excluded)",
                                     registry=r)

@@ -795,6 +795,21 @@ class FlightSqlServer(flight.FlightServerBase):
                 table.prefix_lookup(keys, columns, payload.get("limit"))
             self.metrics.sent(str(table.path), found)
             return schema, found
+        if op == "partial":  # a cluster peer's partial aggregate over the buckets this server leads
+            if not forwarded or not isinstance(payload.get("buckets"), list) or \
+                    not isinstance(payload.get("partial"), str) or not isinstance(payload.get("name"), str):
+                raise InvalidInput("a partial aggregate is a forwarded call naming its buckets, "
+                                   "partial SQL and input name")
+            filter = from_json(payload["filter"]) if payload.get("filter") else None
+            item = nodes.ResidualInput(payload["name"], table.path, "table", tuple(columns or table.schema.names),
+                                 filter.bind(table.schema) if filter is not None else None,
+                                 partial=payload["partial"])
+            schema = self.executor._partial_schema(item)
+            if plan_only:
+                return schema, iter(())
+            rows = self.executor.partial_rows(table.check_owned(payload["buckets"]), item, payload["buckets"])
+            self.metrics.partials.inc()
+            return schema, self.metrics.metered(str(table.path), iter([rows]))
         if op == "scan":
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = table.projection(columns or table.schema.names)
@@ -1022,7 +1037,8 @@ class FlightSqlServer(flight.FlightServerBase):
             self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.cluster is None:
                 raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
-            return tickets.encode_custom({"op": "cluster", **self.cluster.describe(payload.get("table"))})
+            return tickets.encode_custom({"op": "cluster", **self.cluster.describe(payload.get("table")),
+                                          "partial_aggregates": int(self.metrics.partials._value.get())})
         raise Unsupported(f"action {kind} is not supported by flightstore")
 
 

@@ -567,9 +567,43 @@ class Executor:
         it holds (pruned, skipped by statistics), never materialized. (Measured: a partial per
         bucket costs DuckDB ~30% more at 100k groups than one over the same buckets' stream.)"""
         schema = self._partial_schema(item)
+        table = self.store.table(item.table)
+        if _routed(table):
+            return self._cluster_partial(table, item, schema)
         batches = list(self.engine.run(item.partial, {item.name: self._local_rows(item, stream=True)}))
         return _cast(pa.Table.from_batches(batches, schema=batches[0].schema) if batches
                      else schema.empty_table(), schema)
+
+    def _cluster_partial(self, table, item: n.ResidualInput, schema: pa.Schema) -> pa.Table:
+        """In a cluster: each leader runs ``item.partial`` over the buckets it leads (a forwarded
+        ``partial`` call, :meth:`partial_rows`), this server over its own; only partial rows travel."""
+        from flightstore.server.auth import CALLER_TOKEN
+        mine: list[int] = []
+        theirs: dict[int, tuple] = {}
+        places = table.locations()
+        for bucket in table.bucket_ids(item.partitions):
+            place = places[int(bucket) % len(places)] if places else None
+            if place is None or place.leader == table.server_id:
+                mine.append(int(bucket))
+            else:
+                place.require()
+                theirs.setdefault(place.leader, (place, []))[1].append(int(bucket))
+        token = CALLER_TOKEN.get()
+        parts = [self.partial_rows(table.local, item, mine)] if mine else []
+        for place, buckets in theirs.values():
+            parts.append(table.peers.get_table(place, {
+                "op": "partial", "table": str(item.table), "columns": list(item.columns),
+                "filter": item.filter.to_dict() if item.filter is not None else None,
+                "buckets": buckets, "partial": item.partial, "name": item.name}, token))
+        return pa.concat_tables([_cast(p, schema) for p in parts]) if parts else schema.empty_table()
+
+    def partial_rows(self, table, item: n.ResidualInput, buckets: Sequence[int]) -> pa.Table:
+        """``item.partial`` over ``buckets`` of ``table`` held here (a stream, never materialized)."""
+        rows_schema = _fields(table.descriptor.schema, item.columns)
+        batches = table.scan(list(item.columns), item.filter, buckets=list(buckets), exact=False)
+        out = list(self.engine.run(item.partial, {item.name: (rows_schema, _small_batches(batches))}))
+        return pa.Table.from_batches(out, schema=out[0].schema) if out else \
+            self._partial_schema(item).empty_table()
 
     def _fused_inputs(self, plan: n.Residual, stream: bool) -> dict:
         """The rows of a plan's one partial input, all held here: the partial and the merge run
@@ -696,7 +730,8 @@ class Executor:
         """Stream the residual SQL's result from streamed inputs; should DuckDB read one input
         twice (the plan scans a table reference more than once) before the first batch came out,
         run it again on materialized inputs."""
-        fused = len(plan.inputs) == 1 and plan.inputs[0].partial is not None
+        fused = len(plan.inputs) == 1 and plan.inputs[0].partial is not None and \
+            not _routed(self.store.table(plan.inputs[0].table))  # a cluster: partials run on leaders
         sql = fused_sql(plan.inputs[0].name, plan.inputs[0].partial, plan.sql) if fused else plan.sql
         inputs = self._fused_inputs(plan, stream=True) if fused else \
             {item.name: self._input_data(item, stream=True) for item in plan.inputs}
@@ -722,6 +757,12 @@ class Executor:
             raise ResourceExhausted(f"the query returns more than {self.max_result_rows:,} rows "
                                     "(server option query.max-result-rows); it was stopped")
         return rows
+
+
+def _routed(table) -> bool:
+    """Whether ``table`` is a cluster table whose buckets other servers lead (not a union table:
+    its lake part is read here)."""
+    return hasattr(table, "peers") and hasattr(table, "local") and not is_union(table.descriptor)
 
 
 def _small_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -271,3 +271,44 @@ def test_flightsql_dbapi_through_a_server_that_leads_few_buckets(cluster, single
     assert got.keys() == want.keys()
     for name in want:
         assert got[name] == want[name], name
+
+
+def test_group_by_runs_its_partial_on_each_leader(cluster, single):
+    """A GROUP BY through any server: every other leader runs the partial aggregate over its own
+    buckets (its counter moves) and the answer equals a single server's."""
+    uris = [cluster[i] for i in SERVER_IDS]
+    ddl = ("CREATE TABLE agg.sales (id BIGINT, region STRING, amount DOUBLE) "
+           "WITH ('bucket.num' = '6', 'bucket.key' = 'id')")
+    insert = "INSERT INTO agg.sales VALUES " + ", ".join(
+        f"({i}, 'r{i % 4}', {i % 17}.25)" for i in range(600))
+    query = ("SELECT region, SUM(amount) AS s, AVG(amount) AS a, COUNT(*) AS n, MIN(id) AS lo, "
+             "MAX(amount) AS hi FROM agg.sales WHERE id >= 10 GROUP BY region ORDER BY region")
+    conn = _adbc(single.uri)
+    try:
+        _rows(conn, "CREATE DATABASE agg")
+        _rows(conn, ddl)
+        _rows(conn, insert)
+        expected = _rows(conn, query)
+    finally:
+        conn.close()
+    conn = _adbc(uris[0])
+    try:
+        _rows(conn, "CREATE DATABASE agg")
+        _rows(conn, ddl)
+        _rows(conn, insert)
+    finally:
+        conn.close()
+    assert len(expected) == 4 and sum(r["n"] for r in expected) == 590
+    for i, uri in enumerate(uris):
+        before = {s: describe(cluster[s])["partial_aggregates"] for s in SERVER_IDS}
+        conn = _adbc(uri)
+        try:
+            got = _rows(conn, query)
+        finally:
+            conn.close()
+        assert [{**r, "a": round(r["a"], 9)} for r in got] == \
+            [{**r, "a": round(r["a"], 9)} for r in expected]
+        after = {s: describe(cluster[s])["partial_aggregates"] for s in SERVER_IDS}
+        asked = SERVER_IDS[i]
+        assert after[asked] == before[asked]  # its own partial runs in-process
+        assert all(after[s] == before[s] + 1 for s in SERVER_IDS if s != asked), (before, after)
