@@ -312,3 +312,13 @@ def test_group_by_runs_its_partial_on_each_leader(cluster, single):
         asked = SERVER_IDS[i]
         assert after[asked] == before[asked]  # its own partial runs in-process
         assert all(after[s] == before[s] + 1 for s in SERVER_IDS if s != asked), (before, after)
+
+    # The leader-side op serves only forwarded calls naming their buckets, SQL and input name.
+    client = flight.FlightClient(uris[0])
+    try:
+        ticket = flight.Ticket(tickets.encode_custom({"op": "partial", "table": "agg.sales",
+                                                      "partial": "SELECT 1", "name": "t"}))
+        with pytest.raises(pa.ArrowInvalid, match="forwarded call naming its buckets"):
+            client.do_get(ticket, CALL).read_all()
+    finally:
+        client.close()
