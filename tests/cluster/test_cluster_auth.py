@@ -61,6 +61,12 @@ def test_tokens_work_on_every_server_and_travel_with_forwarded_calls(servers, ob
         eve.close()
         with pytest.raises(flight.FlightUnauthorizedError):
             other.do_get(ticket, _with_token(eve_token)).read_all()
+        # A leader checks READ for the caller of a forwarded partial aggregate too.
+        partial = flight.Ticket(tickets.encode_custom({
+            "op": "partial", "table": "t", "columns": ["k"], "buckets": [0], "local": True,
+            "partial": "SELECT COUNT(*) AS n FROM rows", "name": "rows"}))
+        with pytest.raises(flight.FlightUnauthorizedError):
+            other.do_get(partial, _with_token(eve_token)).read_all()
     finally:
         other.close()
     with flightstore.connect(uris[2], username="eve", password="s3cret-eve") as conn, \
@@ -68,3 +74,6 @@ def test_tokens_work_on_every_server_and_travel_with_forwarded_calls(servers, ob
         conn.table("t").upsert(pa.table({"k": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}))
     with flightstore.connect(uris[2], username="admin", password="s3cret-admin") as conn:
         assert conn.sql("SELECT v FROM t WHERE k = 1").to_pylist() == [{"v": "v1"}]
+        # A GROUP BY's partial runs on the other leader with the caller's token.
+        assert conn.sql("SELECT k % 2 AS g, COUNT(*) AS n, SUM(k) AS s FROM t GROUP BY k % 2 ORDER BY g"
+                        ).to_pylist() == [{"g": 0, "n": 20, "s": 380}, {"g": 1, "n": 20, "s": 400}]
