@@ -58,10 +58,16 @@ def lake_failures(what: str) -> Iterator[None]:
         raise LakeUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
+# Iceberg table properties of every lake table unless its ``iceberg.*`` options say otherwise.
+DEFAULT_TABLE_PROPERTIES = {"write.parquet.compression-codec": "snappy"}
+
+
 def table_properties(descriptor: TableDescriptor, table_id: str) -> dict[str, str]:
-    """Iceberg table properties: the ``iceberg.*`` table options and the incarnation id."""
-    properties = {key[len(ICEBERG_TABLE_PREFIX):]: value for key, value in descriptor.options.items()
-                  if key.startswith(ICEBERG_TABLE_PREFIX)}
+    """Iceberg table properties: :data:`DEFAULT_TABLE_PROPERTIES` overridden by the ``iceberg.*``
+    table options, and the incarnation id."""
+    properties = dict(DEFAULT_TABLE_PROPERTIES)
+    properties.update({key[len(ICEBERG_TABLE_PREFIX):]: value for key, value in descriptor.options.items()
+                       if key.startswith(ICEBERG_TABLE_PREFIX)})
     properties[TABLE_ID_PROPERTY] = table_id
     return properties
 
