@@ -21,9 +21,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from pyiceberg import expressions as ice
 from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
@@ -37,6 +39,7 @@ from flightstore.schema import TableDescriptor
 
 __all__ = [
     "LakeSnapshot",
+    "cache_appended",
     "cached_schema",
     "lake_snapshots",
     "plan_lake_files",
@@ -232,6 +235,50 @@ def _filling(cache: ReadCache, io: PyArrowFileIO, missing: dict[str, tuple[str, 
         finally:
             if fill is not None:  # the reader stopped early (a limit, a cancel) or failed
                 fill.abort()
+
+
+def cache_appended(cache: ReadCache, lake_table: IcebergTable, descriptor: TableDescriptor,
+                   rows: pa.Table) -> int:
+    """Write-through: put the data files that the current snapshot of ``lake_table`` added in
+    ``cache``, from ``rows``, the lake rows that snapshot appended (a tiering round of a log
+    table), so union reads find them decoded from the start. A data file holds one bucket's rows
+    (bucket alignment); a bucket whose rows went into several files is left to the first read.
+    Returns how many files were cached."""
+    snapshot = lake_table.current_snapshot()
+    if snapshot is None or not rows.num_rows:
+        return 0
+    types = cached_schema(descriptor)
+    bucket_field = lake_table.schema().find_field(BUCKET_COLUMN).field_id
+    by_bucket: dict[int, list] = {}
+    for manifest in snapshot.manifests(lake_table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(lake_table.io, discard_deleted=True):
+            if entry.status != ManifestEntryStatus.ADDED or entry.snapshot_id != snapshot.snapshot_id:
+                continue
+            file = entry.data_file
+            low, high = (file.lower_bounds or {}).get(bucket_field), (file.upper_bounds or {}).get(bucket_field)
+            if low is None or low != high:
+                continue
+            by_bucket.setdefault(int.from_bytes(low, "little", signed=True), []).append(file)
+    buckets = rows.column(BUCKET_COLUMN)
+    table_uuid = str(lake_table.metadata.table_uuid)
+    cached = 0
+    for bucket, files in by_bucket.items():
+        part = rows.filter(pc.equal(buckets, pa.scalar(bucket, pa.int32())))
+        if len(files) != 1 or part.num_rows != files[0].record_count:
+            continue
+        file = files[0]
+        key = cache.key(table_uuid, file.file_path, file.file_size_in_bytes, file.record_count, types)
+        fill = cache.fill(key, types, file.record_count)
+        try:
+            for batch in part.select(types.names).cast(types).to_batches():
+                fill.write(batch)
+        except BaseException:
+            fill.abort()
+            raise
+        cached += fill.commit()
+    return cached
 
 
 def _start_fill(cache: ReadCache, keyed: tuple[str, int] | None, types: pa.Schema) -> CacheFill | None:
