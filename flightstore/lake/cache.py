@@ -102,10 +102,14 @@ class ReadCache:
             return None
         with self._lock:
             self.hits += 1
-            if key in self._entries:
-                self._entries.move_to_end(key)
+            untracked = key not in self._entries  # put there by another cache object of the directory
+            self._bytes -= self._entries.pop(key, 0)
+            self._entries[key] = source.size()
+            self._bytes += self._entries[key]
         with contextlib.suppress(OSError):
             os.utime(path)  # the recency a restarted server orders entries by
+        if untracked:
+            self._evict()
         return batches
 
     def fill(self, key: str, schema: pa.Schema, rows: int) -> CacheFill:
