@@ -94,6 +94,8 @@ class ReadCache:
         try:
             reader = pa.ipc.open_file(source)
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            for batch in batches:
+                batch.validate()  # buffers as long as the arrays say (cheap: not the values)
             valid = reader.schema.equals(schema) and sum(b.num_rows for b in batches) == rows
         except (pa.ArrowException, OSError):
             valid = False
