@@ -186,8 +186,9 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
     its lake table; see the module docstring.
 
     ``before_commit`` runs right before the catalog commit (the tierer renews its lease there and
-    raises if it lost it); ``hook(phase)`` is called at each of :data:`PHASES`; a log table's
-    ``appended(lake_table, rows)`` after its commit, with the rows the new snapshot appended. Lake failures raise
+    raises if it lost it); ``hook(phase)`` is called at each of :data:`PHASES`; on a log table,
+    ``appended(lake_table, rows)`` after the commit, with the rows its snapshot appended (the
+    tierer's write-through to the read cache). Lake failures raise
     :class:`~flightstore.errors.LakeUnavailable`; nothing is committed then.
     """
     began = time.monotonic()
