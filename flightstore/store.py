@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import itertools
 import logging
 import os
@@ -26,6 +27,7 @@ from flightstore import changetype
 from flightstore.alter import AddPartition, Change, DropPartition, PartitionLimits, apply_changes
 from flightstore.autopartition import auto_partition
 from flightstore.autopartition import plan as plan_auto_partitions
+from flightstore.batches import limited_sources
 from flightstore.bucketing import bucket_ids
 from flightstore.catalog import DEFAULT_DATABASE, Catalog
 from flightstore.config import SERVER_OPTIONS, server_option
@@ -639,25 +641,16 @@ class Table:
             if pinned is not None:
                 buckets = [b for b in (range(self.num_buckets) if buckets is None else buckets)
                            if b == pinned]
-        remaining = limit
-        for bucket in (range(self.num_buckets) if buckets is None else buckets):
-            if remaining is not None and remaining <= 0:
-                return
+
+        def open_bucket(bucket: int, remaining: int | None) -> Iterator[pa.RecordBatch]:
             if self.has_primary_key:
                 kv = self.kvs[bucket]
-                source = kv.full_scan(columns, filter, remaining, exact=exact) if key_range is None else \
+                return kv.full_scan(columns, filter, remaining, exact=exact) if key_range is None else \
                     kv.scan(columns, filter, remaining, key_range)
-            else:
-                source = (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter,
-                                                                     exact=exact))
-            for batch in source:
-                if remaining is not None:
-                    batch = batch.slice(0, remaining)
-                    remaining -= batch.num_rows
-                if batch.num_rows:
-                    yield batch
-                if remaining is not None and remaining <= 0:
-                    return
+            return (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter, exact=exact))
+
+        yield from limited_sources((functools.partial(open_bucket, bucket)
+                                    for bucket in (range(self.num_buckets) if buckets is None else buckets)), limit)
 
     def scan_table(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
                    limit: int | None = None, *, exact: bool = True) -> pa.Table:
