@@ -146,6 +146,29 @@ def _guarded(batches: Iterator[pa.RecordBatch | pa.Table],
         raise _translate(exc, hidden) from None
 
 
+def _in_call_context(batches: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """``batches`` pulled in the context of the call that created the stream. gRPC pulls a DoGet
+    stream from its own threads after the call returned (and :func:`_rpc` reset the caller): its
+    forwarded calls (a cluster scan or partial aggregate opened lazily) must still carry the
+    caller's token (:data:`CALLER_TOKEN`), and checks see the caller, on every pull. Nothing is
+    set in the pulling thread's own context, so no later call served by that thread inherits it."""
+    return _pulled_in(contextvars.copy_context(), batches)  # captured now, not at the first pull
+
+
+def _pulled_in(context: contextvars.Context, batches: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    try:
+        while True:
+            try:
+                batch = context.run(next, batches)
+            except StopIteration:
+                return
+            yield batch
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            context.run(close)
+
+
 def rechunk(batches: Iterator[pa.RecordBatch | pa.Table]) -> Iterator[pa.Table]:
     """Cut batches into Flight messages of at most :data:`MAX_BATCH_BYTES` (far below gRPC's
     16 MiB limit). Each input batch comes out as one table of zero-copy slices: pyarrow streams a
@@ -432,7 +455,7 @@ class FlightSqlServer(flight.FlightServerBase):
                 schema, batches = table.schema, table
         if isinstance(batches, pa.Table):  # materialized (lookups, counts, metadata): C++ streams it
             return flight.RecordBatchStream(_messages(batches), _IPC_OPTIONS)
-        return flight.GeneratorStream(schema, _guarded(rechunk(batches), self._hidden_paths))
+        return flight.GeneratorStream(schema, _in_call_context(_guarded(rechunk(batches), self._hidden_paths)))
 
     # ---- metadata commands --------------------------------------------------------------------
     def _metadata_schema(self, command: Any) -> pa.Schema | None:
