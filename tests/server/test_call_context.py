@@ -9,7 +9,7 @@ import threading
 import pyarrow as pa
 
 from flightstore.server.auth import CALLER_TOKEN
-from flightstore.server.service import _in_call_context
+from flightstore.server.rpc import _in_call_context
 
 
 def _seen_tokens(seen: list):
