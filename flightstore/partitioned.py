@@ -57,7 +57,7 @@ from flightstore.partitioning import (
     split_bucket_id,
 )
 from flightstore.schema import Projections, TableDescriptor, as_table
-from flightstore.store import TABLE_WRITER, Table, WriteResult
+from flightstore.store import Table, WriteResult
 from flightstore.writers import WriterRegistry, system_clock_ms
 
 __all__ = ["PartitionedTable", "PartitionsUpkeep", "partition_directory", "remove_partition_directories"]
@@ -259,15 +259,7 @@ class PartitionedTable(Table):
                 return result
         intent = not recovering and self._spans_buckets(table, units)
         if intent:
-            if writer_id is None or sequence is None:
-                writer_id = TABLE_WRITER
-                last_table = self._writers.sequence(TABLE_WRITER)
-                sequence = 0 if last_table is None else last_table + 1
-            record = table if kinds is None else table.append_column(
-                changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
-            self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
-                                 "kv": kinds is not None, "writer_id": writer_id,
-                                 "sequence": sequence}, record)
+            writer_id, sequence = self._begin_intent(table, kinds, target, writer_id, sequence, overwrite)
         nb = self.num_buckets
         for partition, unit, mask in units:
             part = table.filter(pa.array(mask))

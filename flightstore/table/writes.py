@@ -226,15 +226,7 @@ class TableWrites:
         result.touched = [int(b) for b in targets]
         intent = len(targets) > 1 and not recovering
         if intent:
-            if writer_id is None or sequence is None:
-                writer_id = TABLE_WRITER
-                last_table = self._writers.sequence(TABLE_WRITER)
-                sequence = 0 if last_table is None else last_table + 1
-            record = table if kinds is None else table.append_column(
-                changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
-            self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
-                                 "kv": kinds is not None, "writer_id": writer_id,
-                                 "sequence": sequence}, record)
+            writer_id, sequence = self._begin_intent(table, kinds, target, writer_id, sequence, overwrite)
         for bucket in targets:
             mask = buckets == bucket
             part = table.filter(pa.array(mask))
@@ -258,6 +250,22 @@ class TableWrites:
             self._intents.complete()
         self._note_sequence(writer_id, sequence, now)
         return result
+
+    def _begin_intent(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                      writer_id: str | None, sequence: int | None, overwrite: bool) -> tuple[str, int]:
+        """Record the intent of a write that spans buckets (rolled forward after a crash, see
+        :meth:`_complete_pending_write`); a write without writer id and sequence goes under the
+        table writer's next sequence. Returns the writer id and sequence the write goes under."""
+        if writer_id is None or sequence is None:
+            writer_id = TABLE_WRITER
+            last_table = self._writers.sequence(TABLE_WRITER)
+            sequence = 0 if last_table is None else last_table + 1
+        record = table if kinds is None else table.append_column(
+            changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
+        self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
+                             "kv": kinds is not None, "writer_id": writer_id,
+                             "sequence": sequence}, record)
+        return writer_id, sequence
 
     def _complete_pending_write(self) -> None:
         """Roll forward a multi-bucket write a crash interrupted (buckets that have it skip it)."""
