@@ -297,16 +297,8 @@ class PartitionedTable(Table):
         self._notify()
         return restored
 
-    def expire_writers(self, now_ms: int | None = None) -> list[str]:
-        """Forget writers idle for ``table.writer-id.expiration``, here and in every partition."""
-        now = self._clock() if now_ms is None else now_ms
-        with self._lock:
-            expired = self._writers.expired(now)
-            if expired:
-                self._expire(expired, now)
-        return expired
-
     def _expire(self, writer_ids: list[str], now_ms: int) -> None:
+        """Forget the writers here and in every partition (:meth:`Table.expire_writers` calls it)."""
         with self._lock:
             for unit in self.units.values():
                 unit._expire(writer_ids, now_ms)
