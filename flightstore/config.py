@@ -282,6 +282,12 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("datalake.tiering.max-round-rows", "int", 8_000_000,
                  "Most rows one tiering round reads into memory and commits; a longer backlog takes "
                  "several rounds.", minimum=1),
+    ConfigOption("datalake.read-cache.size", "size", 4 * 1024**3,
+                 "Disk the server may use under `DATA_DIR/lake/read-cache` for lake data files it "
+                 "read, kept decoded (uncompressed Arrow IPC, memory-mapped) so union reads of tiered "
+                 "rows cost what log reads cost; least recently used files go first, `0` disables "
+                 "it. About 1.5x to 3x the lake's compressed Parquet bytes hold all of it.",
+                 minimum=0),
     ConfigOption("max.partition.num", "int", 1000,
                  "Most partitions one partitioned table may hold; creating more is refused, "
                  "nothing written.", minimum=1),

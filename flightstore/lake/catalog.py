@@ -34,6 +34,7 @@ from sqlalchemy.pool import NullPool
 
 from flightstore.config import ICEBERG_TABLE_PREFIX
 from flightstore.errors import FlightstoreError, LakeUnavailable, TableNotFound, Unsupported
+from flightstore.lake.cache import ReadCache
 from flightstore.lake.layout import iceberg_schema, partition_spec, sort_order
 from flightstore.lake.offsets import TABLE_ID_PROPERTY
 from flightstore.lake.settings import CATALOG_NAME, LakeSettings
@@ -57,10 +58,16 @@ def lake_failures(what: str) -> Iterator[None]:
         raise LakeUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
+# Iceberg table properties of every lake table unless its ``iceberg.*`` options say otherwise.
+DEFAULT_TABLE_PROPERTIES = {"write.parquet.compression-codec": "snappy"}
+
+
 def table_properties(descriptor: TableDescriptor, table_id: str) -> dict[str, str]:
-    """Iceberg table properties: the ``iceberg.*`` table options and the incarnation id."""
-    properties = {key[len(ICEBERG_TABLE_PREFIX):]: value for key, value in descriptor.options.items()
-                  if key.startswith(ICEBERG_TABLE_PREFIX)}
+    """Iceberg table properties: :data:`DEFAULT_TABLE_PROPERTIES` overridden by the ``iceberg.*``
+    table options, and the incarnation id."""
+    properties = dict(DEFAULT_TABLE_PROPERTIES)
+    properties.update({key[len(ICEBERG_TABLE_PREFIX):]: value for key, value in descriptor.options.items()
+                       if key.startswith(ICEBERG_TABLE_PREFIX)})
     properties[TABLE_ID_PROPERTY] = table_id
     return properties
 
@@ -74,6 +81,18 @@ class LakeCatalog:
         self.settings = settings
         self._catalog: SqlCatalog | None = None
         self._lock = threading.RLock()
+        self._read_cache: ReadCache | None = None
+
+    @property
+    def read_cache(self) -> ReadCache | None:
+        """The local cache of decoded data files union reads use (None: ``datalake.read-cache.size``
+        is 0), opened on first use."""
+        if self.settings.read_cache_size <= 0:
+            return None
+        with self._lock:
+            if self._read_cache is None:
+                self._read_cache = ReadCache(self.settings.read_cache_dir, self.settings.read_cache_size)
+            return self._read_cache
 
     @property
     def catalog(self) -> SqlCatalog:

@@ -10,7 +10,9 @@ types (Iceberg stores timestamps as microseconds and strings as large strings; t
 files, then - when no file has delete files, as in a log table's append-only lake - Arrow's dataset
 scanner reads them straight from the warehouse with file- and batch-level read-ahead in parallel
 threads (the lake's files are flightstore's own: columns match by name, and a column added later
-reads as nulls from older files). Otherwise pyiceberg reads them (deletes applied).
+reads as nulls from older files). Otherwise pyiceberg reads them (deletes applied). Given the
+server's read cache (:mod:`flightstore.lake.cache`), files it holds decoded are memory-mapped from
+it instead, and the others are put in it as the scanner decodes them.
 """
 
 from __future__ import annotations
@@ -19,21 +21,26 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 from pyiceberg import expressions as ice
 from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from flightstore import expressions as fs
 from flightstore.errors import InvalidInput, NotFound, TableNotFound
+from flightstore.lake.cache import CacheFill, ReadCache
 from flightstore.lake.catalog import LakeCatalog, lake_failures
-from flightstore.lake.layout import lake_schema, table_types
+from flightstore.lake.layout import BUCKET_COLUMN, lake_schema, table_types
 from flightstore.lake.offsets import snapshot_offsets, tiering_snapshots
 from flightstore.schema import TableDescriptor
 
 __all__ = [
     "LakeSnapshot",
+    "cache_appended",
+    "cached_schema",
     "lake_snapshots",
     "plan_lake_files",
     "read_data_files",
@@ -97,13 +104,13 @@ def resolve_snapshot(lake_table: IcebergTable, snapshot_id: int | None = None,
 
 def snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: TableDescriptor,
                      columns: Sequence[str], filter: fs.Predicate | None = None,
-                     limit: int | None = None) -> Iterator[pa.RecordBatch]:
+                     limit: int | None = None, cache: ReadCache | None = None) -> Iterator[pa.RecordBatch]:
     """Stream ``columns`` of the rows of ``snapshot`` matching ``filter`` (bound to
     :func:`table_types`), in the table's types, at most ``limit`` rows; see the module docstring.
-    Lake failures raise LakeUnavailable (also while streaming)."""
+    With a ``cache``, data files it holds are read from it and the others put in it as they are
+    read (:mod:`flightstore.lake.cache`). Lake failures raise LakeUnavailable (also while streaming)."""
     what = f"reading the lake table of {descriptor.path}"
     types = table_types(descriptor)
-    out = pa.schema([types.field(c) for c in columns])
     needed = list(dict.fromkeys([*columns, *(sorted(filter.columns()) if filter is not None else [])]))
     with lake_failures(what):
         scan = scan_snapshot(lake_table, snapshot, needed, filter, limit)
@@ -113,13 +120,16 @@ def snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: T
         with lake_failures(what):
             reader = scan.to_arrow_batch_reader()
         source = _batches(reader, what)
+    elif cache is not None and set(needed) <= set(cached_schema(descriptor).names):
+        source = _cached_batches(cache, lake_table, tasks, descriptor, needed, what)
     else:
         source = _dataset_batches(io, [task.file.file_path for task in tasks], descriptor, needed, what)
     remaining = limit
     row_filter = filter.to_arrow() if filter is not None else None
     typed = pa.schema([types.field(c) for c in needed])
     for batch in source:
-        batch = batch.select(needed).cast(typed)
+        if not batch.schema.equals(typed):  # the cache's batches are typed already
+            batch = batch.select(needed).cast(typed)
         if row_filter is not None:
             batch = pa.Table.from_batches([batch]).filter(row_filter).combine_chunks()
             batch = batch.to_batches()[0] if batch.num_rows else None
@@ -130,7 +140,7 @@ def snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: T
             batch = batch.slice(0, remaining)
             remaining -= batch.num_rows
         if batch.num_rows:
-            yield batch.cast(out)
+            yield batch
         if remaining is not None and remaining <= 0:
             return
 
@@ -145,21 +155,148 @@ def _batches(reader: pa.RecordBatchReader, what: str) -> Iterator[pa.RecordBatch
         yield batch
 
 
+def _by_file_system(io: PyArrowFileIO, locations: Sequence[str]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """``(location, path in its file system)`` of each location, grouped by file system (scheme,
+    netloc): one warehouse is one."""
+    by_fs: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for location in locations:
+        scheme, netloc, path = io.parse_location(location, io.properties)
+        by_fs.setdefault((scheme, netloc), []).append((location, path))
+    return by_fs
+
+
 def _dataset_batches(io: PyArrowFileIO, locations: list[str], descriptor: TableDescriptor,
                      columns: list[str], what: str) -> Iterator[pa.RecordBatch]:
     """Arrow's scanner over the data files (grouped by file system: one warehouse is one)."""
     physical = lake_schema(descriptor)
     schema = pa.schema([physical.field(c) for c in columns])
-    by_fs: dict[tuple[str, str], list[str]] = {}
-    for location in locations:
-        scheme, netloc, path = io.parse_location(location, io.properties)
-        by_fs.setdefault((scheme, netloc), []).append(path)
-    for (scheme, netloc), paths in by_fs.items():
+    for (scheme, netloc), located in _by_file_system(io, locations).items():
         with lake_failures(what):
-            dataset = pads.dataset(paths, schema=schema, format="parquet",
+            dataset = pads.dataset([path for _, path in located], schema=schema, format="parquet",
                                    filesystem=io.fs_by_scheme(scheme, netloc))
             batches = dataset.to_batches(columns=columns, use_threads=True)
         yield from _batches_of(batches, what)
+
+
+def cached_schema(descriptor: TableDescriptor) -> pa.Schema:
+    """What the read cache holds of a data file: the table's columns in its own types, and
+    ``__bucket`` (what union reads select and filter on; not the offsets and timestamps)."""
+    types = table_types(descriptor)
+    return pa.schema([types.field(c) for c in [*descriptor.schema.names, BUCKET_COLUMN]])
+
+
+def _cached_batches(cache: ReadCache, lake_table: IcebergTable, tasks: list, descriptor: TableDescriptor,
+                    columns: list[str], what: str) -> Iterator[pa.RecordBatch]:
+    """``columns`` of the data files of ``tasks``, typed: those ``cache`` holds from it, then the
+    others read (every cached column, in one parallel scan as :func:`_dataset_batches` does) and
+    put in it file by file."""
+    types = cached_schema(descriptor)
+    table_uuid = str(lake_table.metadata.table_uuid)
+    missing: dict[str, tuple[str, int]] = {}  # location -> (cache key, rows)
+    for task in tasks:
+        file = task.file
+        key = cache.key(table_uuid, file.file_path, file.file_size_in_bytes, file.record_count, types)
+        cached = cache.read(key, types, file.record_count)
+        if cached is None:
+            missing[file.file_path] = (key, file.record_count)
+            continue
+        for batch in cached:
+            if batch.num_rows:
+                yield batch.select(columns)
+    if missing:
+        yield from _filling(cache, lake_table.io, missing, descriptor, columns, what)
+
+
+def _filling(cache: ReadCache, io: PyArrowFileIO, missing: dict[str, tuple[str, int]],
+             descriptor: TableDescriptor, columns: list[str], what: str) -> Iterator[pa.RecordBatch]:
+    types = cached_schema(descriptor)
+    physical = pa.schema([lake_schema(descriptor).field(c) for c in types.names])
+    for (scheme, netloc), located in _by_file_system(io, list(missing)).items():
+        keys = {path: missing[location] for location, path in located}
+        with lake_failures(what):
+            dataset = pads.dataset(list(keys), schema=physical, format="parquet",
+                                   filesystem=io.fs_by_scheme(scheme, netloc))
+            tagged = dataset.scanner(columns=physical.names, use_threads=True).scan_batches()
+        fill, current = None, None
+        try:
+            for item in _batches_of(tagged, what):
+                path = item.fragment.path
+                if path != current:
+                    if fill is not None:
+                        fill.commit()
+                    current, fill = path, _start_fill(cache, keys.get(path), types)
+                batch = item.record_batch.cast(types)
+                if fill is not None and not _write(fill, batch):
+                    fill = None
+                yield batch.select(columns)
+            if fill is not None:
+                fill.commit()
+                fill = None
+        finally:
+            if fill is not None:  # the reader stopped early (a limit, a cancel) or failed
+                fill.abort()
+
+
+def cache_appended(cache: ReadCache, lake_table: IcebergTable, descriptor: TableDescriptor,
+                   rows: pa.Table) -> int:
+    """Write-through: put the data files that the current snapshot of ``lake_table`` added in
+    ``cache``, from ``rows``, the lake rows that snapshot appended (a tiering round of a log
+    table), so union reads find them decoded from the start. A data file holds one bucket's rows
+    (bucket alignment); a bucket whose rows went into several files is left to the first read.
+    Returns how many files were cached."""
+    snapshot = lake_table.current_snapshot()
+    if snapshot is None or not rows.num_rows:
+        return 0
+    types = cached_schema(descriptor)
+    bucket_field = lake_table.schema().find_field(BUCKET_COLUMN).field_id
+    by_bucket: dict[int, list] = {}
+    for manifest in snapshot.manifests(lake_table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(lake_table.io, discard_deleted=True):
+            if entry.status != ManifestEntryStatus.ADDED or entry.snapshot_id != snapshot.snapshot_id:
+                continue
+            file = entry.data_file
+            low, high = (file.lower_bounds or {}).get(bucket_field), (file.upper_bounds or {}).get(bucket_field)
+            if low is None or low != high:
+                continue
+            by_bucket.setdefault(int.from_bytes(low, "little", signed=True), []).append(file)
+    buckets = rows.column(BUCKET_COLUMN)
+    table_uuid = str(lake_table.metadata.table_uuid)
+    cached = 0
+    for bucket, files in by_bucket.items():
+        part = rows.filter(pc.equal(buckets, pa.scalar(bucket, pa.int32())))
+        if len(files) != 1 or part.num_rows != files[0].record_count:
+            continue
+        file = files[0]
+        key = cache.key(table_uuid, file.file_path, file.file_size_in_bytes, file.record_count, types)
+        fill = cache.fill(key, types, file.record_count)
+        try:
+            for batch in part.select(types.names).cast(types).to_batches():
+                fill.write(batch)
+        except BaseException:
+            fill.abort()
+            raise
+        cached += fill.commit()
+    return cached
+
+
+def _start_fill(cache: ReadCache, keyed: tuple[str, int] | None, types: pa.Schema) -> CacheFill | None:
+    if keyed is None:
+        return None
+    try:
+        return cache.fill(keyed[0], types, keyed[1])
+    except (OSError, pa.ArrowException):  # the cache's disk is full or gone: read on without it
+        return None
+
+
+def _write(fill: CacheFill, batch: pa.RecordBatch) -> bool:
+    try:
+        fill.write(batch)
+        return True
+    except (OSError, pa.ArrowException):
+        fill.abort()
+        return False
 
 
 def read_data_files(locations: Sequence[str], io_properties: dict[str, str], schema: pa.Schema,
@@ -169,14 +306,10 @@ def read_data_files(locations: Sequence[str], io_properties: dict[str, str], sch
     ``io_properties`` pyiceberg file-IO properties (S3 endpoint and credentials...)."""
     io = PyArrowFileIO(dict(io_properties))
     fields = pa.schema([schema.field(c) for c in columns])
-    by_fs: dict[tuple[str, str], list[str]] = {}
-    for location in locations:
-        scheme, netloc, path = io.parse_location(location, io.properties)
-        by_fs.setdefault((scheme, netloc), []).append(path)
     what = "reading lake data files"
-    for (scheme, netloc), paths in by_fs.items():
+    for (scheme, netloc), located in _by_file_system(io, locations).items():
         with lake_failures(what):
-            dataset = pads.dataset(paths, schema=fields, format="parquet",
+            dataset = pads.dataset([path for _, path in located], schema=fields, format="parquet",
                                    filesystem=io.fs_by_scheme(scheme, netloc))
             batches = dataset.to_batches(columns=list(columns), use_threads=True)
         yield from _batches_of(batches, what)

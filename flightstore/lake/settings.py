@@ -34,6 +34,7 @@ class LakeSettings:
     lease_ms: int = 60_000
     retry_backoff_max_ms: int = 60_000
     max_round_rows: int = 8_000_000
+    read_cache_size: int = 0
 
     @classmethod
     def from_options(cls, data_dir: str | Path, options: Mapping[str, Any] | None = None) -> LakeSettings:
@@ -57,7 +58,8 @@ class LakeSettings:
             tiering_enabled=server_option(typed, "datalake.tiering.enabled"),
             lease_ms=server_option(typed, "datalake.tiering.lease"),
             retry_backoff_max_ms=server_option(typed, "datalake.tiering.retry-backoff.max"),
-            max_round_rows=server_option(typed, "datalake.tiering.max-round-rows"))
+            max_round_rows=server_option(typed, "datalake.tiering.max-round-rows"),
+            read_cache_size=server_option(typed, "datalake.read-cache.size"))
 
     @property
     def local_warehouse(self) -> Path | None:
@@ -65,6 +67,11 @@ class LakeSettings:
         if self.warehouse.startswith("file://"):
             return Path(self.warehouse[len("file://"):])
         return None
+
+    @property
+    def read_cache_dir(self) -> Path:
+        """Where the read cache of decoded lake data files lives (:mod:`flightstore.lake.cache`)."""
+        return self.data_dir / "lake" / "read-cache"
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """Properties of the pyiceberg SqlCatalog: URI, warehouse, then the pass-through ones."""

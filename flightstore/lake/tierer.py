@@ -38,6 +38,7 @@ from flightstore.errors import (
 from flightstore.lake.catalog import LakeCatalog
 from flightstore.lake.lease import LeaseStore
 from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets, tiering_snapshots
+from flightstore.lake.read import cache_appended
 from flightstore.lake.settings import LakeSettings
 from flightstore.lake.status import TableStatus, bucket_statuses
 from flightstore.lake.tiering import RoundResult, hold_untiered, tier_round
@@ -191,7 +192,19 @@ class LakeTierer:
         lake_table = self.catalog.ensure_table(table.descriptor, table.directory.name)
         return tier_round(
             table, lake_table, max_rows=self.settings.max_round_rows, hook=self.hook,
-            before_commit=lambda: leases.acquire(name, self.holder, self.settings.lease_ms))
+            before_commit=lambda: leases.acquire(name, self.holder, self.settings.lease_ms),
+            appended=lambda committed, rows: self._cache_appended(table, committed, rows))
+
+    def _cache_appended(self, table: Table, lake_table, rows) -> None:
+        """Write-through of a committed round's data files into the read cache (best effort: the
+        round is committed; a file not cached now is cached by its first read)."""
+        cache = self.catalog.read_cache
+        if cache is None:
+            return
+        try:
+            cache_appended(cache, lake_table, table.descriptor, rows)
+        except Exception:  # noqa: BLE001 - never fail a committed round
+            log.warning("table %s: caching the files of the round failed", table.path, exc_info=True)
 
     def _follow(self, table: Table) -> RoundResult:
         """What another tierer (a Spark job) committed for ``table``: hand its offsets to log

@@ -180,12 +180,15 @@ class StoreSource:
 
 def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows: int | None = None,
                before_commit: Callable[[], None] | None = None,
-               hook: Callable[[str], None] | None = None) -> RoundResult:
+               hook: Callable[[str], None] | None = None,
+               appended: Callable[[IcebergTable, pa.Table], None] | None = None) -> RoundResult:
     """Run one round for ``table`` (a store's table, or any source like :class:`StoreSource`) into
     its lake table; see the module docstring.
 
     ``before_commit`` runs right before the catalog commit (the tierer renews its lease there and
-    raises if it lost it); ``hook(phase)`` is called at each of :data:`PHASES`. Lake failures raise
+    raises if it lost it); ``hook(phase)`` is called at each of :data:`PHASES`; on a log table,
+    ``appended(lake_table, rows)`` after the commit, with the rows its snapshot appended (the
+    tierer's write-through to the read cache). Lake failures raise
     :class:`~flightstore.errors.LakeUnavailable`; nothing is committed then.
     """
     began = time.monotonic()
@@ -237,6 +240,8 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
     snapshot = committed.current_snapshot()
     if hook is not None:
         hook("after-commit")
+    if appended is not None and not primary_key:
+        appended(committed, rows)
     summary = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
     tiered = (rows.num_rows - (rewrite.kept.num_rows if primary_key else 0)) + deleted
     return RoundResult(source.path, tiered, start, reached, committed=True,

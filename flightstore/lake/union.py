@@ -170,8 +170,9 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     if split.snapshot is not None and (remaining is None or remaining > 0):
         lake_filter = _lake_filter(table, filter, wanted)
         bound = lake_filter.bind(table_types(table.descriptor)) if lake_filter is not None else None
+        cache = catalog.read_cache if catalog is not None else None
         for batch in snapshot_batches(split.lake_table, split.snapshot, table.descriptor, columns,
-                                      bound, remaining):
+                                      bound, remaining, cache):
             if remaining is not None:
                 remaining -= batch.num_rows
             yield batch
@@ -213,8 +214,10 @@ def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | N
     if not wanted:
         return tail
     only = fs.In(BUCKET_COLUMN, tuple(int(b) for b in wanted)).bind(table_types(table.descriptor))
+    cache = catalog.read_cache if catalog is not None else None
     lake = sum(batch.num_rows for batch in snapshot_batches(split.lake_table, split.snapshot,
-                                                            table.descriptor, [BUCKET_COLUMN], only))
+                                                            table.descriptor, [BUCKET_COLUMN], only,
+                                                            cache=cache))
     return lake + tail
 
 

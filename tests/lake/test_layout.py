@@ -115,20 +115,38 @@ def test_partition_spec_leads_with_identity_partition_columns(store):
     assert ice.find_field("id").required and ice.find_field("__offset").required
 
 
+def _codecs(lake_table) -> set[str]:
+    io = PyArrowFileIO(lake_table.io.properties)
+    codecs = set()
+    for data_file, _ in _data_files(lake_table):
+        with io.new_input(data_file.file_path).open() as handle:
+            metadata = pq.ParquetFile(handle).metadata
+            codecs |= {metadata.row_group(g).column(c).compression for g in range(metadata.num_row_groups)
+                       for c in range(metadata.num_columns)}
+    return codecs
+
+
 def test_iceberg_table_options_become_iceberg_table_properties(store, tierer):
     table = store.create_table("default.t", pa.schema([("x", pa.int64())]), options={
-        "table.datalake.enabled": "true", "iceberg.write.parquet.compression-codec": "snappy",
+        "table.datalake.enabled": "true", "iceberg.write.parquet.compression-codec": "zstd",
         "iceberg.commit.retry.num-retries": "7"})
     table.append({"x": [1, 2, 3]})
     tierer.tier_now(table.path)
     lake_table = tierer.catalog.load_table(table.path)
-    assert lake_table.properties["write.parquet.compression-codec"] == "snappy"
+    assert lake_table.properties["write.parquet.compression-codec"] == "zstd"
     assert lake_table.properties["commit.retry.num-retries"] == "7"
     assert lake_table.properties["flightstore.table-id"] == table.directory.name
-    for data_file, _ in _data_files(lake_table):
-        io = PyArrowFileIO(lake_table.io.properties)
-        with io.new_input(data_file.file_path).open() as handle:
-            assert pq.ParquetFile(handle).metadata.row_group(0).column(0).compression == "SNAPPY"
+    assert _codecs(lake_table) == {"ZSTD"}
+
+
+def test_the_lake_writes_snappy_parquet_by_default(store, tierer):
+    table = store.create_table("default.t", pa.schema([("x", pa.int64()), ("s", pa.string())]),
+                               options={"table.datalake.enabled": "true"})
+    table.append({"x": [1, 2, 3], "s": ["a", "b", "c"]})
+    tierer.tier_now(table.path)
+    lake_table = tierer.catalog.load_table(table.path)
+    assert lake_table.properties["write.parquet.compression-codec"] == "snappy"
+    assert _codecs(lake_table) == {"SNAPPY"}
 
 
 def test_a_column_iceberg_cannot_hold_is_a_clear_error_in_the_status(store, tierer):
