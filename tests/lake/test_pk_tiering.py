@@ -16,6 +16,8 @@ from flightstore.bucketing import bucket_ids
 from flightstore.lake import lake_snapshots, read_lake
 from flightstore.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN
 from flightstore.lake.offsets import committed_offsets
+from flightstore.sql.execute import Executor
+from tests.lake.test_read import _duckdb_rows, duckdb_python  # noqa: F401 - the fixture is used
 
 ROWS = pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string()),
                   ("score", pa.int32()), ("ts", pa.timestamp("ms"))])
@@ -108,6 +110,14 @@ def test_lake_follows_upserts_partial_updates_and_deletes_with_time_travel(store
     commits = lake_snapshots(tierer.catalog, table.descriptor)
     assert [c.snapshot_id for c in commits] == [s for s, _ in history]
     assert [c.total_rows for c in commits] == [len(state) for _, state in history]  # deletes subtracted
+    # SQL sees the same through t$lake, time travel and t$lake$snapshots.
+    executor = Executor(store, tierer.catalog, tierer)
+    sql = lambda text: executor.execute_table(executor.plan(text))  # noqa: E731
+    assert rows_of(sql("SELECT * FROM users$lake")) == model.state()
+    for snapshot_id, state in history:
+        assert rows_of(sql(f"SELECT * FROM users$lake FOR SYSTEM_TIME AS OF {snapshot_id}")) == state
+    assert sql("SELECT total_rows FROM users$lake$snapshots").column("total_rows").to_pylist() == \
+        [len(state) for _, state in history]
     # Meta columns: each row sits in its flightstore bucket; changelog rows carry their own offset.
     buckets = bucket_ids(current.select(["id"]), ["id"], 4)
     assert current.column(BUCKET_COLUMN).to_numpy().tolist() == buckets.tolist()
@@ -283,12 +293,40 @@ def test_other_merge_engines_tier_what_the_kv_holds(store, tierer, merge_engine)
 
 
 @pytest.mark.slow
+def test_other_engines_read_the_lake_with_its_delete_files(store, tierer, settings, duckdb_python,  # noqa: F811
+                                                           tmp_path):
+    from pyiceberg.catalog import load_catalog
+    table = create_pk(store, buckets=4, **{"table.datalake.delete-compaction-ratio": "0.3"})
+    model = Model()
+    rng = np.random.default_rng(11)
+    model.upsert(table, np.arange(800), "a", 0)
+    tierer.tier_now(table.path)
+    kinds = set()
+    for step in range(3):  # random keys: delete files in every bucket, then compaction
+        model.upsert(table, rng.choice(900, 70, replace=False), f"s{step}-", step)
+        model.delete(table, rng.choice(800, 20, replace=False))
+        result = tierer.tier_now(table.path)
+        kinds.update(["merge"] * bool(result.delete_files) + ["compact"] * bool(result.compacted))
+        lake = tierer.catalog.load_table(table.path)
+        ours = rows_of(read_lake(tierer.catalog, table.descriptor))
+        assert ours == model.state()
+        other = load_catalog("flightstore", type="sql", uri=settings.catalog_uri, warehouse=settings.warehouse)
+        assert rows_of(other.load_table("default.users").scan().to_arrow()) == ours
+        duck = _duckdb_rows(duckdb_python, tmp_path, lake.metadata_location, query=DUCKDB_PK_QUERY)
+        assert duck == [[row["id"], row["name"], row["score"]] for row in ours]
+    assert kinds == {"merge", "compact"}
+
+
+DUCKDB_PK_QUERY = "SELECT id, name, score FROM iceberg_scan('{location}') ORDER BY id"
+
+
+@pytest.mark.slow
 def test_primary_key_tiering_with_the_warehouse_on_s3(data_dir, s3_options):
     from flightstore.lake import LakeSettings, LakeTierer
     from flightstore.store import Store
     with Store(data_dir) as store:
         tierer = LakeTierer(store, LakeSettings.from_options(data_dir, s3_options))
-        table = create_pk(store)
+        table = create_pk(store, **{"table.datalake.delete-compaction-ratio": "1"})
         model = Model()
         model.upsert(table, np.arange(200), "a", 0)
         first = tierer.tier_now(table.path)
@@ -297,7 +335,7 @@ def test_primary_key_tiering_with_the_warehouse_on_s3(data_dir, s3_options):
         model.update_scores(table, [1, 2, 3], 77)
         model.delete(table, [10, 11, 250])
         second = tierer.tier_now(table.path)
-        assert second.files_removed > 0 and second.deleted == 3
+        assert second.files_removed == 0 and second.delete_files == 3 and second.deleted == 3
         assert tierer.catalog.load_table(table.path).location().startswith("s3://")
         assert rows_of(read_lake(tierer.catalog, table.descriptor)) == model.state() == \
             rows_of(table.scan_table())
