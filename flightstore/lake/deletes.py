@@ -102,10 +102,6 @@ class DeletePlan:
     compacted: list[int]
     files_read: int
 
-    @property
-    def deleted_positions(self) -> int:
-        return sum(rows.num_rows for rows, _, _ in self.deletes.values())
-
 
 def _bucket_of(data_file: DataFile, field_id: int) -> int:
     bound = data_file.lower_bounds[field_id]
@@ -155,7 +151,7 @@ def _located(lake_table: IcebergTable, bucket: _Bucket, keys: pa.Table, primary_
         gone = already.filter(pc.equal(already.column("file_path"), data_file.file_path)).column("pos")
         if len(gone):
             positions = positions[~np.isin(positions, gone.to_numpy())]
-        found.append(pa.table([pa.array([data_file.file_path] * len(positions), pa.string()),
+        found.append(pa.table([pa.repeat(pa.scalar(data_file.file_path, pa.string()), len(positions)),
                                pa.array(positions, pa.int64())], schema=_DELETE_ARROW))
     return pa.concat_tables(found) if found else _DELETE_ARROW.empty_table()
 

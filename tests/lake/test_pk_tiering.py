@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from flightstore.bucketing import bucket_ids
-from flightstore.lake import lake_snapshots, read_lake
+from flightstore.errors import LakeUnavailable
+from flightstore.lake import lake_snapshots, read_lake, tier_round
 from flightstore.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN
 from flightstore.lake.offsets import committed_offsets
 from flightstore.sql.execute import Executor
@@ -237,6 +238,25 @@ def test_a_bucket_past_its_delete_ratio_is_compacted(store, tierer):
     assert rows_of(read_lake(tierer.catalog, table.descriptor)) == model.state()
     # Time travel to the merge-on-read snapshot still applies its delete file.
     assert len(read_lake(tierer.catalog, table.descriptor, snapshot_id=first.snapshot_id)) == 1000
+
+
+def test_a_round_planned_on_a_stale_snapshot_does_not_commit(store, tierer):
+    table = create_pk(store, buckets=2)
+    model = Model()
+    model.upsert(table, np.arange(200), "a", 0)
+    tierer.tier_now(table.path)
+    model.upsert(table, np.arange(0, 200, 10), "b", 1)
+    stale = tierer.catalog.load_table(table.path)
+
+    def another_tierer_commits_first() -> None:
+        assert tier_round(table, tierer.catalog.load_table(table.path)).delete_files == 2
+
+    # Its positions and offsets were planned on the old snapshot: it must not be rebased on the
+    # new one (that would add the upserts twice).
+    with pytest.raises(LakeUnavailable, match="changed since the round planned"):
+        tier_round(table, stale, before_commit=another_tierer_commits_first)
+    assert rows_of(read_lake(tierer.catalog, table.descriptor)) == model.state()
+    assert committed_offsets(tierer.catalog.load_table(table.path)) == table.end_offsets()
 
 
 def test_a_format_version_1_lake_rewrites_only_the_files_of_changed_buckets(store, tierer):
