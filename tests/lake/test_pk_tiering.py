@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from flightstore.alter import SetOptions
 from flightstore.bucketing import bucket_ids
 from flightstore.errors import LakeUnavailable
 from flightstore.lake import lake_snapshots, read_lake, tier_round
@@ -238,6 +239,11 @@ def test_a_bucket_past_its_delete_ratio_is_compacted(store, tierer):
     assert rows_of(read_lake(tierer.catalog, table.descriptor)) == model.state()
     # Time travel to the merge-on-read snapshot still applies its delete file.
     assert len(read_lake(tierer.catalog, table.descriptor, snapshot_id=first.snapshot_id)) == 1000
+    # The ratio changes live (ALTER TABLE SET): at 0, a single changed key compacts its bucket.
+    store.alter_table(table.path, [SetOptions((("table.datalake.delete-compaction-ratio", "0"),))])
+    model.upsert(table, _bucket_keys(1000, 2, 1)[:1], "d", 3)
+    assert tierer.tier_now(table.path).compacted == (1,)
+    assert rows_of(read_lake(tierer.catalog, table.descriptor)) == model.state()
 
 
 def test_a_round_planned_on_a_stale_snapshot_does_not_commit(store, tierer):
