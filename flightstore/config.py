@@ -8,6 +8,7 @@ does not parse is refused with a message naming the option.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -68,8 +69,16 @@ def _parse_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in str(text).split(",") if part.strip())
 
 
+def _parse_float(text: Any) -> float:
+    value = float(str(text).strip())
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
+
+
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "int": lambda text: int(str(text).strip()),
+    "float": _parse_float,
     "bool": _parse_bool,
     "str": str,
     "duration": parse_duration_ms,
@@ -80,7 +89,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
 
 @dataclass(frozen=True)
 class ConfigOption:
-    """One option: ``key``, value ``type`` (int, bool, str, duration, size, list), default and doc."""
+    """One option: ``key``, value ``type`` (int, float, bool, str, duration, size, list), default and doc."""
 
     key: str
     type: str
@@ -158,6 +167,12 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("table.datalake.freshness", "duration", 180_000,
                  "Target lag of the lake behind the log: the server tiers the table this often.",
                  minimum=100, live=True),
+    ConfigOption("table.datalake.delete-compaction-ratio", "float", 0.2,
+                 "Primary-key tables tier changes merge-on-read: a round deletes the changed keys' old "
+                 "rows with one Iceberg position delete file per changed bucket and appends the new "
+                 "rows. Once a bucket's deleted rows would exceed this fraction of its live rows, the "
+                 "round rewrites that bucket copy-on-write instead (dropping its delete files); `0` "
+                 "always rewrites.", minimum=0, live=True),
     ConfigOption("table.auto-partition.enabled", "bool", False,
                  "The server creates the table's time partitions ahead and drops expired ones "
                  "(checked every `auto-partition.check.interval` and at start-up)."),

@@ -40,7 +40,12 @@ from flightstore.lake.offsets import TABLE_ID_PROPERTY
 from flightstore.lake.settings import CATALOG_NAME, LakeSettings
 from flightstore.schema import TableDescriptor, TablePath
 
-__all__ = ["LAKE_FAILURES", "LakeCatalog", "lake_failures"]
+__all__ = ["DEFAULT_FORMAT_VERSION", "LAKE_FAILURES", "LakeCatalog", "lake_failures"]
+
+# Lake tables are Iceberg v2, whatever pyiceberg's default: primary-key tables need its position
+# delete files (v1 has none; v3 replaces them with deletion vectors). ``iceberg.format-version``
+# overrides it; such tables are tiered copy-on-write.
+FORMAT_VERSION, DEFAULT_FORMAT_VERSION = "format-version", "2"
 
 # What an unreachable catalog database or an unwritable warehouse raises.
 LAKE_FAILURES = (OSError, pa.ArrowException, SQLAlchemyError, CommitFailedException,
@@ -161,7 +166,8 @@ class LakeCatalog:
                 try:
                     table = catalog.create_table(identifier, schema,
                                                  partition_spec=partition_spec(descriptor, schema),
-                                                 sort_order=sort_order(schema), properties=properties)
+                                                 sort_order=sort_order(schema),
+                                                 properties={FORMAT_VERSION: DEFAULT_FORMAT_VERSION, **properties})
                 except TableAlreadyExistsError:  # another tierer created it meanwhile
                     table = catalog.load_table(identifier)
             stale = {k: v for k, v in properties.items() if table.properties.get(k) != v}

@@ -9,10 +9,12 @@ the last change of each key wins (``-U`` before-images are ignored); a final ``+
 upsert, a final ``-D`` a delete. Partial updates need no special case: the changelog carries full
 after-images.
 
-Applying them is copy-on-write restricted to what changed: only the data files of the changed
-buckets are read (partition and ``__bucket`` statistics prune the rest), and only those holding a
-changed key are rewritten, without those keys; the upserted rows are appended. Data files of
-unchanged buckets are never touched, so a round costs the changed buckets' files, not the table.
+Iceberg format-version 2 lake tables (the default) apply them merge-on-read, with position delete
+files (:mod:`flightstore.lake.deletes`). A format-version 1 table applies them here, copy-on-write
+restricted to what changed: only the data files of the changed buckets are read (partition and
+``__bucket`` statistics prune the rest), and only those holding a changed key are rewritten,
+without those keys; the upserted rows are appended. Data files of unchanged buckets are never
+touched, so a round costs the changed buckets' files, not the table.
 """
 
 from __future__ import annotations

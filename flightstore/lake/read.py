@@ -394,13 +394,19 @@ def plan_lake_files(catalog: LakeCatalog, descriptor: TableDescriptor, *,
 @dataclass(frozen=True)
 class LakeSnapshot:
     """One tiering commit: snapshot id, wall-clock commit time, rows added, offsets after it, rows
-    in the lake table after it."""
+    in the lake table after it (position deletes subtracted)."""
 
     snapshot_id: int
     timestamp_ms: int
     added_rows: int
     offsets: dict[int, int]
     total_rows: int = 0
+
+
+def _live_rows(summary: dict[str, str]) -> int:
+    """Rows a snapshot holds: its data files' rows less the rows its position delete files delete
+    (each deletes a distinct live row: flightstore writes them so)."""
+    return int(summary.get("total-records", 0)) - int(summary.get("total-position-deletes", 0))
 
 
 def lake_snapshots(catalog: LakeCatalog, descriptor: TableDescriptor) -> list[LakeSnapshot]:
@@ -414,5 +420,5 @@ def lake_snapshots(catalog: LakeCatalog, descriptor: TableDescriptor) -> list[La
         summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
         commits.append(LakeSnapshot(snapshot.snapshot_id, snapshot.timestamp_ms,
                                     int(summary.get("added-records", 0)), snapshot_offsets(snapshot) or {},
-                                    int(summary.get("total-records", 0))))
+                                    _live_rows(summary)))
     return commits

@@ -9,8 +9,10 @@ A round
 3. log tables: appends those rows (the table's columns + ``__bucket``, ``__offset``,
    ``__timestamp``, in offset order); primary-key tables: a bucket the lake does not know yet
    enters with its rows at the end offset (KV snapshot image + changelog), a known bucket's
-   changelog is folded into upserts and deletes that rewrite only the data files holding changed
-   keys (:mod:`flightstore.lake.changes`);
+   changelog is folded into upserts and deletes (:mod:`flightstore.lake.changes`): the changed
+   keys' old rows are deleted by one position delete file per changed bucket and the upserts
+   appended (merge-on-read, :mod:`flightstore.lake.deletes`; a bucket past its delete ratio, or a
+   format-version 1 lake table, is rewritten copy-on-write instead);
 4. commits ONE snapshot whose summary records the new offset of every bucket.
 
 The commit is the only step with an effect anyone sees: it swaps the data files and the offsets in
@@ -26,12 +28,16 @@ tier like any other (their lake partitions by the partition columns first).
 
 from __future__ import annotations
 
+import itertools
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table as IcebergTable
 
 from flightstore import changetype
@@ -44,6 +50,7 @@ from flightstore.lake.changes import (
     sort_for_files,
     stage_overwrite,
 )
+from flightstore.lake.deletes import merge_on_read, plan_deletes, stage_row_delta, write_position_deletes
 from flightstore.lake.layout import lake_batch, lake_schema
 from flightstore.lake.offsets import OFFSETS_PROPERTY, committed_offsets, encode_offsets, tiering_snapshots
 from flightstore.log import LogTablet
@@ -77,6 +84,9 @@ class RoundResult:
     deleted: int = 0
     files_removed: int = 0
     bytes_written: int = 0
+    delete_files: int = 0
+    position_deletes: int = 0
+    compacted: tuple[int, ...] = ()
 
 
 def bucket_logs(table: Table) -> dict[int, LogTablet]:
@@ -215,19 +225,31 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
     properties = {OFFSETS_PROPERTY: encode_offsets({**recorded, **reached})}
     if hook is not None:
         hook("before-write")
-    removed, deleted = [], 0
     with lake_failures(f"writing the lake files of {source.path}"):
         if primary_key:
             entered = [batch for b, at in entering.items() for batch in source.rows_at(b, at, schema)]
             folded = fold_changes(changes, kinds, primary_key)
-            rewrite = plan_rewrite(lake_table, folded.touched, primary_key, schema)
-            removed, deleted = rewrite.removed, folded.deleted
-            rows = pa.concat_tables([pa.Table.from_batches(entered, schema=schema), rewrite.kept, folded.upserts])
-            rows = sort_for_files(rows)
+            if merge_on_read(lake_table):
+                ratio = source.descriptor.option("table.datalake.delete-compaction-ratio")
+                plan = plan_deletes(lake_table, folded.touched, folded.upserts, primary_key, schema, ratio)
+                kept, removed = plan.kept, plan.removed
+            else:
+                rewrite = plan_rewrite(lake_table, folded.touched, primary_key, schema)
+                plan, kept, removed = None, rewrite.kept, rewrite.removed
+            rows = sort_for_files(pa.concat_tables([pa.Table.from_batches(entered, schema=schema), kept,
+                                                    folded.upserts]))
         else:
-            rows = changes
+            rows, plan, kept, removed, folded = changes, None, None, [], None
         transaction = lake_table.transaction()
-        if removed:
+        if plan is not None and (plan.deletes or removed):
+            commit_uuid = uuid.uuid4()
+            added = list(_dataframe_to_data_files(table_metadata=transaction.table_metadata, df=rows,
+                                                  io=lake_table.io, write_uuid=commit_uuid,
+                                                  counter=itertools.count(0))) if rows.num_rows else []
+            added += [write_position_deletes(lake_table, positions, partition, spec_id, commit_uuid, bucket)
+                      for bucket, (positions, partition, spec_id) in sorted(plan.deletes.items())]
+            stage_row_delta(transaction, added, removed, properties, commit_uuid)
+        elif removed:
             stage_overwrite(transaction, removed, rows, properties)
         else:
             transaction.append(rows, snapshot_properties=properties)
@@ -243,12 +265,17 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
     if appended is not None and not primary_key:
         appended(committed, rows)
     summary = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
-    tiered = (rows.num_rows - (rewrite.kept.num_rows if primary_key else 0)) + deleted
+    deleted = folded.deleted if folded is not None else 0
+    tiered = rows.num_rows - (kept.num_rows if kept is not None else 0) + deleted
     return RoundResult(source.path, tiered, start, reached, committed=True,
                        snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
                        committed_at_ms=snapshot.timestamp_ms if snapshot is not None else None,
                        seconds=time.monotonic() - began, backlog_left=backlog_left, deleted=deleted,
-                       files_removed=len(removed), bytes_written=int(summary.get("added-files-size", 0)))
+                       files_removed=sum(f.content == DataFileContent.DATA for f in removed),
+                       bytes_written=int(summary.get("added-files-size", 0)),
+                       delete_files=int(summary.get("added-position-delete-files", 0)),
+                       position_deletes=int(summary.get("added-position-deletes", 0)),
+                       compacted=tuple(plan.compacted) if plan is not None else ())
 
 
 tier_log_round = tier_round  # the phase-1 name

@@ -23,7 +23,7 @@ import pytest
 
 import flightstore
 from flightstore.lake import LakeCatalog, LakeSettings, LakeTierer, read_lake
-from flightstore.lake.offsets import committed_offsets
+from flightstore.lake.offsets import committed_offsets, tiering_snapshots
 from flightstore.lake.tiering import PHASES
 from flightstore.store import Store
 from tests.lake.conftest import EVENTS, create_events, events
@@ -218,8 +218,11 @@ def test_kill_during_primary_key_rounds_loses_and_doubles_nothing(tmp_path, seed
     rng = random.Random(seed)
     data_dir, options = tmp_path / "data", {}
     with Store(data_dir) as store:
+        # Ratio 1: the rounds after the first write position delete files (they change about half
+        # the keys; the default 0.2 would compact every bucket each time).
         store.create_table("default.pk", PK_ROWS, primary_key=["k"], options={
-            "bucket.num": rng.randint(2, 4), "table.datalake.enabled": "true"})
+            "bucket.num": rng.randint(2, 4), "table.datalake.enabled": "true",
+            "table.datalake.delete-compaction-ratio": "1"})
     phases = list(PHASES)
     rng.shuffle(phases)
     written = 0
@@ -253,4 +256,7 @@ def test_kill_during_primary_key_rounds_loses_and_doubles_nothing(tmp_path, seed
         assert lake.select(PK_ROWS.names).sort_by("k").to_pylist() == \
             table.scan_table().sort_by("k").to_pylist()
         end = table.end_offsets()
+        summaries = [s.summary.additional_properties for s in tiering_snapshots(
+            LakeCatalog(LakeSettings.from_options(data_dir, options)).load_table(table.path))]
+    assert any("added-position-delete-files" in s for s in summaries)  # merge-on-read rounds ran
     assert _pk_lake_matches_the_kv(data_dir, options) == end

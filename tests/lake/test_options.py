@@ -27,6 +27,7 @@ def test_table_options_and_their_defaults():
     descriptor = TableDescriptor.create("db.t", pa.schema([("x", pa.int64())]))
     assert descriptor.option("table.datalake.enabled") is False
     assert descriptor.option("table.datalake.freshness") == 3 * 60_000
+    assert descriptor.option("table.datalake.delete-compaction-ratio") == 0.2
     enabled = TableDescriptor.create("db.t", pa.schema([("x", pa.int64())]), options={
         "table.datalake.enabled": "TRUE", "table.datalake.freshness": "2 s",
         "iceberg.write.target-file-size-bytes": "1048576"})
@@ -36,6 +37,9 @@ def test_table_options_and_their_defaults():
     for bad, message in (({"table.datalake.enabled": "maybe"}, "not a boolean"),
                          ({"table.datalake.freshness": "soon"}, "not a duration"),
                          ({"table.datalake.freshness": "10ms"}, "below the minimum"),
+                         ({"table.datalake.delete-compaction-ratio": "-0.1"}, "below the minimum"),
+                         ({"table.datalake.delete-compaction-ratio": "nan"}, "not a finite number"),
+                         ({"table.datalake.delete-compaction-ratio": "a lot"}, "could not convert"),
                          ({"iceberg.": "x"}, "unknown table option"),
                          ({"icebergs.x": "x"}, "unknown table option")):
         with pytest.raises(InvalidOption, match=message):
@@ -92,6 +96,6 @@ def test_the_option_table_lists_the_lake_options():
     table = options_markdown()
     for key in ("table.datalake.enabled", "table.datalake.freshness", "iceberg.<property>",
                 "datalake.format", "datalake.iceberg.warehouse", "datalake.iceberg.s3.endpoint",
-                "datalake.tiering.lease"):
+                "datalake.tiering.lease", "table.datalake.delete-compaction-ratio"):
         assert f"| `{key}` |" in table
     assert TABLE_OPTIONS["table.datalake.enabled"].default is False

@@ -79,7 +79,7 @@ def test_partitioned_log_table_without_bucket_key_uses_identity_bucket(store, ti
     assert sorted(read_lake(tierer.catalog, table.descriptor).column("seq").to_pylist()) == list(range(90))
 
 
-def test_partitioned_primary_key_table_tiers_the_kv_and_rewrites_one_partition(store, tierer):
+def test_partitioned_primary_key_table_tiers_the_kv_and_deletes_in_one_partition(store, tierer):
     table = store.create_table("default.orders", SCHEMA, primary_key=["dt", "user"], partition_keys=["dt"],
                                options={"bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true"})
     table.upsert(_rows(0, 300))
@@ -88,9 +88,13 @@ def test_partitioned_primary_key_table_tiers_the_kv_and_rewrites_one_partition(s
     table.upsert(pa.table({"dt": [DAYS[0]] * 3, "user": [13, 26, 5000], "seq": [-1, -2, -3]}, schema=SCHEMA))
     table.delete(pa.table({"dt": [DAYS[0]], "user": [39]}))
     result = tierer.tier_now(table.path)
-    assert result.files_removed >= 1 and result.deleted == 1
-    after = {f.file_path for f, _ in _files(tierer.catalog.load_table(table.path))}
-    assert {path for path, day in before.items() if day != DAYS[0]} <= after  # other days untouched
+    # Merge-on-read: position delete files in that day's partition only, no data file rewritten.
+    assert result.files_removed == 0 and result.delete_files >= 1 and result.deleted == 1
+    lake_table = tierer.catalog.load_table(table.path)
+    after = {f.file_path for f, _ in _files(lake_table)}
+    assert set(before) <= after
+    deletes = {d.file_path: d for task in lake_table.scan().plan_files() for d in task.delete_files}
+    assert len(deletes) == result.delete_files and {d.partition[0] for d in deletes.values()} == {DAYS[0]}
     lake = read_lake(tierer.catalog, table.descriptor, columns=SCHEMA.names)
     assert lake.sort_by([("dt", "ascending"), ("user", "ascending")]).to_pylist() == \
         table.scan_table().sort_by([("dt", "ascending"), ("user", "ascending")]).to_pylist()

@@ -130,17 +130,20 @@ if options:
     con.sql("LOAD httpfs")
     con.sql(f"CREATE SECRET lake (TYPE s3, KEY_ID '{options['key']}', SECRET '{options['secret']}', "
             f"REGION '{options['region']}', ENDPOINT '{options['endpoint']}', URL_STYLE 'path', USE_SSL false)")
-rows = con.sql(f"SELECT seq, k, s, __bucket, __offset FROM iceberg_scan('{sys.argv[1]}') "
-               "ORDER BY __bucket, __offset").fetchall()
+rows = con.sql(sys.argv[3].format(location=sys.argv[1])).fetchall()
 print(json.dumps(rows))
 """
 
 
-def _duckdb_rows(python, tmp_path, metadata_location: str, s3: dict | None = None) -> list[list]:
+EVENTS_QUERY = "SELECT seq, k, s, __bucket, __offset FROM iceberg_scan('{location}') ORDER BY __bucket, __offset"
+
+
+def _duckdb_rows(python, tmp_path, metadata_location: str, s3: dict | None = None,
+                 query: str = EVENTS_QUERY) -> list[list]:
     script = tmp_path / "duckdb_read.py"
     script.write_text(DUCKDB_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    done = subprocess.run([str(python), str(script), metadata_location, json.dumps(s3 or {})],
+    done = subprocess.run([str(python), str(script), metadata_location, json.dumps(s3 or {}), query],
                           check=False, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
