@@ -3,7 +3,9 @@
 A round
 
 1. reloads the lake table and reads the tiered offset of every bucket from its last committed
-   tiering snapshot (:mod:`flightstore.lake.offsets`);
+   tiering snapshot (:mod:`flightstore.lake.offsets`); buckets it names that the table no longer
+   has belong to dropped partitions: their rows are deleted from the lake in the round's commit
+   (:mod:`flightstore.lake.drops`);
 2. reads each bucket's log from there up to the end offset it saw at the start (at most
    ``max_rows`` rows in all, so memory stays bounded; a longer backlog takes several rounds);
 3. log tables: appends those rows (the table's columns + ``__bucket``, ``__offset``,
@@ -11,7 +13,9 @@ A round
    enters with its rows at the end offset (KV snapshot image + changelog), a known bucket's
    changelog is folded into upserts and deletes that rewrite only the data files holding changed
    keys (:mod:`flightstore.lake.changes`);
-4. commits ONE snapshot whose summary records the new offset of every bucket.
+4. commits ONE snapshot whose summary records the new offset of every bucket (one catalog commit:
+   a round that also deletes a dropped partition's rows commits that delete snapshot first, in
+   the same atomic swap, recording the other buckets' offsets as they were).
 
 The commit is the only step with an effect anyone sees: it swaps the data files and the offsets in
 together, and it asserts that the table still is at the snapshot the round started from. A round
@@ -44,6 +48,7 @@ from flightstore.lake.changes import (
     sort_for_files,
     stage_overwrite,
 )
+from flightstore.lake.drops import dropped_buckets, stage_drops
 from flightstore.lake.layout import lake_batch, lake_schema
 from flightstore.lake.offsets import OFFSETS_PROPERTY, committed_offsets, encode_offsets, tiering_snapshots
 from flightstore.log import LogTablet
@@ -63,7 +68,8 @@ class RoundResult:
     table), ``committed`` when it committed a snapshot; the offsets it started from and reached;
     ``snapshot_id``/``committed_at_ms`` of the lake's latest tiering snapshot after the round (None
     before the first); ``backlog_left`` when ``max_rows`` stopped it short. ``files_removed`` and
-    ``bytes_written`` say what a primary-key round rewrote (``bytes_written``: data files added)."""
+    ``bytes_written`` say what a primary-key round rewrote (``bytes_written``: data files added).
+    ``dropped_buckets``: buckets of dropped partitions whose rows the round deleted from the lake."""
 
     path: TablePath
     rows: int
@@ -77,6 +83,7 @@ class RoundResult:
     deleted: int = 0
     files_removed: int = 0
     bytes_written: int = 0
+    dropped_buckets: tuple[int, ...] = ()
 
 
 def bucket_logs(table: Table) -> dict[int, LogTablet]:
@@ -195,6 +202,8 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
     recorded = committed_offsets(lake_table)
     schema = lake_schema(source.descriptor)
     log_start, end = source.offsets()
+    dropped = dropped_buckets(source.descriptor, recorded, log_start)  # their partitions were dropped
+    recorded = {b: offset for b, offset in recorded.items() if b not in dropped}
     start = {bucket: recorded.get(bucket, offset) for bucket, offset in log_start.items()}
     primary_key = list(source.descriptor.primary_key)
     # A primary-key bucket the lake does not hold yet enters with its rows at its end offset.
@@ -203,7 +212,7 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
     read_from = {**start, **entering}
     changes, kinds, reached = source.read_changes(read_from, end, max_rows)
     backlog_left = any(reached[b] < end[b] for b in end)
-    if not entering and all(reached[b] == start[b] for b in end):
+    if not entering and not dropped and all(reached[b] == start[b] for b in end):
         latest = next(iter(tiering_snapshots(lake_table)), None)
         return RoundResult(source.path, 0, start, start,
                            snapshot_id=latest.snapshot_id if latest is not None else None,
@@ -224,6 +233,7 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
         else:
             rows = changes
         transaction = lake_table.transaction()
+        stage_drops(transaction, lake_table, dropped, {OFFSETS_PROPERTY: encode_offsets(recorded)})
         if removed:
             stage_overwrite(transaction, removed, rows, properties)
         else:
@@ -243,7 +253,8 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
                        snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
                        committed_at_ms=snapshot.timestamp_ms if snapshot is not None else None,
                        seconds=time.monotonic() - began, backlog_left=backlog_left, deleted=deleted,
-                       files_removed=len(removed), bytes_written=int(summary.get("added-files-size", 0)))
+                       files_removed=len(removed), bytes_written=int(summary.get("added-files-size", 0)),
+                       dropped_buckets=tuple(dropped))
 
 
 tier_log_round = tier_round  # the phase-1 name

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 
@@ -114,3 +116,85 @@ def test_each_partition_keeps_its_untiered_log(store, tierer):
     assert all(starts[b] <= tiered[b] for b in tiered)  # untiered ones stayed
     tierer.tier_now(table.path)
     assert sorted(read_lake(tierer.catalog, table.descriptor).column("seq").to_pylist()) == list(range(600))
+
+
+# ---- dropped partitions leave the lake ----------------------------------------------------------
+
+def _sql(store, tierer):
+    from flightstore.sql.execute import Executor
+    executor = Executor(store, tierer.catalog, tierer)
+    return lambda text: executor.execute_table(executor.plan(text))
+
+
+def _seqs(rows: pa.Table) -> list[int]:
+    return sorted(rows.column("seq").to_pylist())
+
+
+def _seqs_of(model: pa.Table, days) -> list[int]:
+    return _seqs(model.filter(pc.is_in(model["dt"], pa.array(list(days)))))
+
+
+def test_a_dropped_partition_leaves_the_lake_by_whole_files(store, tierer):
+    sql = _sql(store, tierer)
+    table = store.create_table("default.clicks", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true"})
+    table.append(_rows(0, 600))
+    tierer.tier_now(table.path)
+    gone = next(p for p in table.descriptor.partitions if p.name == DAYS[1])
+    gone_buckets = (gone.id * 2, gone.id * 2 + 1)
+    before = committed_offsets(tierer.catalog.load_table(table.path))
+    assert set(gone_buckets) <= set(before)
+    sql(f"ALTER TABLE clicks DROP PARTITION (dt = '{DAYS[1]}')")
+    result = tierer.tier_now(table.path)  # nothing new to tier: the drop alone is the round's work
+    assert result.committed and result.rows == 0 and result.dropped_buckets == gone_buckets
+    lake_table = tierer.catalog.load_table(table.path)
+    delete, append = lake_table.snapshots()[-2:]
+    assert delete.summary.operation.value == "delete"  # whole files out of the manifests, nothing written
+    assert int(delete.summary["deleted-data-files"]) == 2
+    assert "added-data-files" not in delete.summary.additional_properties
+    assert int(delete.summary["deleted-records"]) == 200
+    kept_offsets = {b: o for b, o in before.items() if b not in gone_buckets}
+    assert committed_offsets(lake_table, delete) == kept_offsets  # the others' offsets intact
+    assert committed_offsets(lake_table) == kept_offsets == table.end_offsets()
+    kept = _seqs_of(_rows(0, 600), [DAYS[0], DAYS[2]])
+    assert _seqs(sql("SELECT seq FROM clicks$lake")) == kept
+    assert _seqs(lake_table.scan(selected_fields=("seq",)).to_arrow()) == kept  # pyiceberg
+    assert _seqs(sql("SELECT seq FROM clicks")) == kept  # the union read
+    assert [b.bucket for b in tierer.status(table.path).buckets] == sorted(table.end_offsets())
+    # The next round resumes from the others' offsets (no duplicate), and a partition of the same
+    # value created again starts empty: only its own rows reach the lake.
+    table.append(_rows(600, 90))
+    again = tierer.tier_now(table.path)
+    assert again.rows == 90 and not again.dropped_buckets
+    expected = sorted(kept + list(range(600, 690)))
+    assert _seqs(sql("SELECT seq FROM clicks$lake")) == expected
+    assert _seqs(sql("SELECT seq FROM clicks")) == expected
+    assert _seqs(sql(f"SELECT seq FROM clicks$lake WHERE dt = '{DAYS[1]}'")) == \
+        _seqs_of(_rows(600, 90), [DAYS[1]])
+    assert committed_offsets(tierer.catalog.load_table(table.path)) == table.end_offsets()
+
+
+def test_a_drop_while_the_lake_is_down_is_applied_when_it_is_back(store, tierer, data_dir):
+    from flightstore.errors import LakeUnavailable
+    from tests.lake.test_unavailable import _break_catalog
+    sql = _sql(store, tierer)
+    table = store.create_table("default.clicks", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 1, "table.datalake.enabled": "true"})
+    table.append(_rows(0, 300))
+    tierer.tier_now(table.path)
+    restore = _break_catalog(data_dir)
+    try:
+        sql(f"ALTER TABLE clicks DROP PARTITION (dt = '{DAYS[0]}')")
+        table.append(_rows(300, 30))  # DAYS[0] comes back as a new partition, while the lake is down
+        with pytest.raises(LakeUnavailable):
+            tierer.tier_now(table.path)
+    finally:
+        restore()
+    result = tierer.tier_now(table.path)
+    assert result.committed and len(result.dropped_buckets) == 1 and result.rows == 30
+    model = pa.concat_tables([_rows(0, 300).filter(pc.not_equal(_rows(0, 300)["dt"], DAYS[0])),
+                              _rows(300, 30)])
+    assert _seqs(sql("SELECT seq FROM clicks$lake")) == _seqs(model)  # no resurrection, nothing lost
+    assert _seqs(sql(f"SELECT seq FROM clicks$lake WHERE dt = '{DAYS[0]}'")) == _seqs_of(_rows(300, 30), [DAYS[0]])
+    assert _seqs(sql("SELECT seq FROM clicks")) == _seqs(model)
+    assert committed_offsets(tierer.catalog.load_table(table.path)) == table.end_offsets()
