@@ -206,6 +206,9 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
     recorded = {b: offset for b, offset in recorded.items() if b not in dropped}
     start = {bucket: recorded.get(bucket, offset) for bucket, offset in log_start.items()}
     primary_key = list(source.descriptor.primary_key)
+    if not primary_key and hasattr(source, "write_changes"):  # its bucket readers write the data files
+        return _tier_written(source, lake_table, recorded, dropped, start, end, max_rows, began,
+                             before_commit, hook)
     # A primary-key bucket the lake does not hold yet enters with its rows at its end offset.
     # (Its log may start at its end: the KV snapshot holds the rows then.)
     entering = {b: end[b] for b in end if primary_key and b not in recorded and end[b] > 0}
@@ -255,6 +258,45 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
                        seconds=time.monotonic() - began, backlog_left=backlog_left, deleted=deleted,
                        files_removed=len(removed), bytes_written=int(summary.get("added-files-size", 0)),
                        dropped_buckets=tuple(dropped))
+
+
+def _tier_written(source, lake_table: IcebergTable, recorded: dict[int, int], dropped: list[int],
+                  start: dict[int, int], end: dict[int, int], max_rows: int | None, began: float,
+                  before_commit: Callable[[], None] | None,
+                  hook: Callable[[str], None] | None) -> RoundResult:
+    """A log table's round whose data files are written where each bucket is read (the Spark
+    job's executors: ``source.write_changes``); this process commits their metadata, with the
+    offsets, in one snapshot. A round that never commits leaves its files orphaned, unreferenced."""
+    if not dropped and all(start[b] >= end[b] for b in end):
+        latest = next(iter(tiering_snapshots(lake_table)), None)
+        return RoundResult(source.path, 0, start, start,
+                           snapshot_id=latest.snapshot_id if latest is not None else None,
+                           committed_at_ms=latest.timestamp_ms if latest is not None else None,
+                           seconds=time.monotonic() - began)
+    if hook is not None:
+        hook("before-write")
+    with lake_failures(f"writing the lake files of {source.path}"):
+        files, reached, rows = source.write_changes(lake_table, start, end, max_rows)
+        transaction = lake_table.transaction()
+        stage_drops(transaction, lake_table, dropped, {OFFSETS_PROPERTY: encode_offsets(recorded)})
+        properties = {OFFSETS_PROPERTY: encode_offsets({**recorded, **reached})}
+        with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+    if hook is not None:
+        hook("after-write")
+    if before_commit is not None:
+        before_commit()
+    with lake_failures(f"committing the lake snapshot of {source.path}"):
+        committed = transaction.commit_transaction()
+    snapshot = committed.current_snapshot()
+    if hook is not None:
+        hook("after-commit")
+    return RoundResult(source.path, rows, start, reached, committed=True,
+                       snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
+                       committed_at_ms=snapshot.timestamp_ms if snapshot is not None else None,
+                       seconds=time.monotonic() - began, backlog_left=any(reached[b] < end[b] for b in end),
+                       bytes_written=sum(f.file_size_in_bytes for f in files), dropped_buckets=tuple(dropped))
 
 
 tier_log_round = tier_round  # the phase-1 name
