@@ -198,3 +198,26 @@ def test_a_drop_while_the_lake_is_down_is_applied_when_it_is_back(store, tierer,
     assert _seqs(sql(f"SELECT seq FROM clicks$lake WHERE dt = '{DAYS[0]}'")) == _seqs_of(_rows(300, 30), [DAYS[0]])
     assert _seqs(sql("SELECT seq FROM clicks")) == _seqs(model)
     assert committed_offsets(tierer.catalog.load_table(table.path)) == table.end_offsets()
+
+
+def test_auto_partition_expiry_drops_the_partition_from_the_lake(store, tierer):
+    import datetime as dt
+    day_ms = 86_400_000
+    now_ms = 1_790_000_000_000  # a fixed day: the test does not depend on the clock
+    today = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.timezone.utc).strftime("%Y%m%d")
+    table = store.create_table("default.daily", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 2, "table.datalake.enabled": "true", "table.auto-partition.enabled": "true",
+        "table.auto-partition.time-unit": "DAY", "table.auto-partition.time-zone": "UTC",
+        "table.auto-partition.num-precreate": "2", "table.auto-partition.num-retention": "1"})
+    store.auto_partition(now_ms)  # today and tomorrow (tomorrow stays empty)
+    rows = pa.table({"dt": [today] * 50, "user": np.arange(50), "seq": np.arange(50)}, schema=SCHEMA)
+    table.append(rows)
+    tierer.tier_now(table.path)
+    assert _seqs(read_lake(tierer.catalog, table.descriptor)) == list(range(50))
+    assert store.auto_partition(now_ms + 3 * day_ms)[str(table.path)][1] == 2  # today and tomorrow expire
+    result = tierer.tier_now(table.path)
+    assert len(result.dropped_buckets) == 4  # the empty partition's buckets leave the offsets too
+    lake_table = tierer.catalog.load_table(table.path)
+    assert read_lake(tierer.catalog, table.descriptor).num_rows == 0
+    assert lake_table.scan().to_arrow().num_rows == 0
+    assert committed_offsets(lake_table) == table.end_offsets()
