@@ -221,3 +221,23 @@ def test_auto_partition_expiry_drops_the_partition_from_the_lake(store, tierer):
     assert read_lake(tierer.catalog, table.descriptor).num_rows == 0
     assert lake_table.scan().to_arrow().num_rows == 0
     assert committed_offsets(lake_table) == table.end_offsets()
+
+
+def test_a_primary_key_round_rewrites_one_partition_and_drops_another_in_one_commit(store, tierer):
+    sql = _sql(store, tierer)
+    table = store.create_table("default.orders", SCHEMA, primary_key=["dt", "user"], partition_keys=["dt"],
+                               options={"bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true"})
+    table.upsert(_rows(0, 300))
+    tierer.tier_now(table.path)
+    before = len(tierer.catalog.load_table(table.path).snapshots())
+    sql(f"ALTER TABLE orders DROP PARTITION (dt = '{DAYS[2]}')")
+    table.upsert(pa.table({"dt": [DAYS[0]] * 2, "user": [13, 5000], "seq": [-1, -2]}, schema=SCHEMA))
+    table.delete(pa.table({"dt": [DAYS[0]], "user": [39]}))
+    result = tierer.tier_now(table.path)
+    assert len(result.dropped_buckets) == 2 and result.files_removed >= 1 and result.deleted == 1
+    lake_table = tierer.catalog.load_table(table.path)
+    assert [s.summary.operation.value for s in lake_table.snapshots()[before:]] == ["delete", "overwrite"]
+    key = [("dt", "ascending"), ("user", "ascending")]
+    lake = read_lake(tierer.catalog, table.descriptor, columns=SCHEMA.names)
+    assert lake.sort_by(key).to_pylist() == table.scan_table().sort_by(key).to_pylist()
+    assert committed_offsets(lake_table) == table.end_offsets()
