@@ -17,14 +17,13 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from bench.bench_server import _start_server, _stop_server
+from bench.adbc import adbc_queries
 from bench.report import Row, best_interleaved
 from flightstore.store import Store
 
@@ -81,8 +80,6 @@ def _same(got: pa.Table, expected: pa.Table) -> bool:
 
 
 def run() -> list[Row]:
-    from adbc_driver_flightsql import dbapi
-
     root = Path(tempfile.mkdtemp(prefix="bench-groupby-"))
     big, small = events(LOG_ROWS), events(PK_ROWS, seed=12)
     started = time.perf_counter()
@@ -91,21 +88,8 @@ def run() -> list[Row]:
     local = duckdb.connect()
     local.register("big", big)
     local.register("small", small)
-    process, uri = _start_server(["-m", "flightstore", "serve", "--data-dir", str(root / "data"),
-                                  "--host", "127.0.0.1", "--port", "0"], "flightstore serving")
     rows: list[Row] = []
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            conn = dbapi.connect(uri, autocommit=True)
-        cursor = conn.cursor()
-
-        def ours(sql: str):
-            def query() -> pa.Table:
-                cursor.execute(sql)
-                return cursor.fetch_arrow_table()
-            return query
-
+    with adbc_queries(root / "data") as ours:
         for label, template in QUERIES.items():
             for table in ("log_big", "pk_small"):
                 plan = ours("EXPLAIN " + template.format(t=table))().column(0)[0].as_py()
@@ -128,7 +112,4 @@ def run() -> list[Row]:
             rows.append(Row(f"GROUP BY {label}, 1M rows, primary-key table (s)", best["ours"], best["peer"],
                             "s", "the same rows in a log table, same server", higher_is_better=False,
                             goal=">=0.5x"))
-        conn.close()
-    finally:
-        _stop_server(process)
     return rows

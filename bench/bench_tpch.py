@@ -21,7 +21,6 @@ import math
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import duckdb
@@ -29,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.bench_server import _start_server, _stop_server
+from bench.adbc import adbc_queries
 from bench.report import Row, best_interleaved
 from flightstore.store import Store
 
@@ -152,8 +151,6 @@ def _same(got: pa.Table, expected: pa.Table) -> bool:
 
 
 def run() -> list[Row]:
-    import adbc_driver_flightsql.dbapi as dbapi
-
     root = Path(tempfile.mkdtemp(prefix="bench-tpch-"))
     data = tables()
     started = time.perf_counter()
@@ -162,21 +159,8 @@ def run() -> list[Row]:
     local = duckdb.connect()
     for name, table in data.items():
         local.register(name, table)
-    process, uri = _start_server(["-m", "flightstore", "serve", "--data-dir", str(root / "data"),
-                                  "--host", "127.0.0.1", "--port", "0"], "flightstore serving")
     rows: list[Row] = []
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            conn = dbapi.connect(uri, autocommit=True)
-        cursor = conn.cursor()
-
-        def ours(sql: str):
-            def query() -> pa.Table:
-                cursor.execute(sql)
-                return cursor.fetch_arrow_table()
-            return query
-
+    with adbc_queries(root / "data") as ours:
         for kind, goal in (("log", ">=0.5x"), ("pk", ">=0.3x")):
             names = {n: f"{kind}_{n}" for n in data}
             for label, template in QUERIES.items():
@@ -200,9 +184,6 @@ def run() -> list[Row]:
                                     best["scan"], best["peer"], "s",
                                     "the whole query in DuckDB (not the query's path: see docstring)",
                                     higher_is_better=False))
-        conn.close()
-    finally:
-        _stop_server(process)
     checks = pc.sum(data["lineitem"]["l_quantity"]).as_py()
     print(f"bench_tpch: lineitem quantity checksum {checks:.0f}", file=sys.stderr, flush=True)
     return rows

@@ -33,6 +33,7 @@ from flightstore.errors import InvalidOption
 from flightstore.expressions import Predicate
 from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
+from flightstore.streams import read_batches
 
 __all__ = ["Connection", "Subscription", "TableClient", "connect"]
 
@@ -149,8 +150,8 @@ class Connection:
         """The record batches of every endpoint of ``info`` (in order), read one at a time."""
         for endpoint in info.endpoints:  # each from the server its location names (a leader)
             server = self._peer(endpoint.locations[0].uri.decode()) if endpoint.locations else self
-            yield from _batches(server._retrying(lambda server=server, ticket=endpoint.ticket:
-                                                 server._client.do_get(ticket, server._options)))
+            yield from read_batches(server._retrying(lambda server=server, ticket=endpoint.ticket:
+                                                     server._client.do_get(ticket, server._options)))
 
     def read_info(self, info: flight.FlightInfo) -> pa.Table:
         """Read every endpoint of ``info`` (in order) into one table, each from the server its
@@ -244,22 +245,6 @@ class Connection:
         results = self._retrying(lambda: list(self._client.do_action(flight.Action(kind, body),
                                                                      self._options)))
         return tickets.decode_custom(results[0].body.to_pybytes())
-
-
-def _batches(reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
-    """The non-empty batches of a DoGet stream, one at a time; the stream is cancelled when the
-    caller stops iterating early."""
-    try:
-        while True:
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                return
-            if chunk.data is not None and chunk.data.num_rows:
-                yield chunk.data
-    except GeneratorExit:
-        reader.cancel()
-        raise
 
 
 class Subscription:
@@ -471,7 +456,7 @@ class TableClient:
         """As :meth:`scan`, as an iterator of record batches read one at a time (bounded client
         memory for a scan of any size)."""
         payload = self._scan_payload(columns, filter, limit, buckets)
-        return _batches(self.connection._get(payload))
+        return read_batches(self.connection._get(payload))
 
     def _scan_payload(self, columns: Sequence[str] | None, filter: Predicate | None, limit: int | None,
                       buckets: Sequence[int] | None) -> dict:

@@ -1,7 +1,7 @@
 """The exception tree of flightstore.
 
 One root, :class:`FlightstoreError`; each subclass names one Flight status code in ``flight_status``
-so the server translates errors in exactly one place (``server/service.py``). Messages say what is
+so the server translates errors in exactly one place (``server/rpc.py``). Messages say what is
 wrong and, where it helps, what to do instead.
 """
 

@@ -57,7 +57,7 @@ from flightstore.partitioning import (
     split_bucket_id,
 )
 from flightstore.schema import Projections, TableDescriptor, as_table
-from flightstore.store import TABLE_WRITER, Table, WriteResult
+from flightstore.store import Table, WriteResult
 from flightstore.writers import WriterRegistry, system_clock_ms
 
 __all__ = ["PartitionedTable", "PartitionsUpkeep", "partition_directory", "remove_partition_directories"]
@@ -259,15 +259,7 @@ class PartitionedTable(Table):
                 return result
         intent = not recovering and self._spans_buckets(table, units)
         if intent:
-            if writer_id is None or sequence is None:
-                writer_id = TABLE_WRITER
-                last_table = self._writers.sequence(TABLE_WRITER)
-                sequence = 0 if last_table is None else last_table + 1
-            record = table if kinds is None else table.append_column(
-                changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
-            self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
-                                 "kv": kinds is not None, "writer_id": writer_id,
-                                 "sequence": sequence}, record)
+            writer_id, sequence = self._begin_intent(table, kinds, target, writer_id, sequence, overwrite)
         nb = self.num_buckets
         for partition, unit, mask in units:
             part = table.filter(pa.array(mask))
@@ -305,16 +297,8 @@ class PartitionedTable(Table):
         self._notify()
         return restored
 
-    def expire_writers(self, now_ms: int | None = None) -> list[str]:
-        """Forget writers idle for ``table.writer-id.expiration``, here and in every partition."""
-        now = self._clock() if now_ms is None else now_ms
-        with self._lock:
-            expired = self._writers.expired(now)
-            if expired:
-                self._expire(expired, now)
-        return expired
-
     def _expire(self, writer_ids: list[str], now_ms: int) -> None:
+        """Forget the writers here and in every partition (:meth:`Table.expire_writers` calls it)."""
         with self._lock:
             for unit in self.units.values():
                 unit._expire(writer_ids, now_ms)

@@ -192,3 +192,19 @@ def test_a_write_cut_between_buckets_completes_on_open_even_after_its_writer_exp
         table = store.table("t")
         rows = sorted(table.scan_table().to_pylist(), key=lambda r: r["k"])
         assert [r["a"] for r in rows] == [k + 1000 for k in keys]  # completed, each bucket once
+
+
+def test_an_expired_writer_of_a_partitioned_table_is_dropped_in_every_partition(tmp_path):
+    clock = Clock()
+    schema = pa.schema([("k", pa.int64()), ("dt", pa.string()), ("a", pa.int64())])
+    with Store(tmp_path / "data", clock=clock) as store:
+        table = store.create_table("p", schema, primary_key=["k", "dt"], partition_keys=["dt"], options=OPTIONS)
+        rows = pa.table({"k": pa.array([1, 2], pa.int64()), "dt": ["2026-01-01", "2026-01-02"],
+                         "a": pa.array([1, 2], pa.int64())})
+        table.upsert(rows, writer_id="w", sequence=0)  # one row in each partition
+        units = list(table.units.values())
+        assert len(units) == 2 and all(unit.writer_sequence("w") == 0 for unit in units)
+        clock.now += HOUR + 1
+        assert table.expire_writers() == ["w"]
+        assert table.writer_sequence("w") is None
+        assert all(_kept_anywhere(unit, "w") == [] for unit in units)

@@ -19,6 +19,7 @@ from pyarrow import flight
 from flightstore.cluster.view import BucketLocation
 from flightstore.errors import BucketUnavailable, FlightstoreError, InvalidInput, NotFound, Unavailable
 from flightstore.server import tickets
+from flightstore.streams import read_batches
 
 __all__ = ["FORWARD_TIMEOUT_S", "Peers"]
 
@@ -57,7 +58,7 @@ class Peers:
         ticket = flight.Ticket(tickets.encode_custom({**payload, "local": True}))
         with _remote_errors(target):
             reader = self._client(uri).do_get(ticket, self.options(token))
-        return _batches(reader, target)
+        return read_batches(reader, keep_empty=True, map_error=lambda exc: _mapped(exc, target))
 
     def get_table(self, target: BucketLocation, payload: dict, token: str | None) -> pa.Table:
         uri = target.require().uri
@@ -121,18 +122,3 @@ def _first_line(exc: BaseException) -> str:
     for marker in (". Detail:", "\nDetail:", ". gRPC client debug context"):
         text = text.split(marker)[0]
     return text.strip()
-
-
-def _batches(reader: flight.FlightStreamReader, target: BucketLocation) -> Iterator[pa.RecordBatch]:
-    try:
-        while True:
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                return
-            except Exception as exc:  # noqa: BLE001 - mapped like every forwarded call
-                raise _mapped(exc, target) from None
-            if chunk.data is not None:
-                yield chunk.data
-    finally:
-        reader.cancel()

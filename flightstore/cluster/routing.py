@@ -23,6 +23,7 @@ client completes a write cut by a server that died in the middle.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import queue
 import threading
@@ -33,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from flightstore import changetype
+from flightstore.batches import limited_sources
 from flightstore.cluster.peers import Peers
 from flightstore.cluster.view import BucketLocation, ClusterView
 from flightstore.errors import BucketUnavailable, InvalidInput, TableNotFound
@@ -363,26 +365,20 @@ class RoutedTable:
     def _scan_groups(self, groups: list, columns: list[str], filter: Predicate | None,
                      limit: int | None, key_range: Any, exact: bool,
                      token: str | None) -> Iterator[pa.RecordBatch]:
-        remaining = limit
         schema = self.local.projection(columns)
-        for place, buckets in groups:
-            if remaining is not None and remaining <= 0:
-                return
+
+        def open_group(place: BucketLocation | None, buckets: list[int],
+                       remaining: int | None) -> Iterator[pa.RecordBatch]:
             if place is None:
-                source = self.local.scan(columns, filter, remaining, buckets, key_range, exact=exact)
-            else:
-                source = self.peers.get(place, {
-                    "op": "scan", "table": str(self.local.path), "columns": columns,
-                    "filter": filter.to_dict() if filter is not None else None, "limit": remaining,
-                    "buckets": buckets, "exact": exact}, token)
-            for batch in source:
-                if remaining is not None:
-                    batch = batch.slice(0, remaining)
-                    remaining -= batch.num_rows
-                if batch.num_rows:
-                    yield batch if batch.schema.equals(schema) else batch.cast(schema)
-                if remaining is not None and remaining <= 0:
-                    return
+                return self.local.scan(columns, filter, remaining, buckets, key_range, exact=exact)
+            return self.peers.get(place, {
+                "op": "scan", "table": str(self.local.path), "columns": columns,
+                "filter": filter.to_dict() if filter is not None else None, "limit": remaining,
+                "buckets": buckets, "exact": exact}, token)
+
+        for batch in limited_sources((functools.partial(open_group, place, buckets) for place, buckets in groups),
+                                     limit):
+            yield batch if batch.schema.equals(schema) else batch.cast(schema)
 
     def scan_table(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
                    limit: int | None = None, *, exact: bool = True) -> pa.Table:

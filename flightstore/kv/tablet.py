@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch
 
 from flightstore import changetype
+from flightstore.batches import limited
 from flightstore.errors import CorruptData, DataLoss, FlightstoreError
 from flightstore.expressions import Predicate
 from flightstore.kv.encoding import encode_key_array, encode_keys
@@ -618,26 +619,19 @@ class KvTablet:
             expected = self.row_count if lower is None and upper is None else None
         reader = RangeReader(snapshot, lower, upper, where=self.where, directory=str(self.directory),
                              expected_rows=expected)
-        remaining = limit
-        if remaining is not None and remaining <= 0:
-            return
-        # With a LIMIT the first chunk is just big enough; chunks grow when the filter drops rows.
-        for values in reader.chunks(FIRST_CHUNK_ROWS if limit is None else limit):
-            with self._io_lock:
-                self._io["rows_read"] += len(values)
-                self._io["chunks_read"] += 1
-            table = self.codec.decode(values, needed)
-            if expression is not None:
-                table = table.filter(expression)
-            if needed is not wanted:
-                table = table.select(wanted)
-            if remaining is not None:
-                table = table.slice(0, remaining)
-                remaining -= table.num_rows
-            if table.num_rows:
-                yield table
-            if remaining is not None and remaining <= 0:
-                return
+
+        def decoded() -> Iterator[pa.Table]:
+            # With a LIMIT the first chunk is just big enough; chunks grow when the filter drops rows.
+            for values in reader.chunks(FIRST_CHUNK_ROWS if limit is None else limit):
+                with self._io_lock:
+                    self._io["rows_read"] += len(values)
+                    self._io["chunks_read"] += 1
+                table = self.codec.decode(values, needed)
+                if expression is not None:
+                    table = table.filter(expression)
+                yield table if needed is wanted else table.select(wanted)
+
+        yield from limited(decoded(), limit)
 
 
 def _writer_value(sequence: int, last_ms: int | None) -> bytes:

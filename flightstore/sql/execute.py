@@ -275,11 +275,6 @@ class Executor:
         to ``schema``: the plan's :meth:`output_schema`, computed here unless the caller has it
         (for residual SQL that costs a DuckDB run). The stream stops (Cancelled, DeadlineExceeded)
         between batches when ``control`` (default: a new one with ``query.timeout``) says so."""
-        from flightstore.server.auth import CALLER_TOKEN
-        return _as_caller(self._execute(plan, partition, schema, control), CALLER_TOKEN, CALLER_TOKEN.get())
-
-    def _execute(self, plan: n.PlanNode, partition: int | None, schema: pa.Schema | None,
-                 control: QueryControl | None) -> Iterator[pa.RecordBatch]:
         schema = self.output_schema(plan) if schema is None else schema
         control = self.control() if control is None else control
         for batch in self._run(plan, partition, control):
@@ -762,18 +757,6 @@ class Executor:
             raise ResourceExhausted(f"the query returns more than {self.max_result_rows:,} rows "
                                     "(server option query.max-result-rows); it was stopped")
         return rows
-
-
-def _as_caller(batches: Iterator[pa.RecordBatch], var, token: str | None) -> Iterator[pa.RecordBatch]:
-    """``batches`` pulled with ``var`` (the caller's token) set as when the query was received: a
-    result stream is read after its Flight call returned, and its forwarded calls carry the token."""
-    while True:
-        var.set(token)
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        yield batch
 
 
 def _routed(table) -> bool:

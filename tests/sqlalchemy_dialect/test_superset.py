@@ -23,7 +23,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -33,6 +32,7 @@ import tomllib
 
 import flightstore
 from tests.server.test_flightsql_dbapi import client_venv
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ DATA_CACHE_CONFIG = {"CACHE_TYPE": "NullCache"}
 '''
 
 SCREENSHOT = r'''
-import json, sys, time
+import json, sys
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.chrome.service import Service
@@ -81,7 +81,17 @@ try:
     wait.until(ec.presence_of_element_located(chart))
     titles = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".header-title, .editable-title")]
     errors = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".alert-danger, .ant-alert-error")]
-    time.sleep(2)  # let echarts finish its entry animation before the picture
+    # The picture is taken once echarts' entry animation has ended: when the chart's canvases are
+    # the same in two polls half a second apart (a condition, bounded by the wait's 120 s).
+    frames = "return Array.from(document.querySelectorAll(" + json.dumps(chart[1]) + ")).map(c => c.toDataURL())"
+    seen = [None]
+
+    def settled(d):
+        now = d.execute_script(frames)
+        still, seen[0] = now == seen[0], now
+        return still
+
+    WebDriverWait(driver, 120, poll_frequency=0.5).until(settled)
     driver.save_screenshot(target)
     print(json.dumps({"titles": titles, "errors": errors}))
 finally:
@@ -142,18 +152,19 @@ class Api:
 
 
 def _wait_healthy(base: str, process: subprocess.Popen, log: Path, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if process.poll() is not None:
-            raise AssertionError(f"superset exited:\n{log.read_text()[-4000:]}")
+            raise AssertionError(f"superset exited with code {process.returncode}")
         try:
             with urllib.request.urlopen(base + "/health", timeout=5) as answer:
-                if answer.status == 200:
-                    return
+                return answer.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"superset never became healthy:\n{log.read_text()[-4000:]}")
+            return False
+
+    try:
+        wait_until(healthy, "superset answering /health", timeout=timeout, poll=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its log:\n{log.read_text()[-4000:]}") from None
 
 
 def _load(uri: str) -> list[tuple[str, float]]:

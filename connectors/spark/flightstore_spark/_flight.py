@@ -15,6 +15,7 @@ from pyarrow import flight
 
 from flightstore.client import Connection, connect
 from flightstore.server import protocol, tickets
+from flightstore.streams import read_batches
 
 __all__ = [
     "Options",
@@ -135,16 +136,6 @@ def query_endpoints(conn: Connection, query: str) -> flight.FlightInfo:
     return conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
 
 
-def _chunks(reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
-    while True:
-        try:
-            chunk = reader.read_chunk()
-        except StopIteration:
-            return
-        if chunk.data is not None and chunk.data.num_rows:
-            yield chunk.data
-
-
 def lake_split(conn: Connection, table: str, filter: Any = None, snapshot_id: int | None = None) -> dict:
     """The server's plan of a union read of a datalake-enabled log table (``union`` False for any
     other table): lake snapshot id, per-bucket log offsets the log part starts at, the pruned data
@@ -207,12 +198,12 @@ def read_lake_file_rows(path: str, io: dict[str, str], schema_hex: str, columns:
 
 def read_payload(conn: Connection, payload: dict) -> Iterator[pa.RecordBatch]:
     """DoGet of one of flightstore's own read commands, batch by batch (empty batches skipped)."""
-    yield from _chunks(conn._get(payload))
+    yield from read_batches(conn._get(payload))
 
 
 def read_ticket(conn: Connection, ticket: bytes) -> Iterator[pa.RecordBatch]:
     """DoGet of a Flight SQL endpoint ticket."""
-    yield from _chunks(conn._client.do_get(flight.Ticket(ticket), conn._options))
+    yield from read_batches(conn._client.do_get(flight.Ticket(ticket), conn._options))
 
 
 def put_once(conn: Connection, op: str, table: str, data: pa.Table, *, writer_id: str, sequence: int,

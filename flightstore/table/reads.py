@@ -1,0 +1,196 @@
+"""A table's read path: point and prefix lookups, scans (pruned by key range and bucket, cut to a
+limit), row counts and reads of a bucket as of an offset (KV snapshot image plus changelog).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flightstore import changetype
+from flightstore.batches import limited_sources
+from flightstore.errors import DataLoss, InvalidInput, SchemaMismatch
+from flightstore.expressions import Predicate
+from flightstore.kv import ranges
+from flightstore.kv.encoding import encode_keys
+from flightstore.kv.ranges import KeyRange
+from flightstore.schema import as_table
+
+__all__ = ["TableReads"]
+
+
+class TableReads:
+    """The reads of :class:`~flightstore.store.Table` (mixed into it: ``self`` is the
+    table, with its descriptor, logs, KV tablets, writers and locks)."""
+
+    # ---- reads --------------------------------------------------------------------------------
+    def _pk_table(self, keys: Any, columns: Sequence[str]) -> pa.Table:
+        table = as_table(keys)
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise InvalidInput(f"lookup in {self.path} needs column(s) {missing}")
+        arrays, cast = [], False
+        for name in columns:
+            field = self.schema.field(name)
+            column = table.column(name)
+            if column.null_count:
+                raise InvalidInput(f"lookup key column {name!r} must not be null")
+            if column.type == field.type:
+                arrays.append(column)
+                continue
+            try:
+                arrays.append(pc.cast(column, field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise SchemaMismatch(f"key column {name!r}: cannot convert {column.type} to "
+                                     f"{field.type}: {exc}") from None
+            cast = True
+        if not cast and table.num_columns == len(columns) and table.column_names == list(columns):
+            return table  # already the key columns, typed as stored (a planned lookup's keys)
+        return pa.Table.from_arrays(arrays, names=list(columns))
+
+    def projection(self, columns: Sequence[str]) -> pa.Schema:
+        """The schema of ``columns`` of this table (memoized: lookups ask for the same few)."""
+        return self._projections.of(columns)
+
+    def _check_columns(self, columns: Sequence[str] | None) -> list[str]:
+        if columns is None:
+            return self.schema.names
+        known = self._projections.names
+        bad = [c for c in columns if c not in known]
+        if bad:
+            raise InvalidInput(f"table {self.path} has no column(s) {bad}")
+        return list(columns)
+
+    def lookup(self, keys: Any, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows with the given primary keys (multi-get per bucket), in key order of ``keys``."""
+        self._require_pk("lookup")
+        columns = self._check_columns(columns)
+        keys = self._pk_table(keys, self.descriptor.primary_key)
+        out_schema = self._projections.of(columns)
+        if keys.num_rows == 0:
+            return out_schema.empty_table()
+        buckets = self.buckets_of(keys)
+        if keys.num_rows == 1 or (buckets == buckets[0]).all():  # one bucket: no reordering
+            rows = self.kvs[buckets[0]].lookup(keys, columns)[1]
+            return rows.replace_schema_metadata() if rows.schema.equals(out_schema) else rows.cast(out_schema)
+        parts, positions = [], []
+        for bucket in np.unique(buckets):
+            mask = buckets == bucket
+            found, rows = self.kvs[bucket].lookup(keys.filter(pa.array(mask)), columns)
+            parts.append(rows)
+            positions.append(np.flatnonzero(mask)[found])
+        result = pa.concat_tables(parts)
+        order = np.argsort(np.concatenate(positions), kind="stable")
+        return result.take(pa.array(order)).cast(out_schema)
+
+    def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
+                      limit: int | None = None) -> pa.Table:
+        """Rows whose leading primary-key columns (at least the bucket key) equal ``prefix`` rows."""
+        self._require_pk("prefix lookup")
+        columns = self._check_columns(columns)
+        table = as_table(prefix)
+        key = self.descriptor.primary_key
+        width = len(table.column_names)
+        if tuple(table.column_names) != key[:width] or width < len(self.descriptor.bucket_key):
+            raise InvalidInput(f"a prefix lookup on {self.path} needs the leading primary key columns "
+                               f"{list(key[:max(width, len(self.descriptor.bucket_key))])} (bucket key "
+                               f"{list(self.descriptor.bucket_key)}), got {table.column_names}")
+        table = self._pk_table(table, key[:width])
+        out_schema = self._projections.of(columns)
+        buckets = self.buckets_of(table)
+        prefixes = encode_keys(table, key[:width])
+        parts = []
+        for bucket, prefix_key in zip(buckets, prefixes):
+            remaining = None if limit is None else limit - sum(p.num_rows for p in parts)
+            if remaining is not None and remaining <= 0:
+                break
+            parts.append(self.kvs[bucket].prefix_lookup([prefix_key], columns, remaining))
+        return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
+
+    def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+             limit: int | None = None, buckets: Sequence[int] | None = None,
+             key_range: KeyRange | None = None, *, exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """Current rows, only ``columns``, filtered exactly (batches skipped by statistics).
+
+        On a primary-key table the filter's primary-key range (``key_range``, derived from the
+        filter when not given; :mod:`flightstore.kv.ranges`) is one RocksDB seek range per bucket,
+        and equalities on the whole bucket key read only their bucket. Without a range a bucket is
+        read from its newest KV snapshot image plus the changelog after it, consistent at the log
+        end offset when the bucket is reached (RocksDB without an image).
+
+        ``exact=False`` lets rows through unfiltered in batches the statistics could not rule out,
+        in no particular order: for callers that apply ``filter`` again themselves (residual SQL).
+        A primary-key bucket without a usable image is then read from its changelog when the log
+        still holds it from offset 0 (see :meth:`KvTablet.full_scan`)."""
+        columns = self._check_columns(columns)
+        if filter is not None:
+            filter = filter.bind(self.schema)
+        if self.has_primary_key and filter is not None:
+            if key_range is None:
+                key_range = ranges.key_range(filter, self.descriptor)
+            pinned = ranges.pinned_bucket(filter, self.descriptor)
+            if pinned is not None:
+                buckets = [b for b in (range(self.num_buckets) if buckets is None else buckets)
+                           if b == pinned]
+
+        def open_bucket(bucket: int, remaining: int | None) -> Iterator[pa.RecordBatch]:
+            if self.has_primary_key:
+                kv = self.kvs[bucket]
+                return kv.full_scan(columns, filter, remaining, exact=exact) if key_range is None else \
+                    kv.scan(columns, filter, remaining, key_range)
+            return (lb.batch for lb in self.logs[bucket].read(0, columns=columns, filter=filter, exact=exact))
+
+        yield from limited_sources((functools.partial(open_bucket, bucket)
+                                    for bucket in (range(self.num_buckets) if buckets is None else buckets)), limit)
+
+    def scan_table(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
+                   limit: int | None = None, *, exact: bool = True) -> pa.Table:
+        columns = self._check_columns(columns)
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        return pa.Table.from_batches(list(self.scan(columns, filter, limit, exact=exact)), schema=schema)
+
+    def row_count(self) -> int:
+        """Rows in the table without a scan: maintained KV counts, or log offsets."""
+        if self.has_primary_key:
+            return sum(kv.row_count for kv in self.kvs)
+        for log in self.logs:
+            lost = log.damage()
+            if lost:
+                raise DataLoss(f"{log.label}: log offsets {lost[0][0]}..{lost[0][1] - 1} are lost; "
+                               "the count would be wrong. Run `flightstore repair` to declare it")
+        return sum(log.end_offset - log.start_offset - log.lost_rows for log in self.logs)
+
+    def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
+                limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """The rows of ``bucket`` exactly at log offset ``at`` (a KV snapshot image plus the
+        changelog up to ``at``): what a reader that then follows the changelog from ``at`` needs.
+        Raises OffsetOutOfRange when ``at`` is outside the held log."""
+        self._require_pk("a snapshot read")
+        self._check_bucket(bucket)
+        return self.kvs[bucket].rows_at(int(at), self._check_columns(columns), None, limit)
+
+    def read_snapshot(self, bucket: int, at: int, columns: Sequence[str] | None = None
+                      ) -> Iterator[pa.RecordBatch]:
+        """:meth:`rows_at` as changelog rows (``columns`` of :func:`changetype.snapshot_schema`):
+        ``_change_type`` is ``+I``, ``_log_offset`` and ``_commit_timestamp`` are null. A reader
+        that then follows the changelog from ``at`` sees every change once."""
+        out_schema = changetype.snapshot_schema(self.schema)
+        wanted = list(columns) if columns is not None else out_schema.names
+        schema = pa.schema([out_schema.field(c) for c in wanted])
+        stored = [c for c in wanted if c not in changetype.META_COLUMNS]
+        for batch in self.rows_at(bucket, at, stored):
+            n = batch.num_rows
+            meta = {changetype.CHANGE_TYPE_COLUMN: pa.repeat(pa.scalar("+I", pa.string()), n),
+                    changetype.LOG_OFFSET_COLUMN: pa.nulls(n, pa.int64()),
+                    changetype.COMMIT_TIMESTAMP_COLUMN: pa.nulls(n, out_schema.field(
+                        changetype.COMMIT_TIMESTAMP_COLUMN).type)}
+            yield pa.RecordBatch.from_arrays([meta[c] if c in meta else batch.column(c) for c in wanted],
+                                             schema=schema)
+
+    def _check_bucket(self, bucket: int) -> None:
+        if not 0 <= int(bucket) < self.num_buckets:
+            raise InvalidInput(f"table {self.path} has no bucket {bucket}")

@@ -1,0 +1,304 @@
+"""A table's write path: rows split by bucket and applied to the buckets' logs (log tables) or
+KV tablets (primary-key tables), once per writer batch (writer ids and sequences: a retried batch is
+applied once, a gap is refused), behind a write intent so a multi-bucket write completes after a
+crash; the table's delete behaviour; undo of a writer's batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from flightstore import changetype
+from flightstore.bucketing import bucket_ids
+from flightstore.errors import InvalidInput, SchemaMismatch, Unsupported
+from flightstore.schema import as_table
+
+__all__ = ["TABLE_WRITER", "TableWrites", "WriteResult"]
+
+TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
+
+
+class WriteResult(dict):
+    """Per-bucket outcome of a write: ``{bucket: base_offset or None}``, plus ``duplicate`` flag
+    and the buckets the write went to (``touched``: they are synced before it is acknowledged)."""
+
+    duplicate: bool = False
+    touched: Sequence[int] = ()
+
+
+class TableWrites:
+    """The writes of :class:`~flightstore.store.Table` (mixed into it: ``self`` is the
+    table, with its descriptor, logs, KV tablets, writers and locks)."""
+
+    def _check_sequence(self, writer_id: str | None, sequence: int | None) -> None:
+        """Refuse a gap in the writer's sequence, or a batch of a writer that expired (its state
+        is dropped here first if it expired since the last check)."""
+        if writer_id is None or sequence is None:
+            return
+        if self._writers.is_expired(writer_id):
+            self._expire([writer_id], self._clock())
+        self._writers.check(writer_id, sequence)
+
+    def _note_sequence(self, writer_id: str | None, sequence: int | None, now_ms: int) -> None:
+        if writer_id is not None and sequence is not None:
+            self._writers.note(writer_id, sequence, now_ms)
+
+    def undo(self, writer_id: str, after_sequence: int) -> int:
+        """Undo every batch ``writer_id`` wrote after ``after_sequence`` (exactly-once restarts of
+        jobs), leaving other writers' work; returns rows restored. A writer without state here
+        (it never wrote, or expired) has nothing to undo. See :mod:`flightstore.kv.undo`."""
+        from flightstore.kv.undo import check_undoable, undo_writer
+        if not self.has_primary_key:
+            raise Unsupported(f"undo needs a primary-key table; {self.path} is a log table")
+        check_undoable(self.kvs, writer_id)
+        with self._lock:
+            if writer_id not in self._writers:
+                return 0
+            restored = undo_writer(self.kvs, writer_id, after_sequence)
+            self._writers.reset(writer_id, int(after_sequence))
+        self._notify()
+        return restored
+
+    def writer_sequence(self, writer_id: str) -> int | None:
+        """The last batch sequence applied for ``writer_id`` (None if it never wrote or expired)."""
+        return self._writers.sequence(writer_id)
+
+    def expire_writers(self, now_ms: int | None = None) -> list[str]:
+        """Forget writers that wrote nothing for ``table.writer-id.expiration``: in memory, in each
+        bucket's log writer state and KV meta (sequence, undo fence) and their column claims.
+        Returns their ids."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            expired = self._writers.expired(now)
+            if expired:
+                self._expire(expired, now)
+        return expired
+
+    def _forget_stale_log_writers(self) -> None:
+        """On open: a log rebuilds its writer state from every record header, expired writers
+        included (a primary-key table's registry comes from the KV, which dropped them)."""
+        now, expiration = self._clock(), self.descriptor.option("table.writer-id.expiration")
+        for log in self.logs:
+            log.forget_writers([writer for writer, (_, last_ms) in log.writer_activity().items()
+                                if now - last_ms > expiration])
+
+    def _expire(self, writer_ids: list[str], now_ms: int) -> None:
+        with self._lock:
+            for kv in self.kvs:
+                kv.drop_writers(writer_ids)
+            for log in self.logs:
+                log.forget_writers(writer_ids)
+            for writer in writer_ids:
+                self.ownership.release(writer)
+            self._writers.forget(writer_ids, now_ms)
+
+    def buckets_of(self, data: pa.Table) -> np.ndarray:
+        key = self.descriptor.bucket_key
+        if key:
+            return bucket_ids(data, key, self.num_buckets)
+        choices = self.round_robin_buckets
+        if choices:
+            return np.full(data.num_rows, choices[next(self._round_robin) % len(choices)], dtype=np.int32)
+        return np.full(data.num_rows, next(self._round_robin) % self.num_buckets, dtype=np.int32)
+
+    # ---- writes -------------------------------------------------------------------------------
+    def append(self, data: Any, *, writer_id: str | None = None, sequence: int | None = None) -> WriteResult:
+        """Append rows to a log table (all columns; missing nullable columns are null)."""
+        if self.has_primary_key:
+            raise Unsupported(f"{self.path} is a primary-key table: use upsert/delete")
+        table, _ = self.conform(data)
+        return self._apply_buckets(table, None, None, writer_id, sequence)
+
+    def upsert(self, data: Any, columns: Sequence[str] | None = None, *, writer_id: str | None = None,
+               sequence: int | None = None) -> WriteResult:
+        """Insert or update rows of a primary-key table; ``columns`` makes it a partial update."""
+        table, target = self._conform_pk(data, columns)
+        kinds = np.full(table.num_rows, changetype.UPDATE_AFTER, dtype=np.int8)
+        return self.write(table, kinds, target, writer_id=writer_id, sequence=sequence, conformed=True)
+
+    def delete(self, keys: Any, columns: Sequence[str] | None = None, *, writer_id: str | None = None,
+               sequence: int | None = None) -> WriteResult:
+        """Delete rows by primary key; with ``columns`` only those columns are nulled (partial delete)."""
+        table, target = self._conform_pk(keys, columns, keys_only=columns is None)
+        kinds = np.full(table.num_rows, changetype.DELETE, dtype=np.int8)
+        return self.write(table, kinds, target, writer_id=writer_id, sequence=sequence, conformed=True)
+
+    def _conform_pk(self, data: Any, columns: Sequence[str] | None,
+                    keys_only: bool = False) -> tuple[pa.Table, tuple | None]:
+        if not self.has_primary_key:
+            raise Unsupported(f"{self.path} is a log table (append-only): use append")
+        table = self._known_columns(as_table(data))
+        if keys_only:
+            missing = [c for c in self.descriptor.primary_key if c not in table.column_names]
+            if missing:
+                raise SchemaMismatch(f"delete from {self.path} needs the primary key column(s) {missing}")
+            table = table.select(list(self.descriptor.primary_key))
+            conformed, _ = self.conform(table, self.descriptor.primary_key)
+            return conformed, None
+        if columns is None and set(table.column_names) != set(self.schema.names):
+            missing = [c for c in self.schema.names if c not in table.column_names]
+            if any(set(table.column_names) == set(old.names) for old in self.descriptor.past_schemas):
+                missing = []  # a whole row of an older schema version (a writer that did not refresh)
+            if missing and not any(c in self.descriptor.primary_key for c in missing):
+                raise SchemaMismatch(
+                    f"data written to {self.path} lacks column(s) {missing}; pass columns=[...] for a "
+                    "partial update")
+        return self.conform(table, columns)
+
+    def write(self, data: Any, kinds: np.ndarray | pa.Array | None = None,
+              columns: Sequence[str] | None = None, *, writer_id: str | None = None,
+              sequence: int | None = None, overwrite: bool = False, conformed: bool = False) -> WriteResult:
+        """Write changelog rows (int8 change type per row) into a primary-key table.
+
+        Validates everything first (schema, null keys, the merge engine's and delete behavior's
+        rules), then applies bucket by bucket.
+        """
+        if not self.has_primary_key:
+            return self.append(data, writer_id=writer_id, sequence=sequence)
+        if conformed:
+            table, target = data, (tuple(columns) if columns is not None else None)
+        else:
+            table, target = self.conform(data, columns)
+        if kinds is None:
+            kinds = np.full(table.num_rows, changetype.UPDATE_AFTER, dtype=np.int8)
+        kinds = np.asarray(kinds.to_numpy(zero_copy_only=False) if isinstance(kinds, (pa.Array, pa.ChunkedArray))
+                           else kinds, dtype=np.int8)
+        if len(kinds) != table.num_rows:
+            raise InvalidInput("one change type per row is required")
+        if ((kinds < 0) | (kinds > changetype.APPEND_ONLY)).any():
+            raise InvalidInput("unknown change type code in the write")
+        if not overwrite:
+            table, kinds = self._apply_delete_behavior(table, kinds)
+            self.merger.check_write(kinds, target, table)
+        if writer_id is not None and target is not None:
+            # Writers of partial updates own their columns while they live (see kv/ownership.py).
+            self.ownership.claim(writer_id, [c for c in target if c not in self.descriptor.primary_key])
+        return self._apply_buckets(table, kinds, target, writer_id, sequence, overwrite)
+
+    def apply_routed(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                     writer_id: str | None, sequence: int | None, overwrite: bool = False) -> WriteResult:
+        """Apply a write a partitioned table validated, sequenced and recorded as its own intent
+        (see :mod:`flightstore.partitioned`): the buckets skip what they applied already, and
+        this partition keeps no intent or sequence check of its own."""
+        return self._apply_buckets(table, kinds, target, writer_id, sequence, overwrite, recovering=True)
+
+    def _apply_buckets(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                       writer_id: str | None, sequence: int | None, overwrite: bool = False,
+                       recovering: bool = False) -> WriteResult:
+        """Apply a validated write to its buckets (KV tablets, or logs when ``kinds`` is None).
+
+        A write spanning several buckets is first recorded as an intent (see ``intents.py``), with
+        a writer id and sequence (the table's own when the caller gave none), so that a crash
+        between two buckets is completed on the next open instead of leaving it half applied.
+        Returns once the write is durable (logs that fsync): the fsync happens after the table lock
+        is released, so concurrent writers of the table share it (group commit).
+        """
+        with self._lock:
+            result = self._apply_locked(table, kinds, target, writer_id, sequence, overwrite, recovering)
+            written = {int(b): self.logs[b].end_offset for b in result.touched}
+        for bucket, end in written.items():  # outside the lock: concurrent writers share fsyncs
+            self.logs[bucket].sync(end)
+        self._notify()
+        return result
+
+    def _apply_locked(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                      writer_id: str | None, sequence: int | None, overwrite: bool,
+                      recovering: bool) -> WriteResult:
+        """The write itself, under the table lock; its logs are synced by the caller, except a
+        multi-bucket write's, which must be on disk before its intent is cleared."""
+        if not recovering:  # a rolled-forward write was checked when it was first sent
+            self._check_sequence(writer_id, sequence)
+        now = self._clock()
+        result = WriteResult()
+        last = self._writers.sequence(writer_id) if writer_id is not None else None
+        if kinds is None and not self.descriptor.bucket_key and sequence is not None \
+                and last is not None and sequence <= last:
+            # Without a bucket key a whole batch lands in one (round-robin) bucket and a retry
+            # may be routed to another one: the table-level sequence decides.
+            result.duplicate = True
+            result.touched = list(range(self.num_buckets))  # acknowledged once durable
+            return result
+        buckets = self.buckets_of(table)
+        targets = np.unique(buckets)
+        result.touched = [int(b) for b in targets]
+        intent = len(targets) > 1 and not recovering
+        if intent:
+            writer_id, sequence = self._begin_intent(table, kinds, target, writer_id, sequence, overwrite)
+        for bucket in targets:
+            mask = buckets == bucket
+            part = table.filter(pa.array(mask))
+            if kinds is None:
+                last = self.logs[bucket].writer_state().get(writer_id) if writer_id else None
+                if sequence is not None and last is not None and sequence <= last:
+                    result.duplicate = True
+                    continue
+                result[int(bucket)] = self.logs[bucket].append(part, writer_id=writer_id,
+                                                               sequence=sequence, durable=False,
+                                                               timestamp_ms=now)
+            else:
+                outcome = self.kvs[bucket].apply(part, kinds[mask], target, writer_id=writer_id,
+                                                 sequence=sequence, overwrite=overwrite,
+                                                 durable=False, now_ms=now)
+                result.duplicate |= outcome.duplicate
+                result[int(bucket)] = outcome.base_offset
+        if intent:
+            for bucket in targets:  # the intent may go only once every bucket has the write
+                self.logs[bucket].sync()
+            self._intents.complete()
+        self._note_sequence(writer_id, sequence, now)
+        return result
+
+    def _begin_intent(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                      writer_id: str | None, sequence: int | None, overwrite: bool) -> tuple[str, int]:
+        """Record the intent of a write that spans buckets (rolled forward after a crash, see
+        :meth:`_complete_pending_write`); a write without writer id and sequence goes under the
+        table writer's next sequence. Returns the writer id and sequence the write goes under."""
+        if writer_id is None or sequence is None:
+            writer_id = TABLE_WRITER
+            last_table = self._writers.sequence(TABLE_WRITER)
+            sequence = 0 if last_table is None else last_table + 1
+        record = table if kinds is None else table.append_column(
+            changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
+        self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
+                             "kv": kinds is not None, "writer_id": writer_id,
+                             "sequence": sequence}, record)
+        return writer_id, sequence
+
+    def _complete_pending_write(self) -> None:
+        """Roll forward a multi-bucket write a crash interrupted (buckets that have it skip it)."""
+        pending = self._intents.pending()
+        if pending is not None:
+            meta, record = pending
+            kinds = None
+            if meta["kv"]:
+                kinds = record.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
+                record = record.drop_columns([changetype.CHANGE_TYPE_COLUMN])
+            target = tuple(meta["target"]) if meta["target"] else None
+            self._apply_buckets(record, kinds, target, meta["writer_id"], meta["sequence"],
+                                meta["overwrite"], recovering=True)
+        self._intents.complete()
+
+    def _apply_delete_behavior(self, table: pa.Table, kinds: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        retracting = (kinds == changetype.DELETE) | (kinds == changetype.UPDATE_BEFORE)
+        if not retracting.any():
+            return table, kinds
+        behavior = self.delete_behavior
+        engine = self.descriptor.merge_engine
+        if behavior == "disable":
+            raise InvalidInput(f"table {self.path} disables deletes ('table.delete.behavior' = 'disable')")
+        if behavior == "ignore" or (engine in ("first_row", "versioned")):
+            keep = ~retracting
+            return table.filter(pa.array(keep)), kinds[keep]
+        if engine != "aggregation":
+            keep = kinds != changetype.UPDATE_BEFORE  # a -U is followed by its +U
+            return table.filter(pa.array(keep)), kinds[keep]
+        return table, kinds
+
+    @property
+    def delete_behavior(self) -> str:
+        if "table.delete.behavior" in self.descriptor.options:
+            return self.descriptor.option("table.delete.behavior")
+        return "ignore" if self.descriptor.merge_engine in ("first_row", "versioned") else "allow"
