@@ -8,6 +8,7 @@ Modules, in the order data flows:
 * :mod:`~flightstore.lake.layout` - the lake table's schema, partition spec (bucket-aligned) and rows;
 * :mod:`~flightstore.lake.offsets` - tiered offsets in the snapshot summaries;
 * :mod:`~flightstore.lake.changes` - primary-key changelogs folded and applied bucket-aligned;
+* :mod:`~flightstore.lake.drops` - rows of dropped partitions deleted from the lake;
 * :mod:`~flightstore.lake.tiering` - one crash-safe tiering round;
 * :mod:`~flightstore.lake.remote` - a table read through Flight (the Spark tiering job's source);
 * :mod:`~flightstore.lake.lease` - at most one tierer per table;

@@ -6,30 +6,49 @@ bucket's changelog between two offsets (a subscription bounded by ``until``) and
 an offset (``snapshot`` reads). :func:`read_bucket_changes` reads one bucket and is what a Spark
 executor runs; :meth:`FlightSource.read_changes` runs it for every bucket through ``map_buckets``
 (sequential by default; the Spark job passes one that fans the buckets out over executors).
+
+Log tables need no folding, so a round's data files need not pass through the process that
+commits: :func:`write_bucket_files` reads one bucket's backlog and writes its Iceberg data files
+straight to the warehouse (:class:`LakeTarget`: the lake table's metadata and file-IO properties,
+serializable), returning only their :class:`~pyiceberg.manifest.DataFile` metadata.
+:meth:`FlightSource.write_changes` runs it for every bucket through ``map_writes`` (the Spark job:
+one executor task per bucket) and the round commits the returned files in one snapshot. Files a
+task wrote for a round that never commits are orphans no snapshot references.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.io import load_file_io
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.metadata import TableMetadataUtil
 
 from flightstore import changetype
 from flightstore.client import Connection
+from flightstore.errors import Unsupported
 from flightstore.lake.changes import snapshot_rows
 from flightstore.lake.layout import lake_rows, lake_schema
 from flightstore.schema import TableDescriptor
 
-__all__ = ["BucketRead", "FlightSource", "read_bucket_changes"]
+__all__ = ["BucketFiles", "BucketRead", "FlightSource", "LakeTarget", "read_bucket_changes", "write_bucket_files"]
 
 # One bucket's read: (bucket, start offset, end offset, row budget or None).
 BucketRead = tuple[int, int, int, "int | None"]
 # What reading it gives: (bucket, lake rows as Arrow IPC bytes, offset reached).
 BucketRows = tuple[int, bytes, int]
 MapBuckets = Callable[[Sequence[BucketRead]], list[BucketRows]]
+# What writing it gives: (bucket, data files written, offset reached, rows in them).
+BucketFiles = tuple[int, list[DataFile], int, int]
+MapWrites = Callable[[Sequence[BucketRead], "LakeTarget"], list[BucketFiles]]
 
 
 def _ipc(table: pa.Table) -> bytes:
@@ -50,6 +69,12 @@ def read_bucket_changes(connection: Connection, name: str, descriptor: TableDesc
 
     A row budget stops the read after the record that reaches it: rounds end on record
     boundaries, so a ``-U``/``+U`` pair (one write) is never split between two rounds."""
+    bucket, rows, reached = _read_bucket(connection, name, descriptor, read)
+    return bucket, _ipc(rows), reached
+
+
+def _read_bucket(connection: Connection, name: str, descriptor: TableDescriptor,
+                 read: BucketRead) -> tuple[int, pa.Table, int]:
     bucket, start, end, budget = read
     reached = start
     schema = lake_schema(descriptor)
@@ -70,13 +95,48 @@ def read_bucket_changes(connection: Connection, name: str, descriptor: TableDesc
                     budget -= rows.num_rows
                     if budget <= 0:
                         break
-    return bucket, _ipc(pa.Table.from_batches(batches, schema=out)), reached
+    return bucket, pa.Table.from_batches(batches, schema=out), reached
+
+
+@dataclass(frozen=True)
+class LakeTarget:
+    """Where a process that is not the committer writes a lake table's data files: the table's
+    metadata (JSON) and file-IO properties (warehouse credentials), picklable for Spark tasks."""
+
+    metadata_json: str
+    io_properties: dict[str, str]
+
+    @classmethod
+    def of(cls, lake_table: IcebergTable) -> LakeTarget:
+        return cls(lake_table.metadata.model_dump_json(), dict(lake_table.io.properties))
+
+    def write(self, rows: pa.Table) -> list[DataFile]:
+        """Write ``rows`` (lake rows of one bucket, in offset order) as data files of the table's
+        partition spec, under a fresh write id; returns their metadata. Nothing is committed."""
+        if rows.num_rows == 0:
+            return []
+        metadata = TableMetadataUtil.parse_raw(self.metadata_json)
+        io = load_file_io(self.io_properties, metadata.location)
+        return list(_dataframe_to_data_files(table_metadata=metadata, df=rows, io=io, write_uuid=uuid.uuid4()))
+
+
+def write_bucket_files(connection: Connection, name: str, descriptor: TableDescriptor, read: BucketRead,
+                       target: LakeTarget) -> BucketFiles:
+    """Read one bucket of a log table in ``[start, end)`` (as :func:`read_bucket_changes`) and
+    write its rows straight to the lake's warehouse: ``(bucket, data files, offset reached, rows)``."""
+    if descriptor.has_primary_key:
+        raise Unsupported(f"table {name} has a primary key: its changelog is folded before it is written")
+    bucket, rows, reached = _read_bucket(connection, name, descriptor, read)
+    # Buffers straight off the Flight wire may be unaligned, which pyiceberg-core's bucket
+    # transform refuses: one copy through IPC aligns them (the driver path gets that copy anyway).
+    return bucket, target.write(_from_ipc(_ipc(rows))), reached, rows.num_rows
 
 
 class FlightSource:
     """A table of a flightstore server as a tiering round's source (see module docstring)."""
 
-    def __init__(self, connection: Connection, name: str, *, map_buckets: MapBuckets | None = None) -> None:
+    def __init__(self, connection: Connection, name: str, *, map_buckets: MapBuckets | None = None,
+                 map_writes: MapWrites | None = None) -> None:
         self.connection = connection
         self.name = name
         described = connection.table(name).describe()
@@ -85,9 +145,20 @@ class FlightSource:
         self.table_id: str = described["table_id"]
         self._offsets = (described["start_offsets"], described["end_offsets"])
         self._map = map_buckets or self._sequential
+        self._map_writes = map_writes or self._sequential_writes
 
     def _sequential(self, reads: Sequence[BucketRead]) -> list[BucketRows]:
         return [read_bucket_changes(self.connection, self.name, self.descriptor, read) for read in reads]
+
+    def _sequential_writes(self, reads: Sequence[BucketRead], target: LakeTarget) -> list[BucketFiles]:
+        return [write_bucket_files(self.connection, self.name, self.descriptor, read, target) for read in reads]
+
+    @staticmethod
+    def _reads(start: Mapping[int, int], end: Mapping[int, int], max_rows: int | None) -> list[BucketRead]:
+        """One read per bucket with a backlog; ``max_rows`` shared out between them."""
+        pending = sorted(b for b in end if start[b] < end[b])
+        share = None if max_rows is None or not pending else max(1, max_rows // len(pending))
+        return [(b, start[b], end[b], share) for b in pending]
 
     def offsets(self) -> tuple[dict[int, int], dict[int, int]]:
         return dict(self._offsets[0]), dict(self._offsets[1])
@@ -96,11 +167,9 @@ class FlightSource:
                      ) -> tuple[pa.Table, np.ndarray | None, dict[int, int]]:
         """Every bucket's changelog in ``[start, end)``; ``max_rows`` is shared out between the
         buckets (each stops after the record that reaches its share)."""
-        pending = sorted(b for b in end if start[b] < end[b])
-        share = None if max_rows is None or not pending else max(1, max_rows // len(pending))
         reached = dict(start)
         parts = []
-        for bucket, data, offset in sorted(self._map([(b, start[b], end[b], share) for b in pending]),
+        for bucket, data, offset in sorted(self._map(self._reads(start, end, max_rows)),
                                            key=lambda answer: answer[0]):
             parts.append(_from_ipc(data))
             reached[bucket] = offset
@@ -114,6 +183,22 @@ class FlightSource:
             kinds = rows.column(changetype.CHANGE_TYPE_COLUMN).to_numpy()
             rows = rows.drop_columns([changetype.CHANGE_TYPE_COLUMN])
         return rows, kinds, reached
+
+    def write_changes(self, lake_table: IcebergTable, start: Mapping[int, int], end: Mapping[int, int],
+                      max_rows: int | None) -> tuple[list[DataFile], dict[int, int], int]:
+        """A log table's backlog in ``[start, end)`` written as data files of ``lake_table`` where
+        ``map_writes`` runs (each bucket's reader writes its own files): the files, the offset
+        each bucket reached and the rows written. Nothing is committed."""
+        reached = dict(start)
+        files: list[DataFile] = []
+        rows = 0
+        target = LakeTarget.of(lake_table)
+        for bucket, written, offset, count in sorted(self._map_writes(self._reads(start, end, max_rows), target),
+                                                     key=lambda answer: answer[0]):
+            files.extend(written)
+            reached[bucket] = offset
+            rows += count
+        return files, reached, rows
 
     def rows_at(self, bucket: int, at: int, schema: pa.Schema) -> list[pa.RecordBatch]:
         table = self.connection.table(self.name)

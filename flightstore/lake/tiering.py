@@ -3,7 +3,9 @@
 A round
 
 1. reloads the lake table and reads the tiered offset of every bucket from its last committed
-   tiering snapshot (:mod:`flightstore.lake.offsets`);
+   tiering snapshot (:mod:`flightstore.lake.offsets`); buckets it names that the table no longer
+   has belong to dropped partitions: their rows are deleted from the lake in the round's commit
+   (:mod:`flightstore.lake.drops`);
 2. reads each bucket's log from there up to the end offset it saw at the start (at most
    ``max_rows`` rows in all, so memory stays bounded; a longer backlog takes several rounds);
 3. log tables: appends those rows (the table's columns + ``__bucket``, ``__offset``,
@@ -13,7 +15,9 @@ A round
    keys' old rows are deleted by one position delete file per changed bucket and the upserts
    appended (merge-on-read, :mod:`flightstore.lake.deletes`; a bucket past its delete ratio, or a
    format-version 1 lake table, is rewritten copy-on-write instead);
-4. commits ONE snapshot whose summary records the new offset of every bucket.
+4. commits ONE snapshot whose summary records the new offset of every bucket (one catalog commit:
+   a round that also deletes a dropped partition's rows commits that delete snapshot first, in
+   the same atomic swap, recording the other buckets' offsets as they were).
 
 The commit is the only step with an effect anyone sees: it swaps the data files and the offsets in
 together, and it asserts that the table still is at the snapshot the round started from. A round
@@ -51,6 +55,7 @@ from flightstore.lake.changes import (
     stage_overwrite,
 )
 from flightstore.lake.deletes import merge_on_read, plan_deletes, stage_row_delta, write_position_deletes
+from flightstore.lake.drops import dropped_buckets, stage_drops
 from flightstore.lake.layout import lake_batch, lake_schema
 from flightstore.lake.offsets import OFFSETS_PROPERTY, committed_offsets, encode_offsets, tiering_snapshots
 from flightstore.log import LogTablet
@@ -70,7 +75,8 @@ class RoundResult:
     table), ``committed`` when it committed a snapshot; the offsets it started from and reached;
     ``snapshot_id``/``committed_at_ms`` of the lake's latest tiering snapshot after the round (None
     before the first); ``backlog_left`` when ``max_rows`` stopped it short. ``files_removed`` and
-    ``bytes_written`` say what a primary-key round rewrote (``bytes_written``: data files added)."""
+    ``bytes_written`` say what a primary-key round rewrote (``bytes_written``: data files added).
+    ``dropped_buckets``: buckets of dropped partitions whose rows the round deleted from the lake."""
 
     path: TablePath
     rows: int
@@ -87,6 +93,7 @@ class RoundResult:
     delete_files: int = 0
     position_deletes: int = 0
     compacted: tuple[int, ...] = ()
+    dropped_buckets: tuple[int, ...] = ()
 
 
 def bucket_logs(table: Table) -> dict[int, LogTablet]:
@@ -208,15 +215,20 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
     recorded = committed_offsets(lake_table)
     schema = lake_schema(source.descriptor)
     log_start, end = source.offsets()
+    dropped = dropped_buckets(source.descriptor, recorded, log_start)  # their partitions were dropped
+    recorded = {b: offset for b, offset in recorded.items() if b not in dropped}
     start = {bucket: recorded.get(bucket, offset) for bucket, offset in log_start.items()}
     primary_key = list(source.descriptor.primary_key)
+    if not primary_key and hasattr(source, "write_changes"):  # its bucket readers write the data files
+        return _tier_written(source, lake_table, recorded, dropped, start, end, max_rows, began,
+                             before_commit, hook)
     # A primary-key bucket the lake does not hold yet enters with its rows at its end offset.
     # (Its log may start at its end: the KV snapshot holds the rows then.)
     entering = {b: end[b] for b in end if primary_key and b not in recorded and end[b] > 0}
     read_from = {**start, **entering}
     changes, kinds, reached = source.read_changes(read_from, end, max_rows)
     backlog_left = any(reached[b] < end[b] for b in end)
-    if not entering and all(reached[b] == start[b] for b in end):
+    if not entering and not dropped and all(reached[b] == start[b] for b in end):
         latest = next(iter(tiering_snapshots(lake_table)), None)
         return RoundResult(source.path, 0, start, start,
                            snapshot_id=latest.snapshot_id if latest is not None else None,
@@ -241,6 +253,7 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
         else:
             rows, plan, kept, removed, folded = changes, None, None, [], None
         transaction = lake_table.transaction()
+        stage_drops(transaction, lake_table, dropped, {OFFSETS_PROPERTY: encode_offsets(recorded)})
         if plan is not None and (plan.deletes or removed):
             commit_uuid = uuid.uuid4()
             added = list(_dataframe_to_data_files(table_metadata=transaction.table_metadata, df=rows,
@@ -275,7 +288,47 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
                        bytes_written=int(summary.get("added-files-size", 0)),
                        delete_files=int(summary.get("added-position-delete-files", 0)),
                        position_deletes=int(summary.get("added-position-deletes", 0)),
-                       compacted=tuple(plan.compacted) if plan is not None else ())
+                       compacted=tuple(plan.compacted) if plan is not None else (),
+                       dropped_buckets=tuple(dropped))
+
+
+def _tier_written(source, lake_table: IcebergTable, recorded: dict[int, int], dropped: list[int],
+                  start: dict[int, int], end: dict[int, int], max_rows: int | None, began: float,
+                  before_commit: Callable[[], None] | None,
+                  hook: Callable[[str], None] | None) -> RoundResult:
+    """A log table's round whose data files are written where each bucket is read (the Spark
+    job's executors: ``source.write_changes``); this process commits their metadata, with the
+    offsets, in one snapshot. A round that never commits leaves its files orphaned, unreferenced."""
+    if not dropped and all(start[b] >= end[b] for b in end):
+        latest = next(iter(tiering_snapshots(lake_table)), None)
+        return RoundResult(source.path, 0, start, start,
+                           snapshot_id=latest.snapshot_id if latest is not None else None,
+                           committed_at_ms=latest.timestamp_ms if latest is not None else None,
+                           seconds=time.monotonic() - began)
+    if hook is not None:
+        hook("before-write")
+    with lake_failures(f"writing the lake files of {source.path}"):
+        files, reached, rows = source.write_changes(lake_table, start, end, max_rows)
+        transaction = lake_table.transaction()
+        stage_drops(transaction, lake_table, dropped, {OFFSETS_PROPERTY: encode_offsets(recorded)})
+        properties = {OFFSETS_PROPERTY: encode_offsets({**recorded, **reached})}
+        with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+    if hook is not None:
+        hook("after-write")
+    if before_commit is not None:
+        before_commit()
+    with lake_failures(f"committing the lake snapshot of {source.path}"):
+        committed = transaction.commit_transaction()
+    snapshot = committed.current_snapshot()
+    if hook is not None:
+        hook("after-commit")
+    return RoundResult(source.path, rows, start, reached, committed=True,
+                       snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
+                       committed_at_ms=snapshot.timestamp_ms if snapshot is not None else None,
+                       seconds=time.monotonic() - began, backlog_left=any(reached[b] < end[b] for b in end),
+                       bytes_written=sum(f.file_size_in_bytes for f in files), dropped_buckets=tuple(dropped))
 
 
 tier_log_round = tier_round  # the phase-1 name

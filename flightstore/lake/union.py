@@ -140,8 +140,8 @@ def union_buckets(table: Table, filter: fs.Predicate | None = None) -> list[int]
 
 def _lake_filter(table: Table, filter: fs.Predicate | None, wanted: Sequence[int]) -> fs.Predicate | None:
     """``filter`` for the lake part, restricted to the ``wanted`` buckets. A partitioned table is
-    always restricted: its lake may still hold rows of dropped partitions (tiering never deletes
-    them), which live under table-wide bucket ids no live partition uses."""
+    always restricted: its lake may still hold rows of dropped partitions (until the next tiering
+    round deletes them), which live under table-wide bucket ids no live partition uses."""
     if not _partitioned(table) and set(wanted) >= set(range(table.num_buckets)):
         return filter
     only = fs.In(BUCKET_COLUMN, tuple(int(b) for b in wanted))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.transforms import BucketTransform, IdentityTransform
 
@@ -118,3 +120,130 @@ def test_each_partition_keeps_its_untiered_log(store, tierer):
     assert all(starts[b] <= tiered[b] for b in tiered)  # untiered ones stayed
     tierer.tier_now(table.path)
     assert sorted(read_lake(tierer.catalog, table.descriptor).column("seq").to_pylist()) == list(range(600))
+
+
+# ---- dropped partitions leave the lake ----------------------------------------------------------
+
+def _sql(store, tierer):
+    from flightstore.sql.execute import Executor
+    executor = Executor(store, tierer.catalog, tierer)
+    return lambda text: executor.execute_table(executor.plan(text))
+
+
+def _seqs(rows: pa.Table) -> list[int]:
+    return sorted(rows.column("seq").to_pylist())
+
+
+def _seqs_of(model: pa.Table, days) -> list[int]:
+    return _seqs(model.filter(pc.is_in(model["dt"], pa.array(list(days)))))
+
+
+def test_a_dropped_partition_leaves_the_lake_by_whole_files(store, tierer):
+    sql = _sql(store, tierer)
+    table = store.create_table("default.clicks", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true"})
+    table.append(_rows(0, 600))
+    tierer.tier_now(table.path)
+    gone = next(p for p in table.descriptor.partitions if p.name == DAYS[1])
+    gone_buckets = (gone.id * 2, gone.id * 2 + 1)
+    before = committed_offsets(tierer.catalog.load_table(table.path))
+    assert set(gone_buckets) <= set(before)
+    sql(f"ALTER TABLE clicks DROP PARTITION (dt = '{DAYS[1]}')")
+    result = tierer.tier_now(table.path)  # nothing new to tier: the drop alone is the round's work
+    assert result.committed and result.rows == 0 and result.dropped_buckets == gone_buckets
+    lake_table = tierer.catalog.load_table(table.path)
+    delete, append = lake_table.snapshots()[-2:]
+    assert delete.summary.operation.value == "delete"  # whole files out of the manifests, nothing written
+    assert int(delete.summary["deleted-data-files"]) == 2
+    assert "added-data-files" not in delete.summary.additional_properties
+    assert int(delete.summary["deleted-records"]) == 200
+    kept_offsets = {b: o for b, o in before.items() if b not in gone_buckets}
+    assert committed_offsets(lake_table, delete) == kept_offsets  # the others' offsets intact
+    assert committed_offsets(lake_table) == kept_offsets == table.end_offsets()
+    kept = _seqs_of(_rows(0, 600), [DAYS[0], DAYS[2]])
+    assert _seqs(sql("SELECT seq FROM clicks$lake")) == kept
+    assert _seqs(lake_table.scan(selected_fields=("seq",)).to_arrow()) == kept  # pyiceberg
+    assert _seqs(sql("SELECT seq FROM clicks")) == kept  # the union read
+    assert [b.bucket for b in tierer.status(table.path).buckets] == sorted(table.end_offsets())
+    # The next round resumes from the others' offsets (no duplicate), and a partition of the same
+    # value created again starts empty: only its own rows reach the lake.
+    table.append(_rows(600, 90))
+    again = tierer.tier_now(table.path)
+    assert again.rows == 90 and not again.dropped_buckets
+    expected = sorted(kept + list(range(600, 690)))
+    assert _seqs(sql("SELECT seq FROM clicks$lake")) == expected
+    assert _seqs(sql("SELECT seq FROM clicks")) == expected
+    assert _seqs(sql(f"SELECT seq FROM clicks$lake WHERE dt = '{DAYS[1]}'")) == \
+        _seqs_of(_rows(600, 90), [DAYS[1]])
+    assert committed_offsets(tierer.catalog.load_table(table.path)) == table.end_offsets()
+
+
+def test_a_drop_while_the_lake_is_down_is_applied_when_it_is_back(store, tierer, data_dir):
+    from flightstore.errors import LakeUnavailable
+    from tests.lake.test_unavailable import _break_catalog
+    sql = _sql(store, tierer)
+    table = store.create_table("default.clicks", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 1, "table.datalake.enabled": "true"})
+    table.append(_rows(0, 300))
+    tierer.tier_now(table.path)
+    restore = _break_catalog(data_dir)
+    try:
+        sql(f"ALTER TABLE clicks DROP PARTITION (dt = '{DAYS[0]}')")
+        table.append(_rows(300, 30))  # DAYS[0] comes back as a new partition, while the lake is down
+        with pytest.raises(LakeUnavailable):
+            tierer.tier_now(table.path)
+    finally:
+        restore()
+    result = tierer.tier_now(table.path)
+    assert result.committed and len(result.dropped_buckets) == 1 and result.rows == 30
+    model = pa.concat_tables([_rows(0, 300).filter(pc.not_equal(_rows(0, 300)["dt"], DAYS[0])),
+                              _rows(300, 30)])
+    assert _seqs(sql("SELECT seq FROM clicks$lake")) == _seqs(model)  # no resurrection, nothing lost
+    assert _seqs(sql(f"SELECT seq FROM clicks$lake WHERE dt = '{DAYS[0]}'")) == _seqs_of(_rows(300, 30), [DAYS[0]])
+    assert _seqs(sql("SELECT seq FROM clicks")) == _seqs(model)
+    assert committed_offsets(tierer.catalog.load_table(table.path)) == table.end_offsets()
+
+
+def test_auto_partition_expiry_drops_the_partition_from_the_lake(store, tierer):
+    import datetime as dt
+    day_ms = 86_400_000
+    now_ms = 1_790_000_000_000  # a fixed day: the test does not depend on the clock
+    today = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.timezone.utc).strftime("%Y%m%d")
+    table = store.create_table("default.daily", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 2, "table.datalake.enabled": "true", "table.auto-partition.enabled": "true",
+        "table.auto-partition.time-unit": "DAY", "table.auto-partition.time-zone": "UTC",
+        "table.auto-partition.num-precreate": "2", "table.auto-partition.num-retention": "1"})
+    store.auto_partition(now_ms)  # today and tomorrow (tomorrow stays empty)
+    rows = pa.table({"dt": [today] * 50, "user": np.arange(50), "seq": np.arange(50)}, schema=SCHEMA)
+    table.append(rows)
+    tierer.tier_now(table.path)
+    assert _seqs(read_lake(tierer.catalog, table.descriptor)) == list(range(50))
+    assert store.auto_partition(now_ms + 3 * day_ms)[str(table.path)][1] == 2  # today and tomorrow expire
+    result = tierer.tier_now(table.path)
+    assert len(result.dropped_buckets) == 4  # the empty partition's buckets leave the offsets too
+    lake_table = tierer.catalog.load_table(table.path)
+    assert read_lake(tierer.catalog, table.descriptor).num_rows == 0
+    assert lake_table.scan().to_arrow().num_rows == 0
+    assert committed_offsets(lake_table) == table.end_offsets()
+
+
+def test_a_primary_key_round_changes_one_partition_and_drops_another_in_one_commit(store, tierer):
+    sql = _sql(store, tierer)
+    table = store.create_table("default.orders", SCHEMA, primary_key=["dt", "user"], partition_keys=["dt"],
+                               options={"bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true"})
+    table.upsert(_rows(0, 300))
+    tierer.tier_now(table.path)
+    before = len(tierer.catalog.load_table(table.path).snapshots())
+    sql(f"ALTER TABLE orders DROP PARTITION (dt = '{DAYS[2]}')")
+    table.upsert(pa.table({"dt": [DAYS[0]] * 2, "user": [13, 5000], "seq": [-1, -2]}, schema=SCHEMA))
+    table.delete(pa.table({"dt": [DAYS[0]], "user": [39]}))
+    result = tierer.tier_now(table.path)
+    # merge-on-read: the changed keys' old rows go by position delete files, no file is rewritten
+    assert len(result.dropped_buckets) == 2 and result.deleted == 1
+    assert result.delete_files >= 1 and result.position_deletes >= 1 and result.files_removed == 0
+    lake_table = tierer.catalog.load_table(table.path)
+    assert [s.summary.operation.value for s in lake_table.snapshots()[before:]] == ["delete", "overwrite"]
+    key = [("dt", "ascending"), ("user", "ascending")]
+    lake = read_lake(tierer.catalog, table.descriptor, columns=SCHEMA.names)
+    assert lake.sort_by(key).to_pylist() == table.scan_table().sort_by(key).to_pylist()
+    assert committed_offsets(lake_table) == table.end_offsets()

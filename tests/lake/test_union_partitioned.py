@@ -2,7 +2,7 @@
 (Iceberg, ``__bucket`` = table-wide bucket id) below each partition bucket's tiered offset plus that
 bucket's log from there, exactly once, also after log retention deleted tiered segments, with
 partition pruning, a partition created after the last tiering round, and a dropped partition whose
-rows the lake still holds (they must not come back)."""
+rows the lake still holds before the next tiering round deletes them (they must not come back)."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_a_dropped_partition_does_not_come_back_from_the_lake(tiered, sql, tiere
     dropped = next(p.id for p in tiered.descriptor.partitions if p.name == DAYS[1])
     files_before = len(plan_split(tierer.catalog, tiered)["files"])
     sql(f"ALTER TABLE clicks DROP PARTITION (dt = '{DAYS[1]}')")
-    # The lake still holds its rows (tiering does not delete them): every read leaves them out,
+    # The lake still holds its rows (until the next tiering round deletes them): every read leaves them out,
     # also the plan handed to readers elsewhere (Spark: data files and log-tail offsets).
     assert DAYS[1] in set(read_lake(tierer.catalog, tiered.descriptor).column("dt").to_pylist())
     planned = plan_split(tierer.catalog, tiered)

@@ -113,3 +113,71 @@ def test_stream_from_earliest_reads_the_lake_then_the_log(spark, lake_server, tm
     run()
     rows = [r for _, batch in seen for r in batch]
     assert sorted(r["seq"] for r in rows) == list(range(650))
+
+
+def test_stream_max_rows_per_trigger_splits_the_lake_part_and_resumes_after_a_restart(spark, lake_server, tmp_path):
+    """maxRowsPerTrigger holds in the lake part too: data files, and row ranges of a file larger
+    than the limit, spread over micro-batches; a query that dies in one resumes from its checkpoint
+    at the same positions (the replayed micro-batch reads the same rows) and every row comes once."""
+    from flightstore_spark import _flight
+    from pyspark.errors import StreamingQueryException
+
+    limit = 150
+    _tiered_table(lake_server)
+    with connect(lake_server.uri) as conn:
+        files = _flight.lake_split(conn, "default.events")["files"]
+    assert len(files) == 3 and max(f["rows"] for f in files) > limit  # several files, one larger than the limit
+    committed: dict[int, list[dict]] = {}
+    attempts: dict[int, list[list[int]]] = {}
+    fail_in = {2}
+
+    def collect(df, batch_id):
+        rows = [r.asDict() for r in df.collect()]
+        attempts.setdefault(batch_id, []).append(sorted(r["seq"] for r in rows))
+        if batch_id in fail_in:
+            fail_in.discard(batch_id)
+            raise RuntimeError("injected: the query dies in this micro-batch")
+        committed[batch_id] = rows
+
+    def run():
+        query = (spark.readStream.format("flightstore").option("uri", lake_server.uri)
+                 .option("table", "default.events").option("startup.mode", "earliest")
+                 .option("maxRowsPerTrigger", str(limit)).load()
+                 .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination()
+        except StreamingQueryException:
+            pass
+        return query.exception()
+
+    assert run() is not None  # died in micro-batch 2, mid-lake
+    assert sorted(committed) == [0, 1]
+    assert run() is None  # restarted from the checkpoint
+    assert len(attempts[2]) == 2 and attempts[2][0] == attempts[2][1]  # the same rows on replay
+    sizes = [len(committed[b]) for b in sorted(committed)]
+    assert sorted(committed) == list(range(len(sizes)))
+    assert len(sizes) >= 5 and max(sizes) <= limit, sizes  # 640 rows, none above the limit
+    rows = [r for b in sorted(committed) for r in committed[b]]
+    assert sorted(r["seq"] for r in rows) == list(range(640))  # every row exactly once
+    assert sum(sizes[:4]) == 600 and sizes[4] <= limit  # the lake's 600 rows first, then the log
+
+
+def test_lake_positions_advance_by_rows_over_files_and_ranges_cover_each_row_once():
+    from flightstore_spark.stream import lake_advance, lake_ranges
+
+    files = [("a", 5), ("b", 0), ("c", 12), ("d", 3)]
+    at, seen = None, []
+    while True:
+        stop = lake_advance(files, at, 4)
+        ranges = lake_ranges(files, at, stop)
+        assert sum(last - first for _, first, last in ranges) == (4 if stop is not None else 20 - len(seen))
+        seen += [(path, row) for path, first, last in ranges for row in range(first, last)]
+        if stop is None:
+            break
+        at = stop
+    assert seen == [(path, row) for path, rows in files for row in range(rows)]  # in order, once each
+    assert lake_advance(files, ("a", 0), 5) == ("c", 0)  # a budget ending at a file's end
+    assert lake_advance(files, ("c", 10), 5) is None
+    # A file that vanished from the plan (its partition dropped) leaves later positions valid.
+    assert lake_ranges([("a", 5), ("d", 3)], ("c", 7), None) == [("d", 0, 3)]

@@ -146,3 +146,77 @@ def test_kill_minus_nine_of_the_job_mid_round_loses_and_doubles_nothing(spark, s
     assert read_lake(catalog, table.descriptor, columns=PK.names).sort_by("k").to_pylist() == \
         table.scan_table().sort_by("k").to_pylist()
     catalog.reset()
+
+
+def test_log_table_files_are_written_by_executor_tasks_and_dropped_partitions_leave(spark, server):
+    """One Spark task per bucket writes that bucket's data files (the tasks report each file they
+    wrote through an accumulator: Spark's partition id and the path); the driver commits exactly
+    those files in one snapshot. A round that dies after the tasks wrote commits nothing (their
+    files are orphans) and the re-run commits no duplicate. A dropped partition leaves the lake."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    from flightstore_spark.pipelines.tiering import SparkBucketWriter
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    from flightstore.errors import LakeUnavailable
+
+    schema = pa.schema([("dt", pa.string()), ("user", pa.int64()), ("seq", pa.int64())])
+    days = ["2026-01-01", "2026-01-02", "2026-01-03"]
+
+    def rows(first: int, count: int) -> pa.Table:
+        seq = np.arange(first, first + count, dtype=np.int64)
+        return pa.table({"dt": [days[i % 3] for i in seq], "user": seq * 13 % 997, "seq": seq}, schema=schema)
+
+    table = server.store.create_table("default.clicks", schema, partition_keys=["dt"], options={
+        "bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true"})
+    settings = LakeSettings.from_options(server.store.data_dir)
+    catalog = LakeCatalog(settings)
+    writers: list[SparkBucketWriter] = []
+
+    def writer(*args) -> SparkBucketWriter:
+        writers.append(SparkBucketWriter(*args))
+        return writers[-1]
+
+    def die_after_write(phase: str) -> None:
+        if phase == "after-write":
+            raise LakeUnavailable("injected: the job died after its tasks wrote the files")
+
+    def lake_seqs() -> list[int]:
+        return sorted(read_lake(catalog, table.descriptor, columns=["seq"]).column("seq").to_pylist())
+
+    with flightstore.connect(server.uri) as conn:
+        conn.table("default.clicks").append(rows(0, 600))
+        # A round that dies between the tasks' writes and the commit: nothing visible.
+        died = tier_tables(spark, server.uri, settings, ["default.clicks"], hook=die_after_write, writer=writer)
+        assert isinstance(died["default.clicks"], LakeUnavailable)
+        orphans = {path for _, path in writers[-1].written.value}
+        assert len(orphans) == 6
+        assert lake_seqs() == []
+        first = tier_tables(spark, server.uri, settings, ["default.clicks"], writer=writer)
+        assert [r.rows for r in first["default.clicks"]] == [600]
+        lake_table = catalog.load_table(table.path)
+        committed = {task.file.file_path for task in lake_table.scan().plan_files()}
+        by_task = writers[-1].written.value
+        assert {path for _, path in by_task} == committed and not committed & orphans
+        assert sorted(task for task, _ in by_task) == list(range(6))  # one task per bucket, one file each
+        assert lake_table.current_snapshot().summary["added-data-files"] == "6"
+        io = PyArrowFileIO(lake_table.io.properties)
+        for path in committed:
+            with io.new_input(path).open() as handle:
+                written = pq.read_table(handle)
+            assert len(set(written.column("__bucket").to_pylist())) == 1
+            assert (np.diff(written.column("__offset").to_numpy()) > 0).all()
+        assert lake_seqs() == list(range(600))  # exactly once after the failed round
+        assert committed_offsets(lake_table) == table.end_offsets()
+        # Drop a partition, write more: the job's next round deletes its rows and tiers the rest.
+        gone = next(p.id for p in table.descriptor.partitions if p.name == days[1])
+        conn.sql(f"ALTER TABLE clicks DROP PARTITION (dt = '{days[1]}')")
+        conn.table("default.clicks").append(rows(600, 90))
+    second = tier_tables(spark, server.uri, settings, ["default.clicks"], writer=writer)
+    assert second["default.clicks"][0].dropped_buckets == (gone * 2, gone * 2 + 1)
+    model = pa.concat_tables([rows(0, 600), rows(600, 90)])
+    kept = model.filter(pa.compute.or_(pa.compute.not_equal(model["dt"], days[1]),
+                                       pa.compute.greater_equal(model["seq"], 600)))
+    assert lake_seqs() == sorted(kept.column("seq").to_pylist())
+    assert committed_offsets(catalog.load_table(table.path)) == table.end_offsets()
+    catalog.reset()

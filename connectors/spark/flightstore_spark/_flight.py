@@ -27,6 +27,7 @@ __all__ = [
     "open_connection",
     "put_once",
     "query_endpoints",
+    "read_lake_file_rows",
     "read_payload",
     "read_ticket",
     "table_info",
@@ -157,6 +158,42 @@ def read_lake_files(files: Sequence[str], io: dict[str, str], schema_hex: str,
     from flightstore.lake.read import read_data_files
     schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schema_hex)))
     yield from read_data_files(files, io, schema, columns)
+
+
+def read_lake_file_rows(path: str, io: dict[str, str], schema_hex: str, columns: Sequence[str],
+                        first: int, stop: int) -> Iterator[pa.RecordBatch]:
+    """Rows ``[first, stop)`` of one lake data file read on an executor straight from the
+    warehouse: only the Parquet row groups holding them are read."""
+    import pyarrow.dataset as pads
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    from flightstore.lake.catalog import lake_failures
+
+    schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schema_hex)))
+    fields = pa.schema([schema.field(c) for c in columns])
+    file_io = PyArrowFileIO(dict(io))
+    scheme, netloc, local = file_io.parse_location(path, file_io.properties)
+    with lake_failures(f"reading rows [{first}, {stop}) of lake data file {path}"):
+        dataset = pads.dataset([local], schema=fields, format="parquet",
+                               filesystem=file_io.fs_by_scheme(scheme, netloc))
+        fragment = next(iter(dataset.get_fragments()))
+        groups, position, at = [], 0, None
+        for group in fragment.row_groups:
+            if position + group.num_rows > first and position < stop:
+                groups.append(group.id)
+                at = position if at is None else at
+            position += group.num_rows
+        if not groups:
+            return
+        batches = fragment.subset(row_group_ids=groups).to_batches(schema=fields, columns=list(columns),
+                                                                   use_threads=False)
+        for batch in batches:
+            low, high = max(first - at, 0), min(stop - at, batch.num_rows)
+            if high > low:
+                yield batch.slice(low, high - low)
+            at += batch.num_rows
+            if at >= stop:
+                return
 
 
 def read_payload(conn: Connection, payload: dict) -> Iterator[pa.RecordBatch]:

@@ -18,8 +18,14 @@ Options:
   per file; ``_log_offset`` / ``_commit_timestamp`` from the lake's ``__offset`` / ``__timestamp``)
   plus each bucket's log from the offset that snapshot tiered up to; the offset records the
   snapshot (``"lake": <snapshot id>``), so a replay reads the same files.
-* ``maxRowsPerTrigger``: admission control (the lake part of a first micro-batch is read whole); the rows are
-  spread over the buckets that have data.
+* ``maxRowsPerTrigger``: admission control, the lake part included. While a stream from
+  ``earliest`` is in its lake part, an offset also records the position reached in it
+  (``"lake_at": [<data file path>, <row>]``: the snapshot's data files in path order, every row
+  before that one read): a micro-batch reads the next ``maxRowsPerTrigger`` lake rows, whole files
+  or row ranges of a file larger than what is left (only the Parquet row groups holding them),
+  and the log's micro-batches begin after the last lake row. A query restarted from its checkpoint
+  replays and resumes at exactly these positions. In the log, the rows are spread over the buckets
+  that have data.
 * ``columns``: ``a,b`` to read only those table columns (the changelog columns always come along).
 
 Rows carry ``_change_type`` (+I, -U, +U, -D; +A for log tables), ``_log_offset`` and
@@ -50,11 +56,12 @@ from pyspark.sql.types import StructType
 from flightstore_spark import _flight
 from flightstore_spark.source import conform_batches
 
-__all__ = ["FlightstoreStreamReader", "allot_rows", "stream_columns"]
+__all__ = ["FlightstoreStreamReader", "allot_rows", "lake_advance", "lake_ranges", "stream_columns"]
 
 META_COLUMNS = ("_change_type", "_log_offset", "_commit_timestamp")
 SNAPSHOT_KEY = "snapshot"
 LAKE_KEY = "lake"
+LAKE_AT_KEY = "lake_at"
 
 
 def stream_columns(conn: Any, options: _flight.Options) -> list[str] | None:
@@ -64,7 +71,7 @@ def stream_columns(conn: Any, options: _flight.Options) -> list[str] | None:
 
 
 def _buckets(offsets: dict) -> dict[int, int]:
-    return {int(k): int(v) for k, v in offsets.items() if k not in (SNAPSHOT_KEY, LAKE_KEY)}
+    return {int(k): int(v) for k, v in offsets.items() if k not in (SNAPSHOT_KEY, LAKE_KEY, LAKE_AT_KEY)}
 
 
 def _offset(buckets: dict[int, int], snapshot: bool = False) -> dict:
@@ -90,12 +97,68 @@ def allot_rows(start: dict[int, int], end: dict[int, int], max_rows: int) -> dic
     return result
 
 
+# A lake data file as the stream sees it: (path, rows); a position in the lake part: (path, row).
+LakeFile = tuple[str, int]
+LakePosition = tuple[str, int]
+
+
+def _first_row(path: str, at: LakePosition | None) -> int | None:
+    """Where a read from ``at`` begins in file ``path`` (None: the file lies before ``at``)."""
+    if at is None or path > at[0]:
+        return 0
+    return at[1] if path == at[0] else None
+
+
+def lake_advance(files: Sequence[LakeFile], at: LakePosition | None, budget: int) -> LakePosition | None:
+    """The position ``budget`` rows after ``at`` in ``files`` (sorted by path); None when those
+    rows reach the end of the lake part."""
+    for path, rows in files:
+        first = _first_row(path, at)
+        if first is None or first >= rows:
+            continue
+        if budget <= 0:
+            return path, first
+        take = min(rows - first, budget)
+        budget -= take
+        if first + take < rows:
+            return path, first + take
+    return None
+
+
+def lake_ranges(files: Sequence[LakeFile], at: LakePosition | None,
+                stop: LakePosition | None) -> list[tuple[str, int, int]]:
+    """The row ranges ``(path, first, stop)`` of ``files`` (sorted by path) from position ``at``
+    up to position ``stop`` (None: the end of the lake part)."""
+    ranges = []
+    for path, rows in files:
+        first = _first_row(path, at)
+        if first is None:
+            continue
+        last = rows
+        if stop is not None:
+            if path > stop[0]:
+                break
+            if path == stop[0]:
+                last = min(rows, stop[1])
+        if last > first:
+            ranges.append((path, first, last))
+    return ranges
+
+
+def _lake_at(offset: dict) -> LakePosition | None:
+    at = offset.get(LAKE_AT_KEY)
+    return None if at is None else (str(at[0]), int(at[1]))
+
+
 def _lake_changelog(split: dict, columns: list[str]) -> Iterator[pa.RecordBatch]:
     """Lake rows as changelog rows: ``+A``, ``_log_offset`` = ``__offset``, ``_commit_timestamp`` =
     ``__timestamp`` (read on the executor straight from the warehouse)."""
     meta = {"_log_offset": "__offset", "_commit_timestamp": "__timestamp"}
     wanted = [meta.get(c, c) for c in columns if c != "_change_type"]
-    for batch in _flight.read_lake_files(split["files"], split["io"], split["schema"], wanted):
+    rows = split.get("rows")
+    batches = _flight.read_lake_files(split["files"], split["io"], split["schema"], wanted) if rows is None else \
+        _flight.read_lake_file_rows(split["files"][0], split["io"], split["schema"], wanted, rows[0], rows[1])
+    for batch in batches:
         arrays = {c: batch.column(meta.get(c, c)) for c in columns if c != "_change_type"}
         arrays["_change_type"] = \
             pa.repeat(pa.scalar("+A", pa.string()), batch.num_rows)
@@ -112,6 +175,7 @@ class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         max_rows = self.options.get("maxRowsPerTrigger")
         self.max_rows = int(max_rows) if max_rows else None
         self._available_now: dict[int, int] | None = None
+        self._lake_files: dict[int, list[LakeFile]] = {}  # by snapshot id
         with self.options.connect() as conn:
             self.primary_key = _flight.primary_key(conn, self.options.table)
         if self.mode == "full" and self.primary_key:
@@ -171,13 +235,31 @@ class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = self._offsets("end")
 
+    def _planned_lake(self, snapshot_id: int) -> tuple[dict, list[LakeFile]]:
+        """The lake part of a stream from ``earliest``: the server's plan of ``snapshot_id`` and its
+        data files in path order, with their row counts."""
+        with self.options.connect() as conn:
+            planned = _flight.lake_split(conn, self.options.table, snapshot_id=snapshot_id)
+        files = sorted((f["path"], int(f["rows"])) for f in planned["files"])
+        self._lake_files[snapshot_id] = files
+        return planned, files
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = _buckets(start)
         end = self._available_now if self._available_now is not None else self._offsets("end")
         end = {b: max(o, begin.get(b, 0)) for b, o in end.items()}
         if isinstance(limit, ReadMaxRows):
-            end = allot_rows(begin, end, limit.max_rows)
-        return _offset(end)  # differs from a snapshot start even when no bucket moved
+            budget = limit.max_rows
+            if start.get(LAKE_KEY) is not None:  # still in the lake part: its rows count first
+                snapshot_id = int(start[LAKE_KEY])
+                files = self._lake_files.get(snapshot_id) or self._planned_lake(snapshot_id)[1]
+                at = _lake_at(start)
+                stop = lake_advance(files, at, budget)
+                if stop is not None:  # the lake part goes on in the next micro-batch
+                    return {**_offset(begin), LAKE_KEY: snapshot_id, LAKE_AT_KEY: list(stop)}
+                budget = max(0, budget - sum(last - first for _, first, last in lake_ranges(files, at, None)))
+            end = allot_rows(begin, end, budget)
+        return _offset(end)  # differs from a snapshot (or lake) start even when no bucket moved
 
     def reportLatestOffset(self) -> dict:
         return _offset(self._offsets("end"))
@@ -186,12 +268,15 @@ class FlightstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         snapshot = bool(start.get(SNAPSHOT_KEY))
         begin, stop = _buckets(start), _buckets(end)
         parts = []
-        if start.get(LAKE_KEY) is not None:  # the first micro-batch of `earliest`: the lake first
-            with self.options.connect() as conn:
-                planned = _flight.lake_split(conn, self.options.table, snapshot_id=int(start[LAKE_KEY]))
+        if start.get(LAKE_KEY) is not None:  # a micro-batch of `earliest`'s lake part: lake rows first
+            planned, files = self._planned_lake(int(start[LAKE_KEY]))
             io = _flight.lake_io(self.options, planned)
-            parts += [InputPartition({"lake": {"files": [f["path"]], "io": io, "schema": planned["schema"]}})
-                      for f in planned["files"]]
+            sizes = dict(files)
+            stop_at = _lake_at(end) if end.get(LAKE_KEY) is not None else None
+            for path, first, last in lake_ranges(files, _lake_at(start), stop_at):
+                whole = first == 0 and last == sizes[path]
+                parts.append(InputPartition({"lake": {"files": [path], "io": io, "schema": planned["schema"],
+                                                      "rows": None if whole else [first, last]}}))
         for bucket in sorted(stop):
             first = begin.get(bucket, 0)
             if stop[bucket] > first or snapshot:

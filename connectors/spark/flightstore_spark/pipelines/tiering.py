@@ -2,9 +2,18 @@
 
 For deployments that keep compute on Spark (and run the server with
 ``datalake.tiering.enabled=false``). Each round of each table is the same crash-safe
-:func:`flightstore.lake.tiering.tier_round` the server runs: Spark executors read the buckets'
-changelogs through Flight (one task per bucket), the driver folds them, writes the data files and
-commits one Iceberg snapshot recording every bucket's offset. The job takes each table's tiering
+:func:`flightstore.lake.tiering.tier_round` the server runs, distributed over Spark executors, one
+task per bucket with a backlog, each with its own Flight connection:
+
+* log tables: each task reads its bucket's backlog and writes the bucket's Iceberg data files
+  straight to the warehouse, returning only their metadata (``DataFile``); the driver commits
+  every task's files in ONE snapshot recording every bucket's offset. Files of a task whose round
+  never commits (a failed or killed job, a retried task) are orphans no snapshot references; a
+  re-run starts from the committed offsets and commits no duplicate;
+* primary-key tables: each task reads its bucket's changelog; the driver folds it and rewrites the
+  changed buckets' files (the fold needs every change of a key together), then commits likewise.
+
+The job takes each table's tiering
 lease first: a table the server (or another job) is tiering is refused with a clear error and the
 job exits non-zero. Rounds repeat until the backlog seen at the start is in the lake.
 
@@ -24,7 +33,9 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["main", "spark_bucket_reader", "tier_tables"]
+from pyspark.accumulators import AccumulatorParam
+
+__all__ = ["SparkBucketWriter", "main", "spark_bucket_reader", "tier_tables"]
 
 
 def _read_on_executor(uri: str, name: str, descriptor_json: str, read: tuple) -> tuple[int, bytes, int]:
@@ -49,6 +60,53 @@ def spark_bucket_reader(spark, uri: str, name: str, descriptor_json: str) -> Cal
     return map_buckets
 
 
+def _write_on_executor(uri: str, name: str, descriptor_json: str, target, read: tuple) -> tuple:
+    import flightstore
+    from flightstore.lake.remote import write_bucket_files
+    from flightstore.schema import TableDescriptor
+
+    with flightstore.connect(uri) as connection:
+        return write_bucket_files(connection, name, TableDescriptor.from_json(descriptor_json), read, target)
+
+
+class _ListAccumulator(AccumulatorParam):
+    """Accumulates lists."""
+
+    def zero(self, value: list) -> list:
+        return []
+
+    def addInPlace(self, left: list, right: list) -> list:  # noqa: N802 - Spark's name
+        left.extend(right)
+        return left
+
+
+class SparkBucketWriter:
+    """A ``map_writes`` for :class:`~flightstore.lake.remote.FlightSource`: one Spark task per
+    bucket read, which writes that bucket's data files to the warehouse itself.
+
+    ``written`` is a Spark accumulator every task adds ``(task partition id, file path)`` of each
+    file it wrote to: what ran where, as Spark saw it."""
+
+    def __init__(self, spark, uri: str, name: str, descriptor_json: str) -> None:
+        self._spark, self._uri, self._name, self._descriptor = spark, uri, name, descriptor_json
+        self.written = spark.sparkContext.accumulator([], _ListAccumulator())
+
+    def __call__(self, reads: Sequence[tuple], target) -> list[tuple]:
+        if not reads:
+            return []
+        uri, name, descriptor, written = self._uri, self._name, self._descriptor, self.written
+
+        def task(read: tuple) -> tuple:
+            from pyspark import TaskContext
+
+            answer = _write_on_executor(uri, name, descriptor, target, read)
+            written.add([(TaskContext.get().partitionId(), f.file_path) for f in answer[1]])
+            return answer
+
+        rdd = self._spark.sparkContext.parallelize(list(reads), len(reads))
+        return rdd.map(task).collect()
+
+
 def _enabled_tables(connection) -> list[str]:
     from flightstore.schema import TableDescriptor
 
@@ -62,9 +120,11 @@ def _enabled_tables(connection) -> list[str]:
 
 
 def tier_tables(spark, uri: str, settings, tables: Sequence[str] | None = None, *,
-                holder: str | None = None, hook: Callable[[str], None] | None = None) -> dict:
+                holder: str | None = None, hook: Callable[[str], None] | None = None,
+                writer: Callable[..., SparkBucketWriter] = SparkBucketWriter) -> dict:
     """Tier ``tables`` (default: every datalake-enabled table) until each is caught up with the
-    log end it saw. Returns ``{table: [RoundResult, ...] or the error (a FlightstoreError)}``."""
+    log end it saw. Returns ``{table: [RoundResult, ...] or the error (a FlightstoreError)}``.
+    ``writer(spark, uri, name, descriptor_json)`` makes the log tables' ``map_writes``."""
     import flightstore
     from flightstore.errors import FlightstoreError, InvalidInput, TieringLeaseHeld
     from flightstore.lake.catalog import LakeCatalog
@@ -86,8 +146,10 @@ def tier_tables(spark, uri: str, settings, tables: Sequence[str] | None = None, 
                 leases.acquire(name, holder, settings.lease_ms)
                 rounds = []
                 while True:
-                    source = FlightSource(connection, name, map_buckets=spark_bucket_reader(
-                        spark, uri, name, source.descriptor.to_json()))
+                    descriptor_json = source.descriptor.to_json()
+                    source = FlightSource(connection, name,
+                                          map_buckets=spark_bucket_reader(spark, uri, name, descriptor_json),
+                                          map_writes=writer(spark, uri, name, descriptor_json))
                     lake_table = catalog.ensure_table(source.descriptor, source.table_id)
                     result = tier_round(source, lake_table, max_rows=settings.max_round_rows, hook=hook,
                                         before_commit=functools.partial(leases.acquire, name, holder,
