@@ -78,10 +78,12 @@ def _path(io: PyArrowFileIO, location: str) -> str:
     return io.parse_location(location, io.properties)[2]
 
 
-def referenced_files(lake_table: IcebergTable, snapshots: Iterable[Snapshot] | None = None) -> set[str]:
+def referenced_files(lake_table: IcebergTable, snapshots: Iterable[Snapshot] | None = None, *,
+                     deleted: bool = False) -> set[str]:
     """Paths (in their file system) of every file ``snapshots`` (default: every live snapshot of the
-    table) reference: manifest lists, manifests, data and delete files (entries of any status).
-    With the default, also the table's current and logged metadata files and statistics files."""
+    table) reference: manifest lists, manifests, data and delete files (with ``deleted``, also the
+    files their manifests record as deleted: no read of those snapshots opens them). With the
+    default, also the table's current and logged metadata files and statistics files."""
     io = lake_table.io
     metadata = lake_table.metadata
     files: set[str] = set()
@@ -99,7 +101,7 @@ def referenced_files(lake_table: IcebergTable, snapshots: Iterable[Snapshot] | N
                 continue
             seen.add(manifest.manifest_path)
             files.add(_path(io, manifest.manifest_path))
-            for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
+            for entry in manifest.fetch_manifest_entry(io, discard_deleted=not deleted):
                 files.add(_path(io, entry.data_file.file_path))
     return files
 
@@ -139,7 +141,7 @@ def expire_snapshots(lake_table: IcebergTable, now_ms: int, max_age_ms: int, num
         lake_table.maintenance.expire_snapshots().by_ids(ids).commit()
         lake_table = lake_table.refresh()
         io = lake_table.io
-        gone = referenced_files(lake_table, expired) - referenced_files(lake_table)
+        gone = referenced_files(lake_table, expired, deleted=True) - referenced_files(lake_table)
         fs, root = _under(io, lake_table)
         return lake_table, ids, _delete(fs, root, gone)
 

@@ -254,3 +254,37 @@ def test_expiry_keeps_the_chain_back_to_the_newest_tiering_snapshot(store, tiere
     table.append(events(300, 5))
     assert tierer.tier_now(table.path).rows == 5
     assert _seqs(read_lake(tierer.catalog, table.descriptor)) == list(range(305))
+
+
+def test_upkeep_with_the_warehouse_on_s3(data_dir, s3_options):
+    from flightstore.store import Store
+    with Store(data_dir) as store:
+        tierer = LakeTierer(store, LakeSettings.from_options(data_dir, s3_options))
+        try:
+            table = create_pk(store, buckets=2, **{"table.datalake.delete-compaction-ratio": "0"})
+            model = Model()
+            model.upsert(table, range(100), "a", 1)
+            tierer.tier_now(table.path)
+            planned = [task.file.file_path for task in plan_lake_files(tierer.catalog, table.descriptor)]
+            model.upsert(table, range(0, 100, 2), "b", 2)
+            tierer.tier_now(table.path)
+            lake = tierer.catalog.load_table(table.path)
+            assert lake.location().startswith("s3://")
+            stray = f"{lake.location()}/data/stray.parquet"
+            with lake.io.new_output(stray).create() as out:
+                out.write(b"not referenced")
+            result = upkeep(lake, max_age_ms=HOUR_MS, num_retained=1, orphans_older_than_ms=HOUR_MS,
+                            now_ms=FAR_FUTURE_MS)
+            assert len(result.expired_snapshots) == 1
+            assert not any(lake.io.new_input(path).exists() for path in planned)
+            assert not lake.io.new_input(stray).exists()
+            assert any(path.endswith("/data/stray.parquet") for path in result.orphans_removed)
+            lake = lake.refresh()
+            assert all(lake.io.new_input(task.file.file_path).exists()
+                       for task in plan_lake_files(tierer.catalog, table.descriptor))
+            assert rows_of(read_lake(tierer.catalog, table.descriptor)) == model.state()
+            io = {k: v for k, v in lake.io.properties.items() if k.startswith("s3.")}
+            with pytest.raises(LakeFileMissing, match="expired meanwhile"):
+                list(read_data_files(planned, io, lake_schema(table.descriptor), COLUMNS))
+        finally:
+            tierer.stop()
