@@ -314,7 +314,13 @@ class LakeTierer:
             tiered = None if state.tiered is None else dict(state.tiered)
             snapshot = (state.last_commit_ms, state.last_snapshot_id, state.last_error,
                         state.last_error_ms, state.failures)
-        return TableStatus(str(path), bucket_statuses(table, tiered), *snapshot, tierer=self.holder)
+            upkept, upkeep_error = state.last_upkeep, state.upkeep_error
+        return TableStatus(
+            str(path), bucket_statuses(table, tiered), *snapshot, tierer=self.holder,
+            last_upkeep_ms=upkept.ran_at_ms if upkept is not None else None,
+            upkeep_expired_snapshots=len(upkept.expired_snapshots) if upkept is not None else 0,
+            upkeep_removed_files=len(upkept.files_removed) + len(upkept.orphans_removed) if upkept else 0,
+            upkeep_error=upkeep_error)
 
     def statuses(self) -> list[TableStatus]:
         """The status of every datalake-enabled table."""

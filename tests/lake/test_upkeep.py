@@ -288,3 +288,24 @@ def test_upkeep_with_the_warehouse_on_s3(data_dir, s3_options):
                 list(read_data_files(planned, io, lake_schema(table.descriptor), COLUMNS))
         finally:
             tierer.stop()
+
+
+def test_the_upkeep_shows_in_lake_status(store, keeper):
+    table = create_events(store, **{"table.datalake.snapshot.retention": "1ms"})
+    sql = _sql(store, keeper)
+    table.append(events(0, 10))
+    keeper.tier_now(table.path)
+    status = sql("SELECT last_upkeep, upkeep_expired_snapshots, upkeep_removed_files, upkeep_error "
+                 "FROM events$lake$status").to_pylist()
+    assert len(status) == 3 and status[0]["last_upkeep"] is not None
+    assert status[0]["upkeep_expired_snapshots"] == 0 and status[0]["upkeep_error"] is None
+    distinct_millisecond()
+    table.append(events(10, 10))
+    keeper.tier_now(table.path)
+    last, _ = keeper.last_upkeep(table.path)
+    status = sql("SELECT last_upkeep, upkeep_expired_snapshots, upkeep_removed_files FROM events$lake$status")
+    assert status.column("upkeep_expired_snapshots").to_pylist() == [1] * 3
+    assert status.column("upkeep_removed_files").to_pylist() == [len(last.files_removed)] * 3
+    assert last.files_removed
+    assert round(status.column("last_upkeep")[0].as_py().timestamp() * 1000) == last.ran_at_ms
+    assert keeper.status(table.path).to_dict()["upkeep_expired_snapshots"] == 1
