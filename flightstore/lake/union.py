@@ -20,7 +20,7 @@ otherwise the read fails with :class:`~flightstore.errors.LakeUnavailable`, neve
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -28,6 +28,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from flightstore import expressions as fs
+from flightstore.batches import limited_sources
 from flightstore.errors import DataLoss, LakeUnavailable, NotFound, TableNotFound, Unsupported
 from flightstore.lake.catalog import LakeCatalog, lake_failures
 from flightstore.lake.layout import BUCKET_COLUMN, lake_schema, table_types
@@ -168,36 +169,27 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     wanted = _wanted(table, filter, buckets, logs)
     if not wanted:
         return
-    remaining = limit
-    if split.snapshot is not None and (remaining is None or remaining > 0):
+
+    def lake_part(rows: int | None) -> Iterator[pa.RecordBatch]:
         lake_filter = _lake_filter(table, filter, wanted)
         bound = lake_filter.bind(table_types(table.descriptor)) if lake_filter is not None else None
         cache = catalog.read_cache if catalog is not None else None
-        for batch in snapshot_batches(split.lake_table, split.snapshot, table.descriptor, columns,
-                                      bound, remaining, cache):
-            if remaining is not None:
-                remaining -= batch.num_rows
-            yield batch
-        if remaining is not None and remaining <= 0:
-            return
-    for bucket in wanted:
-        if remaining is not None and remaining <= 0:
-            return
-        log = logs.get(bucket)
-        if log is None or bucket not in split.offsets:
-            continue  # its partition was dropped, or created, since the split was planned
-        if split.offsets[bucket] < log.start_offset:
-            raise DataLoss(f"table {table.path} bucket {bucket}: log records from offset "
-                           f"{split.offsets[bucket]} were deleted; plan the read again")
-        for record in log.read(split.offsets[bucket], columns=columns, filter=filter, exact=exact):
-            batch = record.batch
-            if remaining is not None:
-                batch = batch.slice(0, remaining)
-                remaining -= batch.num_rows
-            if batch.num_rows:
-                yield batch
-            if remaining is not None and remaining <= 0:
-                return
+        return snapshot_batches(split.lake_table, split.snapshot, table.descriptor, columns, bound, rows, cache)
+
+    def log_part(bucket: int) -> Callable[[int | None], Iterable[pa.RecordBatch]]:
+        def open_log(rows: int | None) -> Iterable[pa.RecordBatch]:
+            log = logs.get(bucket)
+            if log is None or bucket not in split.offsets:
+                return ()  # its partition was dropped, or created, since the split was planned
+            if split.offsets[bucket] < log.start_offset:
+                raise DataLoss(f"table {table.path} bucket {bucket}: log records from offset "
+                               f"{split.offsets[bucket]} were deleted; plan the read again")
+            return (record.batch for record in log.read(split.offsets[bucket], columns=columns, filter=filter,
+                                                        exact=exact))
+        return open_log
+
+    sources = ([lake_part] if split.snapshot is not None else []) + [log_part(bucket) for bucket in wanted]
+    yield from limited_sources(sources, limit)
 
 
 def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | None = None,

@@ -104,6 +104,8 @@ def test_continuous_writes_union_read_exactly_once_and_other_engines_agree(
                 _seqs(wanted)
             limited = conn.sql("SELECT seq FROM events LIMIT 50").column("seq").to_pylist()
             assert len(limited) == 50 and len(set(limited)) == 50 and set(limited) <= set(everything)
+            across = conn.sql(f"SELECT seq FROM events LIMIT {written - 3}").column("seq").to_pylist()
+            assert len(across) == written - 3 and len(set(across)) == written - 3  # the lake, then log tails
             # One Flight endpoint per bucket: each reads its bucket's lake files and log tail.
             executor = server.executor
             plan = executor.plan("SELECT seq, k FROM events")
