@@ -114,19 +114,32 @@ def _exists(io, location: str) -> bool:
         return False
 
 
+def _expired(lake_table: IcebergTable, snapshot: Snapshot | None) -> bool:
+    """Whether ``snapshot`` of ``lake_table`` is gone from the table's metadata now (None: whether
+    the table still is there at all)."""
+    if not _exists(lake_table.io, lake_table.metadata_location):
+        return False  # the warehouse is gone, not a snapshot
+    if snapshot is None:
+        return True
+    try:
+        return lake_table.refresh().snapshot_by_id(snapshot.snapshot_id) is None
+    except Exception:  # noqa: BLE001 - the catalog is unreachable: the lake is unavailable
+        return False
+
+
 @contextlib.contextmanager
 def missing_files(what: str, lake_table: IcebergTable | None = None,
                   snapshot: Snapshot | None = None) -> Iterator[None]:
-    """Inside the block, lake failures raise LakeUnavailable, except a file that is gone while
-    ``lake_table``'s metadata file is still there (or, without a table, any missing file):
-    :class:`LakeFileMissing`, the snapshot read was expired meanwhile."""
+    """Inside the block, lake failures raise LakeUnavailable, except a file that is gone because
+    ``snapshot`` (the one read) expired meanwhile: :class:`LakeFileMissing` (without a table,
+    which cannot be asked, any missing file)."""
     try:
         with lake_failures(what):
             yield
     except LakeUnavailable as exc:
         cause = exc.__cause__
         if not isinstance(cause, FileNotFoundError) or \
-                (lake_table is not None and not _exists(lake_table.io, lake_table.metadata_location)):
+                (lake_table is not None and not _expired(lake_table, snapshot)):
             raise
         which = f"snapshot {snapshot.snapshot_id}" if snapshot is not None else "the snapshot"
         raise LakeFileMissing(
