@@ -106,6 +106,37 @@ def referenced_files(lake_table: IcebergTable, snapshots: Iterable[Snapshot] | N
     return files
 
 
+class _Live:
+    """What the live snapshots of a lake table reference, read only as far as a question needs:
+    first what the table metadata names (metadata files, manifest lists: no file read), then the
+    current snapshot's manifests, and only for paths still unexplained every live snapshot's (a log
+    table's files are all in its current snapshot; walking every manifest list of a table with
+    thousands of snapshots is what this spares)."""
+
+    def __init__(self, lake_table: IcebergTable) -> None:
+        io, metadata = lake_table.io, lake_table.metadata
+        self.table = lake_table
+        self.named = {_path(io, lake_table.metadata_location)}
+        self.named.update(_path(io, entry.metadata_file) for entry in metadata.metadata_log)
+        self.named.update(_path(io, s.statistics_path) for s in metadata.statistics)
+        self.named.update(_path(io, s.statistics_path) for s in metadata.partition_statistics)
+        self.named.update(_path(io, s.manifest_list) for s in metadata.snapshots)
+
+    def unreferenced(self, paths: set[str]) -> set[str]:
+        """Those of ``paths`` no live snapshot and no retained metadata file references."""
+        left = paths - self.named
+        # Metadata files and manifest lists are named by the metadata alone (the spec's names).
+        decided = {p for p in left if p.endswith(".metadata.json")
+                   or ("/metadata/snap-" in p and p.endswith(".avro"))}
+        left -= decided
+        current = self.table.current_snapshot()
+        if left and current is not None:
+            left -= referenced_files(self.table, [current])
+        if left:
+            left -= referenced_files(self.table)
+        return decided | left
+
+
 def _under(io: PyArrowFileIO, lake_table: IcebergTable) -> tuple[pafs.FileSystem, str]:
     """The file system of the table's location and that location as its path, ending in '/'."""
     scheme, netloc, path = io.parse_location(lake_table.location(), io.properties)
@@ -141,18 +172,19 @@ def expire_snapshots(lake_table: IcebergTable, now_ms: int, max_age_ms: int, num
         lake_table.maintenance.expire_snapshots().by_ids(ids).commit()
         lake_table = lake_table.refresh()
         io = lake_table.io
-        gone = referenced_files(lake_table, expired, deleted=True) - referenced_files(lake_table)
+        gone = _Live(lake_table).unreferenced(referenced_files(lake_table, expired, deleted=True))
         fs, root = _under(io, lake_table)
         return lake_table, ids, _delete(fs, root, gone)
 
 
 def _sharing(lake_table: IcebergTable) -> list[IcebergTable]:
-    """The catalog's other tables of the namespace at the same location (a replaced incarnation)."""
+    """The replaced incarnations of the table (``<table>__replaced_<id>``, see
+    :meth:`~flightstore.lake.catalog.LakeCatalog.ensure_table`) at its location."""
     catalog = lake_table.catalog
     namespace, name = lake_table.name()[0], lake_table.name()[-1]
     others = []
     for identifier in catalog.list_tables(namespace):
-        if identifier[-1] == name:
+        if not identifier[-1].startswith(f"{name}__replaced_"):
             continue
         other = catalog.load_table(identifier)
         if other.location().rstrip("/") == lake_table.location().rstrip("/"):
@@ -174,10 +206,10 @@ def remove_orphans(lake_table: IcebergTable, older_than_ms: int, now_ms: int | N
                and info.mtime.timestamp() * 1000 < cutoff]
         if not old:
             return []
-        referenced = referenced_files(lake_table)
-        for other in _sharing(lake_table):
-            referenced |= referenced_files(other)
-        return _delete(fs, root, [path for path in old if path not in referenced])
+        orphans = set(old)
+        for table in [lake_table, *_sharing(lake_table)]:
+            orphans = _Live(table).unreferenced(orphans)
+        return _delete(fs, root, orphans)
 
 
 def upkeep(lake_table: IcebergTable, *, max_age_ms: int, num_retained: int, orphans_older_than_ms: int,

@@ -309,3 +309,22 @@ def test_the_upkeep_shows_in_lake_status(store, keeper):
     assert last.files_removed
     assert round(status.column("last_upkeep")[0].as_py().timestamp() * 1000) == last.ran_at_ms
     assert keeper.status(table.path).to_dict()["upkeep_expired_snapshots"] == 1
+
+
+def test_metadata_files_past_the_metadata_log_are_removed_as_orphans(store, tierer):
+    table = create_events(store, **{"iceberg.write.metadata.previous-versions-max": "2"})
+    for first in range(0, 60, 10):
+        table.append(events(first, 10))
+        tierer.tier_now(table.path)
+    lake = tierer.catalog.load_table(table.path)
+    metadata = {f for f in _files(lake) if f.endswith(".metadata.json")}
+    assert len(metadata) > 3
+    kept = {lake.metadata_location.removeprefix("file://")} | \
+        {e.metadata_file.removeprefix("file://") for e in lake.metadata.metadata_log}
+    assert len(kept) == 3
+    _age(_files(lake), 2 * HOUR_MS)
+    removed = remove_orphans(lake, HOUR_MS)
+    assert set(removed) == metadata - kept  # nothing else: every other file is referenced
+    assert {f for f in _files(lake) if f.endswith(".metadata.json")} == kept
+    assert _seqs(read_lake(tierer.catalog, table.descriptor)) == list(range(60))
+    assert [c.added_rows for c in lake_snapshots(tierer.catalog, table.descriptor)] == [10] * 6
