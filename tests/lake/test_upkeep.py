@@ -60,12 +60,12 @@ def _sql(store, tierer):
 def test_the_tierer_expires_old_snapshots_keeping_the_newest_and_what_rounds_resume_from(store, keeper):
     table = create_events(store, **{"table.datalake.snapshot.retention": "1ms",
                                     "table.datalake.snapshot.num-retained": "2"})
-    ids = []
+    ids, moments = [], []
     for first in range(0, 500, 100):
         table.append(events(first, 100))
         result = keeper.tier_now(table.path)
         ids.append(result.snapshot_id)
-        distinct_millisecond()  # every earlier snapshot is older than the retention at the next round
+        moments.append(distinct_millisecond())  # earlier snapshots are past the retention next round
     last, error = keeper.last_upkeep(table.path)
     assert error is None and last is not None
     lake = keeper.catalog.load_table(table.path)
@@ -89,6 +89,9 @@ def test_the_tierer_expires_old_snapshots_keeping_the_newest_and_what_rounds_res
     assert sql("SELECT snapshot_id FROM events$lake$snapshots").column("snapshot_id").to_pylist() == live
     with pytest.raises(NotFound, match=f"no snapshot {ids[0]}"):
         sql(f"SELECT * FROM events$lake FOR SYSTEM_TIME AS OF {ids[0]}")
+    with pytest.raises(NotFound, match="no snapshot at or before"):
+        read_lake(keeper.catalog, table.descriptor, as_of_ms=moments[1])
+    assert _seqs(read_lake(keeper.catalog, table.descriptor, as_of_ms=moments[4])) == list(range(500))
     assert _seqs(sql(f"SELECT seq FROM events$lake FOR SYSTEM_TIME AS OF {live[0]}")) == list(range(500))
 
 
