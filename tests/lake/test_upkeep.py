@@ -331,3 +331,47 @@ def test_metadata_files_past_the_metadata_log_are_removed_as_orphans(store, tier
     assert {f for f in _files(lake) if f.endswith(".metadata.json")} == kept
     assert _seqs(read_lake(tierer.catalog, table.descriptor)) == list(range(60))
     assert [c.added_rows for c in lake_snapshots(tierer.catalog, table.descriptor)] == [10] * 6
+
+
+def test_the_servers_tierer_expires_snapshots_and_flight_answers_not_found(data_dir):
+    import threading
+
+    import flightstore
+    from flightstore.server.service import FlightSqlServer
+    from flightstore.store import Store
+    from tests.waiting import wait_until
+
+    settings = LakeSettings.from_options(data_dir, {"datalake.maintenance.interval": "0"})
+    store = Store(data_dir)
+    server = FlightSqlServer(store, "grpc://127.0.0.1:0", lake=settings)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        with flightstore.connect(server.uri, timeout=60) as conn:
+            conn.sql("CREATE TABLE events (k BIGINT, seq BIGINT, s STRING, ts TIMESTAMP(3)) WITH "
+                     "('bucket.num' = '2', 'bucket.key' = 'k', 'table.datalake.enabled' = 'true', "
+                     "'table.datalake.freshness' = '200ms', 'table.datalake.snapshot.retention' = '1ms')")
+            client = conn.table("default.events")
+
+            def snapshot_ids() -> list[int]:
+                return conn.sql("SELECT snapshot_id FROM events$lake$snapshots").column(0).to_pylist()
+
+            def lake_rows() -> int:
+                return conn.sql("SELECT COUNT(*) AS n FROM events$lake").column(0).to_pylist()[0]
+
+            client.append(events(0, 50))
+            wait_until(lambda: lake_rows() == 50, "the first rows in the lake", timeout=60)
+            first = snapshot_ids()[-1]
+            for batch in (1, 2):
+                client.append(events(batch * 50, 50))
+                wait_until(lambda: lake_rows() == (batch + 1) * 50, "the rows in the lake", timeout=60)
+            wait_until(lambda: first not in snapshot_ids(), "the first snapshot expiring", timeout=60)
+            with pytest.raises(pa.ArrowKeyError, match=f"no snapshot {first}"):  # NOT_FOUND
+                conn.sql(f"SELECT * FROM events$lake FOR SYSTEM_TIME AS OF {first}")
+            assert _seqs(conn.sql("SELECT seq FROM events")) == list(range(150))
+            status = conn.lake_status("default.events")[0]
+            assert status["upkeep_error"] is None and status["last_upkeep_ms"] is not None
+    finally:
+        server.shutdown()
+        thread.join(timeout=30)
+        store.close()
