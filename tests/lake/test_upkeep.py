@@ -375,3 +375,20 @@ def test_the_servers_tierer_expires_snapshots_and_flight_answers_not_found(data_
         server.shutdown()
         thread.join(timeout=30)
         store.close()
+
+
+def test_the_retention_can_change_live(store, keeper):
+    from flightstore.alter import SetOptions
+    table = create_events(store)  # the default retention: 7 days
+    for first in range(0, 30, 10):
+        table.append(events(first, 10))
+        keeper.tier_now(table.path)
+        distinct_millisecond()
+    assert len(keeper.catalog.load_table(table.path).metadata.snapshots) == 3
+    store.alter_table(table.path, [SetOptions((("table.datalake.snapshot.retention", "1ms"),))])
+    table = store.table(table.path)
+    table.append(events(30, 10))
+    keeper.tier_now(table.path)
+    lake = keeper.catalog.load_table(table.path)
+    assert [s.snapshot_id for s in lake.metadata.snapshots] == [lake.current_snapshot().snapshot_id]
+    assert _seqs(read_lake(keeper.catalog, table.descriptor)) == list(range(40))
