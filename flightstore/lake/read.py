@@ -35,6 +35,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from flightstore import expressions as fs
+from flightstore.batches import limited
 from flightstore.errors import InvalidInput, LakeFileMissing, LakeUnavailable, NotFound, TableNotFound
 from flightstore.lake.cache import CacheFill, ReadCache
 from flightstore.lake.catalog import LakeCatalog, lake_failures
@@ -178,7 +179,12 @@ def _snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: 
         source = _cached_batches(cache, lake_table, tasks, descriptor, needed, what)
     else:
         source = _dataset_batches(io, [task.file.file_path for task in tasks], descriptor, needed, what)
-    remaining = limit
+    yield from limited(_conformed(source, needed, columns, types, filter), limit)
+
+
+def _conformed(source: Iterator[pa.RecordBatch], needed: list[str], columns: Sequence[str], types: pa.Schema,
+               filter: fs.Predicate | None) -> Iterator[pa.RecordBatch]:
+    """``source``'s batches in the table's ``types``, filtered exactly by ``filter``, cut to ``columns``."""
     row_filter = filter.to_arrow() if filter is not None else None
     typed = pa.schema([types.field(c) for c in needed])
     for batch in source:
@@ -189,14 +195,7 @@ def _snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: 
             batch = batch.to_batches()[0] if batch.num_rows else None
             if batch is None:
                 continue
-        batch = batch.select(columns) if needed != list(columns) else batch
-        if remaining is not None:
-            batch = batch.slice(0, remaining)
-            remaining -= batch.num_rows
-        if batch.num_rows:
-            yield batch
-        if remaining is not None and remaining <= 0:
-            return
+        yield batch.select(columns) if needed != list(columns) else batch
 
 
 def _batches(reader: pa.RecordBatchReader, what: str) -> Iterator[pa.RecordBatch]:

@@ -119,6 +119,14 @@ class LakeTierer:
         """Check for due tables now (e.g. after a table was created)."""
         self._wake.set()
 
+    def due_now(self, path: TablePath | str) -> None:
+        """Make ``path`` due at once (a partition of it was dropped: the lake drops its rows in the
+        next round, not a freshness interval later) and wake the thread."""
+        path = path if isinstance(path, TablePath) else TablePath.parse(path)
+        with self._lock:
+            self._states.setdefault(path, _TableState()).due = 0.0
+        self._wake.set()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:

@@ -43,6 +43,7 @@ import pyarrow as pa
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import Transaction
 
 from flightstore import changetype
 from flightstore.errors import CorruptData, DataLoss
@@ -266,15 +267,8 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
             stage_overwrite(transaction, removed, rows, properties)
         else:
             transaction.append(rows, snapshot_properties=properties)
-    if hook is not None:
-        hook("after-write")
-    if before_commit is not None:
-        before_commit()
-    with lake_failures(f"committing the lake snapshot of {source.path}"):
-        committed = transaction.commit_transaction()
+    committed = _commit(source, transaction, before_commit, hook)
     snapshot = committed.current_snapshot()
-    if hook is not None:
-        hook("after-commit")
     if appended is not None and not primary_key:
         appended(committed, rows)
     summary = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
@@ -315,20 +309,28 @@ def _tier_written(source, lake_table: IcebergTable, recorded: dict[int, int], dr
         with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
             for data_file in files:
                 append.append_data_file(data_file)
+    committed = _commit(source, transaction, before_commit, hook)
+    snapshot = committed.current_snapshot()
+    return RoundResult(source.path, rows, start, reached, committed=True,
+                       snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
+                       committed_at_ms=snapshot.timestamp_ms if snapshot is not None else None,
+                       seconds=time.monotonic() - began, backlog_left=any(reached[b] < end[b] for b in end),
+                       bytes_written=sum(f.file_size_in_bytes for f in files), dropped_buckets=tuple(dropped))
+
+
+def _commit(source, transaction: Transaction, before_commit: Callable[[], None] | None,
+            hook: Callable[[str], None] | None) -> IcebergTable:
+    """Commit a round's staged ``transaction`` (its files are written): the ``after-write`` hook,
+    ``before_commit`` (the lease renewal), the one catalog commit, the ``after-commit`` hook."""
     if hook is not None:
         hook("after-write")
     if before_commit is not None:
         before_commit()
     with lake_failures(f"committing the lake snapshot of {source.path}"):
         committed = transaction.commit_transaction()
-    snapshot = committed.current_snapshot()
     if hook is not None:
         hook("after-commit")
-    return RoundResult(source.path, rows, start, reached, committed=True,
-                       snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
-                       committed_at_ms=snapshot.timestamp_ms if snapshot is not None else None,
-                       seconds=time.monotonic() - began, backlog_left=any(reached[b] < end[b] for b in end),
-                       bytes_written=sum(f.file_size_in_bytes for f in files), dropped_buckets=tuple(dropped))
+    return committed
 
 
 tier_log_round = tier_round  # the phase-1 name

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from flightstore.config import server_option
 from flightstore.store import Store
@@ -26,6 +27,8 @@ class AutoPartitionManager:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # Told the tables partitions were dropped from (the lake's tierer drops their rows at once).
+        self.on_dropped: Callable[[str], None] | None = None
         self.interval_s = server_option(store.options, "auto-partition.check.interval") / 1000
         self.checks = 0  # completed checks (tests wait on it)
         self._stop = threading.Event()
@@ -40,11 +43,14 @@ class AutoPartitionManager:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def check(self) -> dict[str, tuple[int, int]]:
-        """One check of every table now; ``{table: (created, dropped)}`` of those that changed."""
-        changed = self.store.auto_partition()
+    def check(self, now_ms: int | None = None) -> dict[str, tuple[int, int]]:
+        """One check of every table (as of ``now_ms``, default now); ``{table: (created, dropped)}``
+        of those that changed."""
+        changed = self.store.auto_partition(now_ms)
         for table, (created, dropped) in changed.items():
             log.info("auto-partition: %s created %d and dropped %d partition(s)", table, created, dropped)
+            if dropped and self.on_dropped is not None:
+                self.on_dropped(table)
         self.checks += 1
         return changed
 

@@ -109,6 +109,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
         if lake is not None:  # with tiering off it follows what a tiering job commits (retention, status)
             from flightstore.lake.tierer import LakeTierer
             self.tierer = LakeTierer(store, lake).start()
+            self.partition_manager.on_dropped = self.tierer.due_now
         if lake is not None:  # SQL reads the lake too: union reads, t$lake, time travel
             from flightstore.lake.catalog import LakeCatalog
             self.executor.lake = self.tierer.catalog if self.tierer is not None else LakeCatalog(lake)

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flightstore import changetype
+from flightstore.alter import DropPartition
 from flightstore.cache import LruCache
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.config import server_option
@@ -318,6 +319,8 @@ class Executor:
         elif isinstance(plan, n.AlterTable):
             if plan.changes:
                 store.alter_table(plan.table, plan.changes)
+                if self.tierer is not None and any(isinstance(c, DropPartition) for c in plan.changes):
+                    self.tierer.due_now(plan.table)  # the lake drops the partition's rows now
         elif isinstance(plan, n.UseDatabase):
             if not store.catalog.database_exists(plan.name):
                 from flightstore.errors import DatabaseNotFound

@@ -291,7 +291,8 @@ def _normalize_placeholders(statement: exp.Expression) -> exp.Expression:
     """Turn ``$1``-style names (parsed as columns) into numbered placeholders."""
     replace_all([(column, exp.Placeholder(this=column.name[1:]))
                  for column in statement.find_all(exp.Column)
-                 if not column.table and not column.this.quoted and _PARAM_NAME.match(column.name)])
+                 if not column.table and isinstance(column.this, exp.Identifier) and not column.this.quoted
+                 and _PARAM_NAME.match(column.name)])
     return statement
 
 

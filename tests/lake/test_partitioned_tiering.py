@@ -16,6 +16,7 @@ from flightstore.bucketing import bucket_ids
 from flightstore.lake import read_lake
 from flightstore.lake.offsets import committed_offsets
 from flightstore.partitioning import split_bucket_id
+from tests.waiting import wait_until
 
 SCHEMA = pa.schema([("dt", pa.string()), ("user", pa.int64()), ("seq", pa.int64())])
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
@@ -247,3 +248,37 @@ def test_a_primary_key_round_changes_one_partition_and_drops_another_in_one_comm
     lake = read_lake(tierer.catalog, table.descriptor, columns=SCHEMA.names)
     assert lake.sort_by(key).to_pylist() == table.scan_table().sort_by(key).to_pylist()
     assert committed_offsets(lake_table) == table.end_offsets()
+
+
+def test_a_dropped_partition_leaves_the_lake_at_once_not_a_freshness_later(store, tierer):
+    sql = _sql(store, tierer)
+    table = store.create_table("default.clicks", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true", "table.datalake.freshness": "1h"})
+    table.append(_rows(0, 600))
+    tierer.start()  # its first pass tiers the table, the next is due in an hour
+    wait_until(lambda: _seqs(sql("SELECT seq FROM clicks$lake")) == list(range(600)), "the first round", 60)
+    sql(f"ALTER TABLE clicks DROP PARTITION (dt = '{DAYS[1]}')")
+    kept = _seqs_of(_rows(0, 600), [DAYS[0], DAYS[2]])
+    wait_until(lambda: _seqs(sql("SELECT seq FROM clicks$lake")) == kept, "the dropped partition leaving the lake", 60)
+
+
+def test_an_expired_auto_partition_leaves_the_lake_at_once(store, tierer):
+    import datetime as dt
+
+    from flightstore.server.partition_manager import AutoPartitionManager
+    day_ms = 86_400_000
+    now_ms = 1_790_000_000_000
+    today = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.timezone.utc).strftime("%Y%m%d")
+    table = store.create_table("default.daily", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 2, "table.datalake.enabled": "true", "table.datalake.freshness": "1h",
+        "table.auto-partition.enabled": "true", "table.auto-partition.time-unit": "DAY",
+        "table.auto-partition.time-zone": "UTC", "table.auto-partition.num-precreate": "2",
+        "table.auto-partition.num-retention": "1"})
+    manager = AutoPartitionManager(store)  # the server's, not started: the test drives its checks
+    manager.on_dropped = tierer.due_now
+    manager.check(now_ms)
+    table.append(pa.table({"dt": [today] * 50, "user": np.arange(50), "seq": np.arange(50)}, schema=SCHEMA))
+    tierer.start()  # its first pass tiers the table, the next is due in an hour
+    wait_until(lambda: read_lake(tierer.catalog, table.descriptor).num_rows == 50, "the first round", 60)
+    assert manager.check(now_ms + 3 * day_ms)[str(table.path)][1] == 2
+    wait_until(lambda: read_lake(tierer.catalog, table.descriptor).num_rows == 0, "the expiry reaching the lake", 60)

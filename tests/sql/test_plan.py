@@ -311,3 +311,13 @@ def test_schema_qualified_column_of_a_table_not_in_from_is_an_error() -> None:
         plan("SELECT analytics.orders.amount, COUNT(*) FROM shop.orders GROUP BY 1", sample_catalog())
     with pytest.raises(errors.SqlError, match="use the alias"):
         plan("SELECT shop.orders.amount, COUNT(*) FROM shop.orders o GROUP BY 1", sample_catalog())
+
+
+
+@pytest.mark.parametrize("sql", ['UPDATE RENAME t SET score = "" . 0 WHERE id = 1',
+                                 'SELECT "" . 0 FROM orders'])
+def test_a_column_whose_name_is_a_literal_is_a_clean_error(sql: str) -> None:
+    # Found by the fuzz suite: `"" . 0` parses as a column whose name is a number literal, which
+    # the $n-parameter pass took for an identifier (AttributeError: an internal error).
+    with pytest.raises((errors.InvalidInput, errors.NotFound)):
+        plan(sql, sample_catalog())
