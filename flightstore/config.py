@@ -173,6 +173,20 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
                  "rows. Once a bucket's deleted rows would exceed this fraction of its live rows, the "
                  "round rewrites that bucket copy-on-write instead (dropping its delete files); `0` "
                  "always rewrites.", minimum=0, live=True),
+    ConfigOption("table.datalake.snapshot.retention", "duration", 7 * 86_400_000,
+                 "Lake snapshots older than this are expired by the server's lake upkeep (Iceberg's "
+                 "`history.expire.max-snapshot-age-ms`), with the data, delete and manifest files "
+                 "only they referenced; time travel reaches back this far. The newest "
+                 "`table.datalake.snapshot.num-retained` snapshots and the newest tiering snapshot "
+                 "always stay.", minimum=0, live=True),
+    ConfigOption("table.datalake.snapshot.num-retained", "int", 1,
+                 "Lake snapshots kept whatever their age (Iceberg's "
+                 "`history.expire.min-snapshots-to-keep`).", minimum=1, live=True),
+    ConfigOption("table.datalake.orphan-files.older-than", "duration", 3_600_000,
+                 "Files under the lake table's location that no live snapshot references (e.g. "
+                 "written by a tiering round that died before its commit) are deleted by the lake "
+                 "upkeep once they are older than this (a grace period for rounds writing right "
+                 "now).", minimum=60_000, live=True),
     ConfigOption("table.auto-partition.enabled", "bool", False,
                  "The server creates the table's time partitions ahead and drops expired ones "
                  "(checked every `auto-partition.check.interval` and at start-up)."),
@@ -297,6 +311,11 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("datalake.tiering.max-round-rows", "int", 8_000_000,
                  "Most rows one tiering round reads into memory and commits; a longer backlog takes "
                  "several rounds.", minimum=1),
+    ConfigOption("datalake.maintenance.interval", "duration", 3_600_000,
+                 "How often the server's tierer runs the lake upkeep of a table (after a successful "
+                 "round): expiring old lake snapshots and deleting unreferenced and orphan files "
+                 "(`table.datalake.snapshot.*`, `table.datalake.orphan-files.older-than`); `0` "
+                 "after every round.", minimum=0),
     ConfigOption("datalake.read-cache.size", "size", 4 * 1024**3,
                  "Disk the server may use under `DATA_DIR/lake/read-cache` for lake data files it "
                  "read, kept decoded (uncompressed Arrow IPC, memory-mapped) so union reads of tiered "

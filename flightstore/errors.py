@@ -70,6 +70,11 @@ class NotFound(FlightstoreError):
     flight_status = "not_found"
 
 
+class LakeFileMissing(NotFound):
+    """A lake file a read was planned on is gone: the snapshot it reads was expired (and its files
+    deleted) meanwhile. Plan the read again on a live snapshot."""
+
+
 class DatabaseNotFound(NotFound):
     """An unknown database."""
 

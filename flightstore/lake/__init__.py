@@ -13,6 +13,7 @@ Modules, in the order data flows:
 * :mod:`~flightstore.lake.remote` - a table read through Flight (the Spark tiering job's source);
 * :mod:`~flightstore.lake.lease` - at most one tierer per table;
 * :mod:`~flightstore.lake.tierer` - the server's background tierer (freshness, backoff, retention);
+* :mod:`~flightstore.lake.upkeep` - snapshot expiry and orphan files, after the tierer's rounds;
 * :mod:`~flightstore.lake.status` - lag per table and bucket;
 * :mod:`~flightstore.lake.read` - reading the lake (time travel, pruning, filters);
 * :mod:`~flightstore.lake.union` - the union read: lake below the tiered offsets + the log tail.

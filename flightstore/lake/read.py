@@ -13,10 +13,15 @@ threads (the lake's files are flightstore's own: columns match by name, and a co
 reads as nulls from older files). Otherwise pyiceberg reads them (deletes applied). Given the
 server's read cache (:mod:`flightstore.lake.cache`), files it holds decoded are memory-mapped from
 it instead, and the others are put in it as the scanner decodes them.
+
+A lake file that is gone while its table's metadata is still there (the read's snapshot was
+expired by the lake upkeep meanwhile, :mod:`flightstore.lake.upkeep`) raises
+:class:`~flightstore.errors.LakeFileMissing`, never a short answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +36,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from flightstore import expressions as fs
 from flightstore.batches import limited
-from flightstore.errors import InvalidInput, NotFound, TableNotFound
+from flightstore.errors import InvalidInput, LakeFileMissing, LakeUnavailable, NotFound, TableNotFound
 from flightstore.lake.cache import CacheFill, ReadCache
 from flightstore.lake.catalog import LakeCatalog, lake_failures
 from flightstore.lake.layout import BUCKET_COLUMN, lake_schema, table_types
@@ -103,13 +108,62 @@ def resolve_snapshot(lake_table: IcebergTable, snapshot_id: int | None = None,
     return lake_table.current_snapshot()
 
 
+def _exists(io, location: str) -> bool:
+    try:
+        return io.new_input(location).exists()
+    except Exception:  # noqa: BLE001 - cannot tell: the lake is unavailable
+        return False
+
+
+def _expired(lake_table: IcebergTable, snapshot: Snapshot | None) -> bool:
+    """Whether ``snapshot`` of ``lake_table`` is gone from the table's metadata now (None: whether
+    the table still is there at all)."""
+    if not _exists(lake_table.io, lake_table.metadata_location):
+        return False  # the warehouse is gone, not a snapshot
+    if snapshot is None:
+        return True
+    try:
+        return lake_table.refresh().snapshot_by_id(snapshot.snapshot_id) is None
+    except Exception:  # noqa: BLE001 - the catalog is unreachable: the lake is unavailable
+        return False
+
+
+@contextlib.contextmanager
+def missing_files(what: str, lake_table: IcebergTable | None = None,
+                  snapshot: Snapshot | None = None) -> Iterator[None]:
+    """Inside the block, lake failures raise LakeUnavailable, except a file that is gone because
+    ``snapshot`` (the one read) expired meanwhile: :class:`LakeFileMissing` (without a table,
+    which cannot be asked, any missing file)."""
+    try:
+        with lake_failures(what):
+            yield
+    except LakeUnavailable as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, FileNotFoundError) or \
+                (lake_table is not None and not _expired(lake_table, snapshot)):
+            raise
+        which = f"snapshot {snapshot.snapshot_id}" if snapshot is not None else "the snapshot"
+        raise LakeFileMissing(
+            f"{what}: a lake file is gone ({cause}): {which} the read was planned on was expired "
+            "meanwhile (table.datalake.snapshot.retention) or the warehouse lost it; run the read "
+            "again") from cause
+
+
 def snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: TableDescriptor,
                      columns: Sequence[str], filter: fs.Predicate | None = None,
                      limit: int | None = None, cache: ReadCache | None = None) -> Iterator[pa.RecordBatch]:
     """Stream ``columns`` of the rows of ``snapshot`` matching ``filter`` (bound to
     :func:`table_types`), in the table's types, at most ``limit`` rows; see the module docstring.
     With a ``cache``, data files it holds are read from it and the others put in it as they are
-    read (:mod:`flightstore.lake.cache`). Lake failures raise LakeUnavailable (also while streaming)."""
+    read (:mod:`flightstore.lake.cache`). Lake failures raise LakeUnavailable (also while streaming),
+    a file of an expired snapshot LakeFileMissing."""
+    with missing_files(f"reading the lake table of {descriptor.path}", lake_table, snapshot):
+        yield from _snapshot_batches(lake_table, snapshot, descriptor, columns, filter, limit, cache)
+
+
+def _snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: TableDescriptor,
+                      columns: Sequence[str], filter: fs.Predicate | None, limit: int | None,
+                      cache: ReadCache | None) -> Iterator[pa.RecordBatch]:
     what = f"reading the lake table of {descriptor.path}"
     types = table_types(descriptor)
     needed = list(dict.fromkeys([*columns, *(sorted(filter.columns()) if filter is not None else [])]))
@@ -306,12 +360,13 @@ def read_data_files(locations: Sequence[str], io_properties: dict[str, str], sch
     io = PyArrowFileIO(dict(io_properties))
     fields = pa.schema([schema.field(c) for c in columns])
     what = "reading lake data files"
-    for (scheme, netloc), located in _by_file_system(io, locations).items():
-        with lake_failures(what):
-            dataset = pads.dataset([path for _, path in located], schema=fields, format="parquet",
-                                   filesystem=io.fs_by_scheme(scheme, netloc))
-            batches = dataset.to_batches(columns=list(columns), use_threads=True)
-        yield from _batches_of(batches, what)
+    with missing_files(what):
+        for (scheme, netloc), located in _by_file_system(io, locations).items():
+            with lake_failures(what):
+                dataset = pads.dataset([path for _, path in located], schema=fields, format="parquet",
+                                       filesystem=io.fs_by_scheme(scheme, netloc))
+                batches = dataset.to_batches(columns=list(columns), use_threads=True)
+            yield from _batches_of(batches, what)
 
 
 def _batches_of(batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:
@@ -370,7 +425,7 @@ def read_lake(catalog: LakeCatalog, descriptor: TableDescriptor, *, columns: Seq
     snapshot = resolve_snapshot(lake_table, snapshot_id, as_of_ms)
     if snapshot is None:
         return schema.empty_table()
-    with lake_failures(f"reading the lake table of {descriptor.path}"):
+    with missing_files(f"reading the lake table of {descriptor.path}", lake_table, snapshot):
         result = _scan(lake_table, descriptor, columns, filter, snapshot, schema, limit).to_arrow()
     result = result.select(schema.names).cast(schema)
     return result if limit is None else result.slice(0, limit)

@@ -35,6 +35,7 @@ class LakeSettings:
     retry_backoff_max_ms: int = 60_000
     max_round_rows: int = 8_000_000
     read_cache_size: int = 0
+    maintenance_interval_ms: int = 3_600_000
 
     @classmethod
     def from_options(cls, data_dir: str | Path, options: Mapping[str, Any] | None = None) -> LakeSettings:
@@ -59,7 +60,8 @@ class LakeSettings:
             lease_ms=server_option(typed, "datalake.tiering.lease"),
             retry_backoff_max_ms=server_option(typed, "datalake.tiering.retry-backoff.max"),
             max_round_rows=server_option(typed, "datalake.tiering.max-round-rows"),
-            read_cache_size=server_option(typed, "datalake.read-cache.size"))
+            read_cache_size=server_option(typed, "datalake.read-cache.size"),
+            maintenance_interval_ms=server_option(typed, "datalake.maintenance.interval"))
 
     @property
     def local_warehouse(self) -> Path | None:

@@ -1,6 +1,6 @@
 """Tiering status: how far the lake is behind the log, per table and bucket, and why.
 
-Computed from what the tierer last learned from the lake (its tiered offsets, commit time, error)
+Computed from what the tierer last learned from the lake (its tiered offsets, commit time, error, last upkeep)
 and from the log as it is now, so it answers while the lake is unreachable: that is exactly when
 the lag matters. It is served as the ``t$lake$status`` virtual table and by ``flightstore lake
 status``. A process that does not tier (a reader of the lake) gets it from the lake alone with
@@ -42,6 +42,10 @@ class TableStatus:
     last_error_ms: int | None
     consecutive_failures: int
     tierer: str | None
+    last_upkeep_ms: int | None = None  # the lake upkeep's last run (flightstore.lake.upkeep)
+    upkeep_expired_snapshots: int = 0  # snapshots it expired
+    upkeep_removed_files: int = 0  # files it deleted: of expired snapshots, and orphans
+    upkeep_error: str | None = None  # the error of its latest attempt (None once one succeeds)
 
     @property
     def lag_records(self) -> int:

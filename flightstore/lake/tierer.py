@@ -16,6 +16,11 @@ With ``datalake.tiering.enabled`` off (a Spark tiering job tiers instead), and f
 lease another tierer holds, the tierer only *follows* the lake: it reads the committed offsets of
 the table's lake table every freshness interval, hands them to log retention and reports them in
 the status, so the log of a table tiered elsewhere still shrinks and its lag still shows.
+
+After a successful round, still holding the lease, the tierer runs the lake's upkeep of the table
+at most once per ``datalake.maintenance.interval`` (:mod:`flightstore.lake.upkeep`): old snapshots
+expire, files nothing references any more are deleted. An upkeep that fails is logged and
+reported in the status; it never fails the round.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from flightstore.lake.read import cache_appended
 from flightstore.lake.settings import LakeSettings
 from flightstore.lake.status import TableStatus, bucket_statuses
 from flightstore.lake.tiering import RoundResult, hold_untiered, tier_round
+from flightstore.lake.upkeep import UpkeepResult, upkeep
 from flightstore.schema import TablePath
 from flightstore.store import Store, Table
 
@@ -63,6 +69,9 @@ class _TableState:
     last_error: str | None = None
     last_error_ms: int | None = None
     failures: int = 0
+    upkeep_due: float = 0.0  # monotonic time the next upkeep may run
+    last_upkeep: UpkeepResult | None = None
+    upkeep_error: str | None = None
 
 
 class LakeTierer:
@@ -198,10 +207,47 @@ class LakeTierer:
             self._follow(table)  # the other tierer's commits still let this log shrink
             raise
         lake_table = self.catalog.ensure_table(table.descriptor, table.directory.name)
-        return tier_round(
+        result = tier_round(
             table, lake_table, max_rows=self.settings.max_round_rows, hook=self.hook,
             before_commit=lambda: leases.acquire(name, self.holder, self.settings.lease_ms),
             appended=lambda committed, rows: self._cache_appended(table, committed, rows))
+        self._upkeep(table, lake_table, leases)
+        return result
+
+    def _upkeep(self, table: Table, lake_table, leases: LeaseStore) -> UpkeepResult | None:
+        """The lake upkeep of ``table`` when due (under its lease, renewed first); never raises."""
+        with self._lock:
+            state = self._states.setdefault(table.path, _TableState())
+            if state.upkeep_due > time.monotonic():
+                return None
+            state.upkeep_due = time.monotonic() + self.settings.maintenance_interval_ms / 1000
+        option = table.descriptor.option
+        try:
+            leases.acquire(str(table.path), self.holder, self.settings.lease_ms)
+            result = upkeep(lake_table, max_age_ms=option("table.datalake.snapshot.retention"),
+                            num_retained=option("table.datalake.snapshot.num-retained"),
+                            orphans_older_than_ms=option("table.datalake.orphan-files.older-than"))
+        except Exception as exc:  # noqa: BLE001 - the round is committed; the next upkeep retries
+            error = f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                state.upkeep_error = error
+            log.warning("lake upkeep of %s failed: %s", table.path, error)
+            return None
+        with self._lock:
+            state.last_upkeep, state.upkeep_error = result, None
+        if result.expired_snapshots or result.orphans_removed:
+            log.info("lake upkeep of %s: expired %d snapshots, deleted %d files and %d orphans",
+                     table.path, len(result.expired_snapshots), len(result.files_removed),
+                     len(result.orphans_removed))
+        return result
+
+    def last_upkeep(self, path: TablePath | str) -> tuple[UpkeepResult | None, str | None]:
+        """The last lake upkeep of ``path`` that ran (None: none yet) and the error of the latest
+        attempt (None when it succeeded)."""
+        path = path if isinstance(path, TablePath) else TablePath.parse(path)
+        with self._lock:
+            state = self._states.get(path) or _TableState()
+            return state.last_upkeep, state.upkeep_error
 
     def _cache_appended(self, table: Table, lake_table, rows) -> None:
         """Write-through of a committed round's data files into the read cache (best effort: the
@@ -276,7 +322,13 @@ class LakeTierer:
             tiered = None if state.tiered is None else dict(state.tiered)
             snapshot = (state.last_commit_ms, state.last_snapshot_id, state.last_error,
                         state.last_error_ms, state.failures)
-        return TableStatus(str(path), bucket_statuses(table, tiered), *snapshot, tierer=self.holder)
+            upkept, upkeep_error = state.last_upkeep, state.upkeep_error
+        return TableStatus(
+            str(path), bucket_statuses(table, tiered), *snapshot, tierer=self.holder,
+            last_upkeep_ms=upkept.ran_at_ms if upkept is not None else None,
+            upkeep_expired_snapshots=len(upkept.expired_snapshots) if upkept is not None else 0,
+            upkeep_removed_files=len(upkept.files_removed) + len(upkept.orphans_removed) if upkept else 0,
+            upkeep_error=upkeep_error)
 
     def statuses(self) -> list[TableStatus]:
         """The status of every datalake-enabled table."""

@@ -6,7 +6,9 @@ its data files hold exactly the rows of every bucket below its offset, so the la
 snapshot and the log part reads each bucket from its offset. A tiering commit that lands meanwhile
 changes nothing (the read keeps its snapshot); log retention only deletes records the lake holds,
 and a split whose log part was deleted under it (the retention floor moved past an older snapshot)
-is planned again on the newer snapshot.
+is planned again on the newer snapshot. A read whose snapshot the lake upkeep expired under it
+(and deleted its files) fails with :class:`~flightstore.errors.LakeFileMissing`, never answering
+short (the snapshot a read plans on is the current one, which expiry always keeps).
 
 Filters and column pruning apply to both parts: the lake part through pyiceberg (partition and
 statistics file pruning, then an exact row filter), the log part through the log's batch statistics.

@@ -697,6 +697,10 @@ class Executor:
             "last_error": [status.last_error] * n_rows,
             "consecutive_failures": [status.consecutive_failures] * n_rows,
             "tierer": [status.tierer] * n_rows,
+            "last_upkeep": [status.last_upkeep_ms] * n_rows,
+            "upkeep_expired_snapshots": [status.upkeep_expired_snapshots] * n_rows,
+            "upkeep_removed_files": [status.upkeep_removed_files] * n_rows,
+            "upkeep_error": [status.upkeep_error] * n_rows,
         }, schema=lake_status_schema())
 
     def _partitions_table(self, path: TablePath) -> pa.Table:

@@ -96,6 +96,8 @@ def test_the_option_table_lists_the_lake_options():
     table = options_markdown()
     for key in ("table.datalake.enabled", "table.datalake.freshness", "iceberg.<property>",
                 "datalake.format", "datalake.iceberg.warehouse", "datalake.iceberg.s3.endpoint",
-                "datalake.tiering.lease", "table.datalake.delete-compaction-ratio"):
+                "datalake.tiering.lease", "table.datalake.delete-compaction-ratio",
+                "table.datalake.snapshot.retention", "table.datalake.snapshot.num-retained",
+                "table.datalake.orphan-files.older-than", "datalake.maintenance.interval"):
         assert f"| `{key}` |" in table
     assert TABLE_OPTIONS["table.datalake.enabled"].default is False
