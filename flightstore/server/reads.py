@@ -279,8 +279,12 @@ class ReadRpcs:
                 raise InvalidInput(f"table {table.path} has no column {unknown[0]!r}")
         forwarded = bool(payload.get("local")) and hasattr(table, "check_owned")  # from a cluster peer
         if op in ("lookup", "prefix_lookup"):
-            keys = tickets.decode_table(payload["keys_ipc"]) if "keys_ipc" in payload \
-                else pa.table(payload["keys"])
+            if payload.get("keys_ipc") is not None:
+                keys = tickets.decode_table(payload["keys_ipc"])
+            elif isinstance(payload.get("keys"), dict):
+                keys = pa.table(payload["keys"])
+            else:
+                raise InvalidInput(f"a {op} needs 'keys' (column name -> list of values) or 'keys_ipc'")
             schema = table.projection(columns or table.schema.names)
             if plan_only:
                 return schema, iter(())

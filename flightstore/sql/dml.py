@@ -82,6 +82,8 @@ def plan_insert(statement: exp.Insert, catalog: CatalogView,
         _check_arity(query, source, len(written))
         mapped = None if written == list(table.schema.names) else tuple(written)
         return InsertSelect(table=table.path, query=query, columns=mapped)
+    if source is None:
+        raise SqlError("INSERT needs VALUES or a SELECT")
     raise SqlError(f"INSERT needs VALUES or a SELECT, not {source.sql()!r}")
 
 

@@ -315,9 +315,11 @@ def test_schema_qualified_column_of_a_table_not_in_from_is_an_error() -> None:
 
 
 @pytest.mark.parametrize("sql", ['UPDATE RENAME t SET score = "" . 0 WHERE id = 1',
-                                 'SELECT "" . 0 FROM orders'])
+                                 'SELECT "" . 0 FROM orders',
+                                 "INSERT INTO orders -- VALUES (1, 2, 1.5)"])
 def test_a_column_whose_name_is_a_literal_is_a_clean_error(sql: str) -> None:
-    # Found by the fuzz suite: `"" . 0` parses as a column whose name is a number literal, which
-    # the $n-parameter pass took for an identifier (AttributeError: an internal error).
+    # Found by the fuzz suite (each was an internal error): `"" . 0` parses as a column whose name
+    # is a number literal, which the $n-parameter pass took for an identifier; an INSERT whose
+    # VALUES are commented out has no source at all.
     with pytest.raises((errors.InvalidInput, errors.NotFound)):
         plan(sql, sample_catalog())
