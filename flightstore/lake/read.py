@@ -220,14 +220,20 @@ def _by_file_system(io: PyArrowFileIO, locations: Sequence[str]) -> dict[tuple[s
 
 def _dataset_batches(io: PyArrowFileIO, locations: list[str], descriptor: TableDescriptor,
                      columns: list[str], what: str) -> Iterator[pa.RecordBatch]:
-    """Arrow's scanner over the data files (grouped by file system: one warehouse is one)."""
+    """Arrow's scanner over the data files, in the lake's physical types."""
     physical = lake_schema(descriptor)
-    schema = pa.schema([physical.field(c) for c in columns])
+    yield from _parquet_batches(io, locations, pa.schema([physical.field(c) for c in columns]), what)
+
+
+def _parquet_batches(io: PyArrowFileIO, locations: Sequence[str], schema: pa.Schema,
+                     what: str) -> Iterator[pa.RecordBatch]:
+    """The ``schema`` columns of Parquet files, read by Arrow's scanner with read-ahead in parallel
+    threads (grouped by file system: one warehouse is one)."""
     for (scheme, netloc), located in _by_file_system(io, locations).items():
         with lake_failures(what):
             dataset = pads.dataset([path for _, path in located], schema=schema, format="parquet",
                                    filesystem=io.fs_by_scheme(scheme, netloc))
-            batches = dataset.to_batches(columns=columns, use_threads=True)
+            batches = dataset.to_batches(columns=schema.names, use_threads=True)
         yield from _batches_of(batches, what)
 
 
@@ -358,15 +364,9 @@ def read_data_files(locations: Sequence[str], io_properties: dict[str, str], sch
     split): ``schema`` is the files' Arrow schema (:func:`~flightstore.lake.layout.lake_schema`),
     ``io_properties`` pyiceberg file-IO properties (S3 endpoint and credentials...)."""
     io = PyArrowFileIO(dict(io_properties))
-    fields = pa.schema([schema.field(c) for c in columns])
     what = "reading lake data files"
     with missing_files(what):
-        for (scheme, netloc), located in _by_file_system(io, locations).items():
-            with lake_failures(what):
-                dataset = pads.dataset([path for _, path in located], schema=fields, format="parquet",
-                                       filesystem=io.fs_by_scheme(scheme, netloc))
-                batches = dataset.to_batches(columns=list(columns), use_threads=True)
-            yield from _batches_of(batches, what)
+        yield from _parquet_batches(io, locations, pa.schema([schema.field(c) for c in columns]), what)
 
 
 def _batches_of(batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:
