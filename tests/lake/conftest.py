@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from flightstore.lake import LakeCatalog, LakeSettings, LakeTierer
+from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
 from tests.waiting import wait_until
 
@@ -61,6 +63,23 @@ def create_events(store: Store, name: str = "default.events", **options) -> obje
     opts = {"bucket.num": 3, "bucket.key": "k", "table.datalake.enabled": "true"}
     opts.update({k.replace("_", "."): v for k, v in options.items()})
     return store.create_table(name, EVENTS, options=opts)
+
+
+class LakeServer:
+    """A real Flight SQL server in this process with the lake of ``settings`` (its tierer runs in
+    the background); ``server_options``: FlightSqlServer's keyword arguments."""
+
+    def __init__(self, data_dir, settings: LakeSettings, **server_options) -> None:
+        self.store = Store(data_dir)
+        self.server = FlightSqlServer(self.store, "grpc://127.0.0.1:0", lake=settings, **server_options)
+        self.thread = threading.Thread(target=self.server.serve, daemon=True)
+        self.thread.start()
+        self.uri = self.server.uri
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.thread.join(timeout=30)
+        self.store.close()
 
 
 def free_port() -> int:

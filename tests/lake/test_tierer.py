@@ -3,7 +3,6 @@ status, and the retention guard (untiered records are never deleted)."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -11,26 +10,8 @@ import pytest
 import flightstore
 from flightstore.errors import TieringLeaseHeld
 from flightstore.lake import LakeCatalog, LakeTierer, LeaseStore
-from flightstore.server.service import FlightSqlServer
-from flightstore.store import Store
-from tests.lake.conftest import create_events, events, lake_seqs
+from tests.lake.conftest import LakeServer, create_events, events, lake_seqs
 from tests.waiting import wait_until
-
-
-class LakeServer:
-    """A real Flight SQL server in this process whose tierer runs in the background."""
-
-    def __init__(self, data_dir, settings) -> None:
-        self.store = Store(data_dir)
-        self.server = FlightSqlServer(self.store, "grpc://127.0.0.1:0", lake=settings)
-        self.thread = threading.Thread(target=self.server.serve, daemon=True)
-        self.thread.start()
-        self.uri = self.server.uri
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.thread.join(timeout=30)
-        self.store.close()
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ import pytest
 
 import flightstore
 from flightstore.lake import LakeCatalog, LakeSettings
-from tests.lake.conftest import events, lake_seqs
-from tests.lake.test_tierer import LakeServer
+from tests.lake.conftest import LakeServer, events, lake_seqs
 from tests.waiting import wait_until
 
 

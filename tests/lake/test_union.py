@@ -4,7 +4,6 @@ segments); ``t$lake``, ``t$lake$snapshots``, ``t$lake$status`` and time travel."
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pyarrow as pa
@@ -15,10 +14,8 @@ import flightstore
 from flightstore.errors import LakeUnavailable, NotFound, SqlError, Unsupported
 from flightstore.lake import LakeCatalog, lake_snapshots
 from flightstore.lake.union import union_split
-from flightstore.server.service import FlightSqlServer
 from flightstore.sql.execute import Executor
-from flightstore.store import Store
-from tests.lake.conftest import create_events, events
+from tests.lake.conftest import LakeServer, create_events, events
 from tests.lake.test_read import _duckdb_rows, duckdb_python  # noqa: F401 - the fixture is used
 from tests.waiting import distinct_millisecond, wait_until
 
@@ -45,10 +42,8 @@ def sql(store, tierer):
 @pytest.mark.slow
 def test_continuous_writes_union_read_exactly_once_and_other_engines_agree(
         data_dir, settings, duckdb_python, tmp_path):  # noqa: F811 - a fixture
-    store = Store(data_dir)
-    server = FlightSqlServer(store, "grpc://127.0.0.1:0", lake=settings, retention_interval_s=0.2)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
+    running = LakeServer(data_dir, settings, retention_interval_s=0.2)
+    store, server = running.store, running.server
     try:
         with flightstore.connect(server.uri, timeout=60) as conn:
             conn.sql("CREATE TABLE events (k BIGINT, seq BIGINT, s STRING, ts TIMESTAMP(3)) WITH "
@@ -132,9 +127,7 @@ def test_continuous_writes_union_read_exactly_once_and_other_engines_agree(
             rows = _duckdb_rows(duckdb_python, tmp_path, lake_table.metadata_location)
             assert rows == [list(r.values()) for r in at_snapshot.to_pylist()]
     finally:
-        server.shutdown()
-        thread.join(timeout=30)
-        store.close()
+        running.stop()
 
 
 def _concat(batches) -> pa.Table:
@@ -343,10 +336,8 @@ def test_lake_view_errors(store, tierer, sql):
 
 def test_lake_views_over_flight(data_dir, settings):
     """Through a real server: the views answer, errors map to Flight statuses."""
-    store = Store(data_dir)
-    server = FlightSqlServer(store, "grpc://127.0.0.1:0", lake=settings)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
+    running = LakeServer(data_dir, settings)
+    store, server = running.store, running.server
     try:
         table = create_events(store, table_datalake_freshness="1h")
         table.append(events(0, 30))
@@ -363,9 +354,7 @@ def test_lake_views_over_flight(data_dir, settings):
             with pytest.raises(pa.ArrowInvalid, match="is not a timestamp"):  # INVALID_ARGUMENT
                 conn.sql("SELECT * FROM events$lake FOR SYSTEM_TIME AS OF TIMESTAMP 'soon'")
     finally:
-        server.shutdown()
-        thread.join(timeout=30)
-        store.close()
+        running.stop()
 
 
 def test_the_lake_part_is_pruned_by_partition_and_statistics(store, tierer):

@@ -6,7 +6,6 @@ rows the lake still holds before the next tiering round deletes them (they must 
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -19,9 +18,8 @@ import flightstore
 from flightstore.lake import read_lake
 from flightstore.lake.union import plan_split, union_split
 from flightstore.partitioning import split_bucket_id
-from flightstore.server.service import FlightSqlServer
 from flightstore.sql.execute import Executor
-from flightstore.store import Store
+from tests.lake.conftest import LakeServer
 
 SCHEMA = pa.schema([("dt", pa.string()), ("user", pa.int64()), ("seq", pa.int64())])
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
@@ -146,10 +144,8 @@ def test_over_flight_sql_count_and_the_planned_lake_and_log_splits(data_dir, set
     """Through a real server: SQL, the client's count, and the plan readers elsewhere (Spark) get:
     lake data files read straight from the warehouse plus one log-tail split per table-wide bucket
     together hold every row once, the dropped partition's rows left out."""
-    store = Store(data_dir)
-    server = FlightSqlServer(store, "grpc://127.0.0.1:0", lake=settings)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
+    running = LakeServer(data_dir, settings)
+    store, server = running.store, running.server
     try:
         table = store.create_table("default.clicks", SCHEMA, partition_keys=["dt"], options={
             "bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true",
@@ -179,6 +175,4 @@ def test_over_flight_sql_count_and_the_planned_lake_and_log_splits(data_dir, set
                                                      "columns": ["seq"], "log_from": planned["offsets"]}))
             assert _seqs(pa.Table.from_batches(lake + whole)) == kept
     finally:
-        server.shutdown()
-        thread.join(timeout=30)
-        store.close()
+        running.stop()

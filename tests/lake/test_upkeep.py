@@ -18,7 +18,7 @@ from flightstore.lake.read import read_data_files
 from flightstore.lake.union import read_union, union_split
 from flightstore.lake.upkeep import expirable, referenced_files, remove_orphans, upkeep
 from flightstore.sql.execute import Executor
-from tests.lake.conftest import create_events, events
+from tests.lake.conftest import LakeServer, create_events, events
 from tests.lake.test_pk_tiering import COLUMNS, Model, create_pk, rows_of
 from tests.waiting import distinct_millisecond
 
@@ -334,18 +334,12 @@ def test_metadata_files_past_the_metadata_log_are_removed_as_orphans(store, tier
 
 
 def test_the_servers_tierer_expires_snapshots_and_flight_answers_not_found(data_dir):
-    import threading
-
     import flightstore
-    from flightstore.server.service import FlightSqlServer
-    from flightstore.store import Store
     from tests.waiting import wait_until
 
     settings = LakeSettings.from_options(data_dir, {"datalake.maintenance.interval": "0"})
-    store = Store(data_dir)
-    server = FlightSqlServer(store, "grpc://127.0.0.1:0", lake=settings)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
+    running = LakeServer(data_dir, settings)
+    server = running.server
     try:
         with flightstore.connect(server.uri, timeout=60) as conn:
             conn.sql("CREATE TABLE events (k BIGINT, seq BIGINT, s STRING, ts TIMESTAMP(3)) WITH "
@@ -372,9 +366,7 @@ def test_the_servers_tierer_expires_snapshots_and_flight_answers_not_found(data_
             status = conn.lake_status("default.events")[0]
             assert status["upkeep_error"] is None and status["last_upkeep_ms"] is not None
     finally:
-        server.shutdown()
-        thread.join(timeout=30)
-        store.close()
+        running.stop()
 
 
 def test_the_retention_can_change_live(store, keeper):

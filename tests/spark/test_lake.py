@@ -4,7 +4,6 @@ read; a stream from ``earliest`` reads the lake first, then the log from the ali
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pyarrow as pa
@@ -13,31 +12,14 @@ from flightstore_spark.source import FlightstoreReader
 
 from flightstore.client import connect
 from flightstore.lake import LakeSettings
-from flightstore.server.service import FlightSqlServer
-from flightstore.store import Store
-from tests.lake.conftest import create_events, events
+from tests.lake.conftest import LakeServer, create_events, events
 
 pytestmark = pytest.mark.slow
 
 
-class _LakeServer:
-    def __init__(self, data_dir) -> None:
-        self.settings = LakeSettings.from_options(data_dir, {})
-        self.store = Store(data_dir)
-        self.server = FlightSqlServer(self.store, "grpc://127.0.0.1:0", lake=self.settings)
-        self.thread = threading.Thread(target=self.server.serve, daemon=True)
-        self.thread.start()
-        self.uri = self.server.uri
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.thread.join(timeout=30)
-        self.store.close()
-
-
 @pytest.fixture
 def lake_server(tmp_path):
-    running = _LakeServer(tmp_path / "data")
+    running = LakeServer(tmp_path / "data", LakeSettings.from_options(tmp_path / "data", {}))
     yield running
     running.stop()
 
