@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-import time
 
 import pyarrow as pa
 import pytest
@@ -16,6 +15,7 @@ from flightstore.intents import IntentLog
 from flightstore.log import LogTablet, durability
 from flightstore.server.service import serve
 from flightstore.store import Store
+from tests.waiting import wait_until
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 WRITERS = 16
@@ -41,13 +41,6 @@ class HeldFsync:
         os.fsync(fd)
 
 
-def _wait_until(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
 def _run_writers(write, count: int) -> tuple[list[threading.Thread], list[int]]:
     returned: list[int] = []
     threads = [threading.Thread(target=lambda k=k: (write(k), returned.append(k)))
@@ -66,7 +59,7 @@ def test_concurrent_appends_share_one_fsync_and_none_returns_before_it(tmp_path,
             for thread in threads[1:]:
                 thread.start()
             # every record is written while that fsync runs...
-            _wait_until(lambda: tablet.end_offset == WRITERS * 10, "every record written")
+            wait_until(lambda: tablet.end_offset == WRITERS * 10, "every record written", timeout=60, poll=0.005)
             # ...but none is acknowledged: the first one's fsync is not done, the others' not begun
             assert returned == []
         finally:
@@ -93,7 +86,7 @@ def test_store_writers_share_fsyncs_outside_the_table_lock(tmp_path, monkeypatch
             assert fsync.entered.wait(30)
             for thread in threads[1:]:
                 thread.start()
-            _wait_until(lambda: table.row_count() == WRITERS * 10, "every write applied")
+            wait_until(lambda: table.row_count() == WRITERS * 10, "every write applied", timeout=60, poll=0.005)
             assert returned == []
         finally:
             fsync.release.set()
