@@ -303,7 +303,7 @@ class ReadRpcs:
             item = nodes.ResidualInput(payload["name"], table.path, "table", tuple(columns or table.schema.names),
                                  filter.bind(table.schema) if filter is not None else None,
                                  partial=payload["partial"])
-            schema = self.executor._partial_schema(item)
+            schema = self.executor.partial_schema(item)
             if plan_only:
                 return schema, iter(())
             rows = self.executor.partial_rows(table.check_owned(payload["buckets"]), item, payload["buckets"])
