@@ -21,21 +21,34 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from flightstore.acl import Operation, Permission
+from flightstore.acl import CLUSTER, Operation, Permission
 from flightstore.cache import LruCache
+from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
-from flightstore.errors import DataDirectoryInUse, FlightstoreError, Unsupported
+from flightstore.errors import (
+    DatabaseNotFound,
+    DataDirectoryInUse,
+    FlightstoreError,
+    InvalidOption,
+    TableNotFound,
+    Unauthenticated,
+    Unsupported,
+)
+from flightstore.schema import TablePath
 from flightstore.server import status
 from flightstore.server.actions import ActionRpcs, PreparedStatement
-from flightstore.server.auth import AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler
+from flightstore.server.auth import AUTH_MIDDLEWARE, CALLER_TOKEN, BasicAuthMiddlewareFactory, NoAuthHandler
 from flightstore.server.authz import Authorizer
 from flightstore.server.expiring import ExpiringSet
 from flightstore.server.housekeeping import Housekeeping
+from flightstore.server.logins import LoginGate
 from flightstore.server.messages import MAX_BATCH_BYTES, rechunk
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
+from flightstore.server.metrics_http import ssl_context
 from flightstore.server.partition_manager import AutoPartitionManager
 from flightstore.server.queries import RunningQueries
 from flightstore.server.reads import ReadRpcs
+from flightstore.server.recheck import StreamRecheck
 from flightstore.server.rpc import _CALLER, _peer, _rpc
 from flightstore.server.rpc import _translate as _translate  # re-exported: tests import it from here
 from flightstore.server.session import Session
@@ -44,8 +57,10 @@ from flightstore.server.upload import UploadLimits
 from flightstore.server.users import UserStore
 from flightstore.server.writes import WriteRpcs
 from flightstore.sql import nodes
-from flightstore.sql.execute import Executor
-from flightstore.sql.privileges import required_permissions, table_resource
+from flightstore.sql.execute import Executor, StoreCatalog
+from flightstore.sql.plan import plan as plan_sql
+from flightstore.sql.privileges import plan_resources, required_permissions, table_resource
+from flightstore.sql.resolve import CatalogView
 from flightstore.store import Store
 
 __all__ = ["MAX_BATCH_BYTES", "FlightSqlServer", "rechunk", "serve"]
@@ -78,9 +93,11 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
             users = UserStore.from_passwords(users)
         self.authenticator = None
         if users is not None:
-            self.authenticator = BasicAuthMiddlewareFactory(users, token_ttl_ms=token_ttl_ms,
-                                                            max_tokens=max_tokens,
-                                                            on_refused=self.metrics.refused)
+            options = store.options
+            self.authenticator = BasicAuthMiddlewareFactory(
+                users, on_refused=self.metrics.refused, gate=LoginGate.from_options(options),
+                token_ttl_ms=token_ttl_ms if token_ttl_ms is not None else server_option(options, "auth.token-ttl"),
+                max_tokens=max_tokens if max_tokens is not None else server_option(options, "auth.max-tokens"))
             middleware[AUTH_MIDDLEWARE] = self.authenticator
         self.tls = tls
         if tls is not None:
@@ -99,6 +116,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
         self._prepared: dict[bytes, PreparedStatement] = {}
         self._prepare_cache: LruCache[tuple, tuple] = LruCache(server_option(store.options, "sql.cache.entries"))
         self._results: dict[str, tuple[float, pa.Table, str | None]] = {}  # (kept at, rows, owner)
+        self._ticket_key = os.urandom(32)  # binds inline result tickets to their user (tickets.py)
         self._cancelled = ExpiringSet()  # cancelled query tickets: bounded (size cap, time to live)
         self.queries = RunningQueries()  # DoGet streams of queries: CancelFlightInfo / shutdown stop them
         self._lock = threading.Lock()
@@ -167,6 +185,30 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
         self.metrics.close()
         self.executor.close()
 
+    # ---- the metrics endpoint ------------------------------------------------------------------
+    def serve_metrics(self, host: str, port: int) -> int:
+        """Serve the Prometheus metrics on ``host:port`` (0: a free port) as the ``metrics.auth``
+        and ``metrics.tls`` options say; returns the port. InvalidOption when they ask for what
+        this server lacks (Basic credentials without users, HTTPS without TLS)."""
+        options = self.store.options
+        auth = server_option(options, "metrics.auth")
+        if auth == "basic" and self.authenticator is None:
+            raise InvalidOption("option 'metrics.auth': basic needs users (--users-file)")
+        if server_option(options, "metrics.tls") and self.tls is None:
+            raise InvalidOption("option 'metrics.tls': the server has no TLS certificate (--tls-cert/--tls-key)")
+        admit = self._admit_scraper if auth == "basic" or (auth == "auto" and self.authenticator) else None
+        tls = None
+        if server_option(options, "metrics.tls"):
+            tls = ssl_context(self.tls.cert, self.tls.key, self.tls.client_ca)
+        return self.metrics.serve(host, port, admit=admit, tls=tls)
+
+    def _admit_scraper(self, user: str, password: str) -> None:
+        """A scrape of the metrics (which name every table) needs a user allowed DESCRIBE on the
+        cluster; Unauthenticated / Unauthorized / Unavailable otherwise."""
+        if self.authenticator.check_password(user, password) is None:
+            raise Unauthenticated("wrong username or password")
+        self.authz.check(user, [Permission(Operation.DESCRIBE, CLUSTER)])
+
     # ---- authorization: the one check, fed by the plan's resources ----------------------------
     def _authorize(self, permissions: Any) -> None:
         """Raise Unauthorized unless the caller holds every permission (a plan's, or a list)."""
@@ -176,6 +218,58 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
 
     def _authorize_table(self, operation: Operation, table: Any) -> None:
         self._authorize([Permission(operation, table_resource(table.path))])
+
+    # ---- what exists for the caller: objects it may not describe answer as absent -------------
+    def _catalog(self, database: str) -> CatalogView:
+        """The planner's catalog as the caller sees it, ``database`` the default one."""
+        return self.authz.catalog_view(_CALLER.get(), StoreCatalog(self.store, database))
+
+    def _plan(self, sql: str, params: list | None, database: str) -> nodes.PlanNode:
+        """The plan of ``sql`` for the caller. A plan (or a planning error) that names an object
+        the caller may not see is made again in the caller's catalog view, so the caller gets
+        exactly what an absent object gets, and no message describes a hidden table. Plans stay
+        cached for everyone (:meth:`Executor.plan`); only such misses plan twice."""
+        principal = _CALLER.get()
+        if self.authz.is_super(principal):
+            return self.executor.plan(sql, params, database)
+        try:
+            planned = self.executor.plan(sql, params, database)
+        except Exception:  # noqa: BLE001 - its message may describe what the caller may not see
+            planned = None
+        if planned is None or not self.authz.sees(principal, plan_resources(planned)):
+            planned = plan_sql(sql, self._catalog(database), params)
+        return planned
+
+    def _visible_table(self, name: str) -> Any:
+        """The table ``name`` names (default database ``default``), opened, when the caller sees
+        it; otherwise exactly the error of an absent one (DatabaseNotFound / TableNotFound)."""
+        path = TablePath.parse(name, DEFAULT_DATABASE) if isinstance(name, str) else name
+        principal = _CALLER.get()
+        if not self.authz.is_super(principal):
+            if not self.authz.sees_database(principal, path.database):
+                raise DatabaseNotFound(f"database {path.database!r} does not exist")
+            if not self.authz.sees_table(principal, path):
+                raise TableNotFound(f"table {path} does not exist")
+        return self.store.table(path)
+
+    def _stream_recheck(self, permissions: Any) -> StreamRecheck | None:
+        """The checks a long stream repeats as it runs (None without authentication): the
+        caller's token is still valid and the caller still holds ``permissions`` (a plan's, or
+        a list)."""
+        principal, token = _CALLER.get(), CALLER_TOKEN.get()
+        if self.authenticator is None or principal is None or token is None:
+            return None
+        if isinstance(permissions, nodes.PlanNode):
+            permissions = required_permissions(permissions)
+        authenticator, authz = self.authenticator, self.authz
+
+        def token_valid() -> None:
+            try:
+                authenticator.validate(token)
+            except flight.FlightUnauthenticatedError as exc:
+                raise Unauthenticated(str(exc)) from None
+
+        return StreamRecheck([token_valid, lambda: authz.check(principal, permissions)])
 
 
     @_rpc
@@ -237,6 +331,8 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     from flightstore.lake.settings import LakeSettings
     try:
         options = validate_server_options(options or {})
+        if metrics_port is None:
+            metrics_port = options.get("metrics.port")
         # Cluster mode tiers nothing yet: each server would have to tier only the buckets it leads.
         lake = None if cluster is not None else LakeSettings.from_options(data_dir, options)
     except FlightstoreError as exc:
@@ -271,12 +367,17 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     print(f"flightstore serving {data_dir} at {scheme}://{host}:{server.port}", flush=True)
     if metrics_port is not None:
         try:
-            bound = server.metrics.serve(host, metrics_port)
+            bound = server.serve_metrics(host, metrics_port)
+        except FlightstoreError as exc:
+            server.shutdown()
+            store.close()
+            raise SystemExit(f"flightstore: {exc}") from None
         except OSError as exc:
             server.shutdown()
             store.close()
             raise SystemExit(f"flightstore: cannot serve metrics on {host}:{metrics_port} ({exc})") from None
-        print(f"flightstore metrics at http://{host}:{bound}/metrics", flush=True)
+        scheme = "https" if server_option(options, "metrics.tls") else "http"
+        print(f"flightstore metrics at {scheme}://{host}:{bound}/metrics", flush=True)
 
     grace_s = server_option(options, "server.shutdown-grace") / 1000
     finished = threading.Event()

@@ -1,6 +1,7 @@
-"""Authorization in Fluss's model over every kind of RPC: a user without grants is refused (naming
-user, operation and resource) and nothing changes or leaks; grants allow; grants survive restarts;
-REVOKE takes them back; metadata lists only what the user may describe."""
+"""Authorization in Fluss's model over every kind of RPC: a user who may only describe is refused
+(naming user, operation and resource) and nothing changes or leaks; grants allow; grants survive
+restarts; REVOKE takes them back; metadata lists only what the user may describe. (What a user
+without any grant sees, object by object and RPC by RPC: tests/server/test_privilege_matrix.py.)"""
 
 from __future__ import annotations
 
@@ -178,8 +179,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, call, operation, resource", CASES, ids=[c[0] for c in CASES])
-def test_user_without_grants_is_refused_and_nothing_changes(env, name, call, operation, resource):
+# What DESCRIBE allows (USE needs only to see the database) is not refused.
+DENIED = [case for case in CASES if case[0] not in ("adbc use", "adbc describe", "action offsets")]
+
+
+@pytest.mark.parametrize("name, call, operation, resource", DENIED, ids=[c[0] for c in DENIED])
+def test_user_who_may_only_describe_is_refused_and_nothing_changes(env, name, call, operation, resource):
+    env.admin_sql("GRANT DESCRIBE ON DATABASE shop TO bob")  # without it, shop does not exist for bob
     before = _state(env)
     _expect_denied(lambda: call(env, "bob"), "bob", operation, resource)
     assert _state(env) == before
@@ -192,8 +198,12 @@ def _visible(env: AclServer, user: str) -> dict:
         objects = cur.connection.adbc_get_objects(depth="tables").read_all().to_pylist()
         cur.execute("SHOW DATABASES")
         databases = [row[0] for row in cur.fetchall()]
-        cur.execute("SHOW TABLES IN shop")
-        tables = [row[0] for row in cur.fetchall()]
+        try:
+            cur.execute("SHOW TABLES IN shop")
+            tables = [row[0] for row in cur.fetchall()]
+        except adbc_driver_manager.ProgrammingError as exc:  # a database it does not see is absent
+            assert "NOT_FOUND" in str(exc) and "database 'shop' does not exist" in str(exc)
+            tables = None
         cur.execute("SHOW GRANTS")
         grants = cur.fetchall()
     listed = {schema["db_schema_name"]: sorted(t["table_name"] for t in schema["db_schema_tables"] or [])
@@ -208,7 +218,7 @@ def _visible(env: AclServer, user: str) -> dict:
 
 def test_metadata_lists_only_what_the_user_may_describe(env):
     seen = _visible(env, "bob")
-    assert seen == {"objects": {}, "databases": [], "tables": [], "grants": [], "pk_keys": []}
+    assert seen == {"objects": {}, "databases": [], "tables": None, "grants": [], "pk_keys": []}
     env.admin_sql("GRANT READ ON TABLE shop.pk TO bob")
     env.admin_sql("GRANT WRITE ON TABLE shop.secret TO alice")
     seen = _visible(env, "bob")
@@ -225,6 +235,10 @@ def test_a_ticket_is_checked_for_whoever_presents_it(env):
         command = protocol.pack_any(protocol.CommandStatementQuery(query="SELECT * FROM shop.secret"))
         info = admin._client.get_flight_info(flight.FlightDescriptor.for_command(command), admin._options)
     with env.connect("bob") as bob:
+        # bob holds no grant: shop.secret does not exist for him
+        with pytest.raises(pa.ArrowKeyError, match="table 'shop.secret' does not exist"):
+            bob._client.do_get(info.endpoints[0].ticket, bob._options).read_all()
+        env.admin_sql("GRANT DESCRIBE ON TABLE shop.secret TO bob")
         _expect_denied(lambda: bob._client.do_get(info.endpoints[0].ticket, bob._options).read_all(),
                        "bob", "READ", "table shop.secret")
         with env.connect("admin") as admin:
@@ -265,6 +279,9 @@ def test_all_on_a_database_delegates_grants_within_it(env):
     with env.connect("alice") as alice:
         alice.sql("GRANT READ ON TABLE shop.secret TO bob")
         _expect_denied(lambda: alice.sql("GRANT READ ON CLUSTER TO bob"), "alice", "ALL", "cluster")
+        with pytest.raises(pa.ArrowKeyError, match="database 'default' does not exist"):
+            alice.sql("GRANT READ ON DATABASE default TO bob")  # not one alice sees
+        env.admin_sql("GRANT DESCRIBE ON DATABASE default TO alice")
         _expect_denied(lambda: alice.sql("GRANT READ ON DATABASE default TO bob"), "alice", "ALL",
                        "database default")
     with env.connect("bob") as bob:
