@@ -2,9 +2,12 @@
 
 A password check is an Argon2id computation: with the users file's default profile about 64 MiB
 of memory and tens of milliseconds of both cores. Without a bound, 48 concurrent wrong-password
-calls took a server from 213 MB to 3.1 GB. :class:`LoginGate` runs at most
-``auth.max-concurrent-checks`` checks at once; up to ``auth.max-waiting-checks`` more wait for a
-slot (at most ``auth.check-wait``), and any further one is refused at once with UNAVAILABLE.
+calls took a server from 213 MB to 3.1 GB. :class:`LoginGate` runs checks on its own
+``auth.max-concurrent-checks`` threads, at a lower CPU priority (nice +10, which Argon2's own
+threads inherit): a flood of logins neither holds more than that many checks' memory nor takes
+the CPU from the calls of users who are logged in. Up to ``auth.max-waiting-checks`` more wait
+for a thread (at most ``auth.check-wait``), and any further one is refused at once with
+UNAVAILABLE.
 
 Repeated failures slow down: after ``auth.failed-logins.burst`` consecutive failed checks for one
 user name, each further attempt for that name is refused at once (UNAVAILABLE, no check run, no
@@ -20,6 +23,9 @@ The concurrency bound holds whatever the keys.
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -34,6 +40,17 @@ __all__ = ["FIRST_DELAY_S", "LoginGate"]
 T = TypeVar("T")
 FIRST_DELAY_S = 0.5
 MAX_TRACKED_NAMES = 10_000
+NICENESS = 10  # added to the checking threads' nice value
+log = logging.getLogger("flightstore.server.logins")
+
+
+def _lower_priority() -> None:
+    """Run this thread (and the threads it starts: Argon2's lanes) at a lower CPU priority."""
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + NICENESS))
+    except (AttributeError, OSError):  # not Linux, or not allowed: checks run at normal priority
+        log.debug("cannot lower the priority of password checks", exc_info=True)
 
 
 class LoginGate:
@@ -52,7 +69,8 @@ class LoginGate:
         self.max_delay_s = max_delay_s if max_delay_s is not None else \
             default("auth.failed-logins.max-delay") / 1000
         self.clock = clock
-        self._slots = threading.BoundedSemaphore(self.max_concurrent)
+        self._checkers = concurrent.futures.ThreadPoolExecutor(
+            self.max_concurrent, thread_name_prefix="flightstore-login", initializer=_lower_priority)
         self._lock = threading.Lock()
         self._admitted = 0  # checks running or waiting for a slot
         self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()  # name -> (count, blocked until)
@@ -83,19 +101,26 @@ class LoginGate:
                 raise Unavailable("too many logins in progress; retry shortly")
             self._admitted += 1
         try:
-            if not self._slots.acquire(timeout=self.wait_s):
-                with self._lock:
-                    self.refused += 1
-                raise Unavailable("too many logins in progress; retry shortly")
+            future = self._checkers.submit(verify)
             try:
-                result = verify()
-            finally:
-                self._slots.release()
+                result = future.result(timeout=self.wait_s)
+            except concurrent.futures.TimeoutError:
+                if future.cancel():  # still waiting for a thread: give up on it
+                    with self._lock:
+                        self.refused += 1
+                    raise Unavailable("too many logins in progress; retry shortly") from None
+                result = future.result()  # running already: it ends soon
+        except (RuntimeError, concurrent.futures.CancelledError):  # closed: the server is stopping
+            raise Unavailable("the server is stopping") from None
         finally:
             with self._lock:
                 self._admitted -= 1
         self._record(name, bool(result))
         return result
+
+    def close(self) -> None:
+        """Stop the checking threads (checks still waiting are dropped)."""
+        self._checkers.shutdown(wait=True, cancel_futures=True)
 
     def _record(self, name: str, succeeded: bool) -> None:
         with self._lock:

@@ -183,6 +183,8 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
         if self.tierer is not None:
             self.tierer.stop()
         self.metrics.close()
+        if self.authenticator is not None:
+            self.authenticator.gate.close()
         self.executor.close()
 
     # ---- the metrics endpoint ------------------------------------------------------------------
