@@ -150,7 +150,7 @@ class ReadRpcs:
         else:
             try:
                 command = protocol.unpack_any(data)
-            except Unsupported:
+            except (Unsupported, InvalidInput):  # garbage: one answer for every unknown ticket
                 raise InvalidInput(tickets.UNKNOWN_TICKET) from None
             if command.DESCRIPTOR.name == "TicketStatementQuery":
                 payload = tickets.decode_query_handle(command.statement_handle)

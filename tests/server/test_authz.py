@@ -16,7 +16,7 @@ from adbc_driver_flightsql import dbapi
 from pyarrow import flight
 
 import flightstore
-from flightstore.server import protocol
+from flightstore.server import protocol, tickets
 from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
 
@@ -297,3 +297,39 @@ def test_without_authentication_everyone_may_do_everything(server):
         conn.sql("INSERT INTO open.t VALUES (1)")
         assert conn.sql("SHOW TABLES IN open").column(0).to_pylist() == ["t"]
         assert conn.sql("SELECT id FROM open.t").column("id").to_pylist() == [1]
+
+
+def _do_get(conn: flightstore.Connection, ticket: bytes) -> tuple[str, str]:
+    """What DoGet of ``ticket`` answers ``conn``: its rows, or the error's type and message."""
+    try:
+        return "ok", repr(conn._client.do_get(flight.Ticket(ticket), conn._options).read_all().to_pylist())
+    except (flight.FlightError, pa.ArrowException) as exc:
+        return type(exc).__name__, str(exc).split("gRPC client debug context")[0]
+
+
+def test_a_result_ticket_is_served_only_to_the_user_it_was_issued_to(env):
+    """A small result travels in its ticket; a larger (or a statement's) one is kept on the server.
+    Either way, another user replaying the ticket (even one allowed to read the table, even a super
+    user) gets what a ticket the server never issued gets."""
+    env.admin_sql("GRANT READ, WRITE ON TABLE shop.pk TO alice")
+    env.admin_sql("GRANT READ, WRITE ON TABLE shop.pk TO bob")
+    with env.connect("alice") as alice, env.connect("bob") as bob, env.connect("admin") as admin:
+        def info(sql: str) -> bytes:
+            command = protocol.pack_any(protocol.CommandStatementQuery(query=sql))
+            got = alice._client.get_flight_info(flight.FlightDescriptor.for_command(command), alice._options)
+            return got.endpoints[0].ticket.ticket
+
+        inline = info("SELECT v FROM shop.pk WHERE id = 1")  # answered at GetFlightInfo, in the ticket
+        kept = info("INSERT INTO shop.pk VALUES (3, 'c')")     # a statement's row count, kept
+        assert tickets.is_result(inline) and tickets.is_custom(kept)
+        assert _do_get(alice, inline) == ("ok", "[{'v': 'a'}]")
+        assert _do_get(alice, kept) == ("ok", "[{'rows_affected': 1}]")
+        forged = inline[:len(tickets.RESULT_PREFIX)] + bytes(len(inline) - len(tickets.RESULT_PREFIX))
+        never_issued = tickets.encode_custom({"op": "result", "id": "0" * 32})
+        for other in (bob, admin):
+            assert _do_get(other, inline) == _do_get(other, forged) == _do_get(other, b"not a ticket")
+            assert _do_get(other, inline)[1].startswith(tickets.UNKNOWN_TICKET)
+            assert _do_get(other, kept) == _do_get(other, never_issued)
+            assert "expired or was already read" in _do_get(other, kept)[1]
+        # A copy whose bytes were altered is unknown to its owner too.
+        assert _do_get(alice, inline[:-1] + bytes([inline[-1] ^ 1]))[1].startswith(tickets.UNKNOWN_TICKET)
