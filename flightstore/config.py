@@ -356,7 +356,8 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "Most bearer tokens held at once; minting one more forgets the oldest.", minimum=1),
     ConfigOption("auth.max-concurrent-checks", "int", 2,
                  "Most password checks run at once (each is an Argon2id computation: about 64 MiB "
-                 "and tens of milliseconds of CPU with the users file's profile).", minimum=1),
+                 "and tens of milliseconds of CPU with the users file's profile), on threads of "
+                 "their own at a lower CPU priority.", minimum=1),
     ConfigOption("auth.max-waiting-checks", "int", 16,
                  "Password checks that may wait for a free slot; more are refused at once "
                  "(UNAVAILABLE).", minimum=0),
