@@ -13,7 +13,7 @@ token stops working as soon as its user is removed from the users file or gets a
 (it carries the fingerprint of the password hash it was minted under,
 :meth:`~flightstore.server.users.UserStore.fingerprint`). Password checks go through a
 :class:`~flightstore.server.logins.LoginGate`: bounded in number, slowed down after failures.
-:meth:`BasicAuthMiddlewareFactory.validate` checks a token again (long streams do, as they run).
+:meth:`BasicAuthMiddlewareFactory.stream_check` checks a token again while a long stream runs.
 
 The authenticated user name is the call's principal for authorization
 (:func:`principal_of`); without authentication there is none and every caller is a super user.
@@ -179,15 +179,48 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
             if entry is None:
                 raise flight.FlightUnauthenticatedError("invalid or expired token; authenticate again")
             user, fingerprint = entry[0], entry[2]
-        current = self.users.fingerprint(user)
-        if current != fingerprint:
+        try:
+            self._check_user(user, fingerprint)
+        except flight.FlightUnauthenticatedError:
             with self._lock:
                 self._tokens.pop(token, None)
-            if current is None:
-                raise flight.FlightUnauthenticatedError(f"user {user!r} no longer exists")
-            raise flight.FlightUnauthenticatedError(f"the password of user {user!r} changed since this "
-                                                    "token was issued; authenticate again")
+            raise
         return user
+
+    def stream_check(self, token: str) -> Callable[[], None]:
+        """A check a long stream opened with ``token`` repeats: it raises
+        FlightUnauthenticatedError once the token expired or its user was removed or has a new
+        password. Checked against what the token said when the stream began, so a stream does
+        not end because minting past ``auth.max-tokens`` forgot its (still valid) token."""
+        user = self.validate(token)
+        if token.startswith(SIGNED_PREFIX):
+            expires_ms = int(token.rpartition(".")[0].split(".")[2])
+            fingerprint = self._verify_signed(token)[1]
+
+            def expired() -> bool:
+                return expires_ms <= time.time() * 1000
+        else:
+            with self._lock:
+                _, expires_at, fingerprint = self._tokens.get(token) or (user, 0.0, "")
+
+            def expired() -> bool:
+                return expires_at <= self.clock()
+
+        def check() -> None:
+            if expired():
+                raise flight.FlightUnauthenticatedError("the token expired; authenticate again")
+            self._check_user(user, fingerprint)
+        return check
+
+    def _check_user(self, user: str, fingerprint: str) -> None:
+        """FlightUnauthenticatedError unless ``user`` exists with the password hash ``fingerprint``."""
+        current = self.users.fingerprint(user)
+        if current == fingerprint:
+            return
+        if current is None:
+            raise flight.FlightUnauthenticatedError(f"user {user!r} no longer exists")
+        raise flight.FlightUnauthenticatedError(f"the password of user {user!r} changed since this "
+                                                "token was issued; authenticate again")
 
     def _signature(self, body: str) -> str:
         digest = hmac.new(self.secret or b"", body.encode(), hashlib.sha256).digest()

@@ -263,11 +263,11 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
             return None
         if isinstance(permissions, nodes.PlanNode):
             permissions = required_permissions(permissions)
-        authenticator, authz = self.authenticator, self.authz
+        token_check, authz = self.authenticator.stream_check(token), self.authz
 
         def token_valid() -> None:
             try:
-                authenticator.validate(token)
+                token_check()
             except flight.FlightUnauthenticatedError as exc:
                 raise Unauthenticated(str(exc)) from None
 

@@ -175,3 +175,23 @@ def test_tokens_minted_before_a_password_change_are_refused(secured):
     with pytest.raises(flight.FlightUnauthenticatedError, match="password of user 'alice' changed"):
         list(client.list_actions(with_token))
     client.close()
+
+
+def test_a_subscription_outlives_its_tokens_eviction_by_later_logins(tmp_path):
+    """``auth.max-tokens`` forgets the oldest token as new ones are minted: a stream opened with
+    a still valid token goes on (it is checked against what the token said, not kept)."""
+    secured = Secured(tmp_path)
+    secured.server.authenticator.max_tokens = 2
+    try:
+        with secured.connect("alice") as alice:
+            following = Following(alice)
+            for _ in range(3):
+                with secured.connect("admin"):
+                    pass
+            with secured.connect("admin") as admin:
+                admin.table("shop.t").upsert({"id": [2], "v": ["b"]})
+            wait_until(lambda: any(row["id"] == 2 for row in following.rows_after), "the new row delivered")
+            assert following.ended_at is None
+            following.subscription.close()
+    finally:
+        secured.stop()
