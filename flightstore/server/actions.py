@@ -44,7 +44,9 @@ class ActionRpcs:
             result = self._prepare(request.query, self.session(context).database)
         elif kind == protocol.CLOSE_PREPARED_STATEMENT:
             with self._lock:
-                self._prepared.pop(request.prepared_statement_handle, None)
+                prepared = self._prepared.get(request.prepared_statement_handle)
+                if prepared is not None and prepared.owner == _CALLER.get():  # another user's: unknown
+                    del self._prepared[request.prepared_statement_handle]
             return iter([])
         elif kind == protocol.CANCEL_FLIGHT_INFO:
             try:
@@ -117,7 +119,8 @@ class ActionRpcs:
             self._authorize(permissions)
         handle = uuid.uuid4().hex.encode()
         with self._lock:
-            self._prepared[handle] = PreparedStatement(sql, database, dataset_schema, params_schema)
+            self._prepared[handle] = PreparedStatement(sql, database, dataset_schema, params_schema,
+                                                       owner=_CALLER.get())
         return protocol.ActionCreatePreparedStatementResult(
             prepared_statement_handle=handle,
             dataset_schema=dataset_schema.serialize().to_pybytes() if dataset_schema is not None else b"",
@@ -126,7 +129,7 @@ class ActionRpcs:
     def _prepared_statement(self, handle: bytes) -> PreparedStatement:
         with self._lock:
             prepared = self._prepared.get(handle)
-        if prepared is None:
+        if prepared is None or prepared.owner != _CALLER.get():  # bound to its user, as tickets are
             raise InvalidInput("unknown or closed prepared statement handle")
         return prepared
 
@@ -239,6 +242,7 @@ class PreparedStatement:
     dataset_schema: pa.Schema | None
     parameter_schema: pa.Schema
     params: list[list[Any]] = field(default_factory=list)
+    owner: str | None = None  # the user who prepared it: no one else may bind, run or close it
 
 
 def _is_query_ticket(data: bytes) -> bool:

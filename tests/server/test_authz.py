@@ -333,3 +333,33 @@ def test_a_result_ticket_is_served_only_to_the_user_it_was_issued_to(env):
             assert "expired or was already read" in _do_get(other, kept)[1]
         # A copy whose bytes were altered is unknown to its owner too.
         assert _do_get(alice, inline[:-1] + bytes([inline[-1] ^ 1]))[1].startswith(tickets.UNKNOWN_TICKET)
+
+
+def test_a_prepared_statement_is_usable_only_by_the_user_who_prepared_it(env):
+    env.admin_sql("GRANT READ ON TABLE shop.pk TO alice")
+    env.admin_sql("GRANT READ ON TABLE shop.pk TO bob")
+    with env.connect("alice") as alice, env.connect("bob") as bob:
+        request = protocol.ActionCreatePreparedStatementRequest(query="SELECT v FROM shop.pk WHERE id = 1")
+        [answer] = alice._client.do_action(
+            flight.Action(protocol.CREATE_PREPARED_STATEMENT, protocol.pack_any(request)), alice._options)
+        handle = protocol.unpack_any(answer.body.to_pybytes()).prepared_statement_handle
+
+        def run(conn: flightstore.Connection, handle: bytes) -> tuple[str, str]:
+            command = protocol.pack_any(protocol.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+            try:
+                info = conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
+                return "ok", repr(conn.read_info(info).to_pylist())
+            except (flight.FlightError, pa.ArrowException) as exc:
+                return type(exc).__name__, str(exc).split("gRPC client debug context")[0]
+
+        def close(conn: flightstore.Connection) -> None:
+            body = protocol.pack_any(protocol.ActionClosePreparedStatementRequest(prepared_statement_handle=handle))
+            list(conn._client.do_action(flight.Action(protocol.CLOSE_PREPARED_STATEMENT, body), conn._options))
+
+        assert run(alice, handle) == ("ok", "[{'v': 'a'}]")
+        assert run(bob, handle) == run(bob, b"0" * len(handle))  # as a handle never issued
+        assert "unknown or closed prepared statement" in run(bob, handle)[1]
+        close(bob)  # closing another user's statement does nothing
+        assert run(alice, handle) == ("ok", "[{'v': 'a'}]")
+        close(alice)
+        assert "unknown or closed prepared statement" in run(alice, handle)[1]
