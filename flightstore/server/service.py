@@ -23,21 +23,18 @@ from pyarrow import flight
 
 from flightstore.acl import CLUSTER, Operation, Permission
 from flightstore.cache import LruCache
-from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
 from flightstore.errors import (
-    DatabaseNotFound,
     DataDirectoryInUse,
     FlightstoreError,
     InvalidOption,
-    TableNotFound,
     Unauthenticated,
     Unsupported,
 )
-from flightstore.schema import TablePath
 from flightstore.server import status
+from flightstore.server.access import AccessChecks
 from flightstore.server.actions import ActionRpcs, PreparedStatement
-from flightstore.server.auth import AUTH_MIDDLEWARE, CALLER_TOKEN, BasicAuthMiddlewareFactory, NoAuthHandler
+from flightstore.server.auth import AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler
 from flightstore.server.authz import Authorizer
 from flightstore.server.expiring import ExpiringSet
 from flightstore.server.housekeeping import Housekeeping
@@ -48,19 +45,14 @@ from flightstore.server.metrics_http import ssl_context
 from flightstore.server.partition_manager import AutoPartitionManager
 from flightstore.server.queries import RunningQueries
 from flightstore.server.reads import ReadRpcs
-from flightstore.server.recheck import StreamRecheck
-from flightstore.server.rpc import _CALLER, _peer, _rpc
+from flightstore.server.rpc import _peer, _rpc
 from flightstore.server.rpc import _translate as _translate  # re-exported: tests import it from here
 from flightstore.server.session import Session
 from flightstore.server.tls import TlsConfig
 from flightstore.server.upload import UploadLimits
 from flightstore.server.users import UserStore
 from flightstore.server.writes import WriteRpcs
-from flightstore.sql import nodes
-from flightstore.sql.execute import Executor, StoreCatalog
-from flightstore.sql.plan import plan as plan_sql
-from flightstore.sql.privileges import plan_resources, required_permissions, table_resource
-from flightstore.sql.resolve import CatalogView
+from flightstore.sql.execute import Executor
 from flightstore.store import Store
 
 __all__ = ["MAX_BATCH_BYTES", "FlightSqlServer", "rechunk", "serve"]
@@ -70,7 +62,7 @@ HARD_EXIT_MARGIN_S = 5.0  # after the shutdown grace: stopped queries end, then 
 MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 
 
-class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
+class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, AccessChecks, flight.FlightServerBase):
     """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
@@ -210,69 +202,6 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
         if self.authenticator.check_password(user, password) is None:
             raise Unauthenticated("wrong username or password")
         self.authz.check(user, [Permission(Operation.DESCRIBE, CLUSTER)])
-
-    # ---- authorization: the one check, fed by the plan's resources ----------------------------
-    def _authorize(self, permissions: Any) -> None:
-        """Raise Unauthorized unless the caller holds every permission (a plan's, or a list)."""
-        if isinstance(permissions, nodes.PlanNode):
-            permissions = required_permissions(permissions)
-        self.authz.check(_CALLER.get(), permissions)
-
-    def _authorize_table(self, operation: Operation, table: Any) -> None:
-        self._authorize([Permission(operation, table_resource(table.path))])
-
-    # ---- what exists for the caller: objects it may not describe answer as absent -------------
-    def _catalog(self, database: str) -> CatalogView:
-        """The planner's catalog as the caller sees it, ``database`` the default one."""
-        return self.authz.catalog_view(_CALLER.get(), StoreCatalog(self.store, database))
-
-    def _plan(self, sql: str, params: list | None, database: str) -> nodes.PlanNode:
-        """The plan of ``sql`` for the caller. A plan (or a planning error) that names an object
-        the caller may not see is made again in the caller's catalog view, so the caller gets
-        exactly what an absent object gets, and no message describes a hidden table. Plans stay
-        cached for everyone (:meth:`Executor.plan`); only such misses plan twice."""
-        principal = _CALLER.get()
-        if self.authz.is_super(principal):
-            return self.executor.plan(sql, params, database)
-        try:
-            planned = self.executor.plan(sql, params, database)
-        except Exception:  # noqa: BLE001 - its message may describe what the caller may not see
-            planned = None
-        if planned is None or not self.authz.sees(principal, plan_resources(planned)):
-            planned = plan_sql(sql, self._catalog(database), params)
-        return planned
-
-    def _visible_table(self, name: str) -> Any:
-        """The table ``name`` names (default database ``default``), opened, when the caller sees
-        it; otherwise exactly the error of an absent one (DatabaseNotFound / TableNotFound)."""
-        path = TablePath.parse(name, DEFAULT_DATABASE) if isinstance(name, str) else name
-        principal = _CALLER.get()
-        if not self.authz.is_super(principal):
-            if not self.authz.sees_database(principal, path.database):
-                raise DatabaseNotFound(f"database {path.database!r} does not exist")
-            if not self.authz.sees_table(principal, path):
-                raise TableNotFound(f"table {path} does not exist")
-        return self.store.table(path)
-
-    def _stream_recheck(self, permissions: Any) -> StreamRecheck | None:
-        """The checks a long stream repeats as it runs (None without authentication): the
-        caller's token is still valid and the caller still holds ``permissions`` (a plan's, or
-        a list)."""
-        principal, token = _CALLER.get(), CALLER_TOKEN.get()
-        if self.authenticator is None or principal is None or token is None:
-            return None
-        if isinstance(permissions, nodes.PlanNode):
-            permissions = required_permissions(permissions)
-        token_check, authz = self.authenticator.stream_check(token), self.authz
-
-        def token_valid() -> None:
-            try:
-                token_check()
-            except flight.FlightUnauthenticatedError as exc:
-                raise Unauthenticated(str(exc)) from None
-
-        return StreamRecheck([token_valid, lambda: authz.check(principal, permissions)])
-
 
     @_rpc
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
