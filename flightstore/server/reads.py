@@ -155,7 +155,7 @@ class ReadRpcs:
             if command.DESCRIPTOR.name == "TicketStatementQuery":
                 payload = tickets.decode_query_handle(command.statement_handle)
                 plan = self._plan(payload["sql"], tickets.decode_params(payload.get("params")),
-                                          payload.get("db", "default"))
+                                  payload.get("db", "default"))
                 if not is_query(plan):
                     raise InvalidInput("statements run when their FlightInfo is requested")
                 self._authorize(plan)  # tickets are bearer data: check whoever presents one
