@@ -79,6 +79,7 @@ def env(tmp_path_factory):
     admin.sql("CREATE TABLE shop.other (id BIGINT, v STRING)")
     admin.sql("INSERT INTO shop.secret VALUES (1, 'eu', 123456789, 'classified')")
     admin.sql("INSERT INTO shop.other VALUES (1, 'o')")
+    admin.table("shop.secret").snapshot(force=True)  # read snapshot: one to read
     for user, grants in GRANTS.items():
         for grant in grants:
             admin.sql(f"GRANT {grant} TO {user}")
@@ -157,6 +158,28 @@ def get_tables(env: Env, user: str, db: str, t: str):
             for c in objects for s in c["catalog_db_schemas"] or []]
 
 
+def get_db_schemas(env: Env, user: str, db: str, t: str):
+    objects = env.adbc(user).adbc_get_objects(depth="db_schemas", db_schema_filter=db).read_all().to_pylist()
+    return [s["db_schema_name"] for c in objects for s in c["catalog_db_schemas"] or []]
+
+
+def action(kind: str, field: str) -> Callable:
+    """A flightstore action on the table, answering one field."""
+    def run(table):
+        return table.connection._action(kind, {"table": table.name})[field]
+    return run
+
+
+def changelog(table) -> int:
+    bucket = min(table.offsets())
+    return table.connection._get({"op": "changelog", "table": table.name, "bucket": bucket}).read_all().num_rows
+
+
+def read_snapshot(table) -> int:
+    bucket, at = next(iter(table.offsets().items()))
+    return table.read_snapshot(bucket, at).num_rows
+
+
 def session_schema(env: Env, user: str, db: str, t: str):
     env.client(user).set_session_options({"schema": db})
 
@@ -223,12 +246,19 @@ CASES = [
     Case("ADBC ingest", ingest, (*TABLE_LEVEL, W, W, OK)),
     Case("GetPrimaryKeys", primary_keys, (*TABLE_LEVEL, OK, OK, OK)),
     Case("GetTables", get_tables, (ABSENT, OK, OK, OK, OK)),
+    Case("GetDbSchemas", get_db_schemas, (ABSENT, OK, OK, OK, OK)),
     Case("SetSessionOptions schema", session_schema, (ABSENT, OK, OK, OK, OK)),
     # flightstore's own commands
     Case("lookup", table_call(lambda t: t.lookup({"id": [1], "region": ["eu"]}).to_pylist()), (*TABLE_LEVEL, R, OK, R)),
     Case("scan", table_call(lambda t: t.scan().num_rows), (*TABLE_LEVEL, R, OK, R)),
     Case("count", table_call(lambda t: t.row_count()), (*TABLE_LEVEL, R, OK, R)),
     Case("subscribe", table_call(first_batch), (*TABLE_LEVEL, R, OK, R)),
+    Case("prefix lookup", table_call(lambda t: t.prefix_lookup({"id": [1], "region": ["eu"]}).num_rows),
+         (*TABLE_LEVEL, R, OK, R)),
+    Case("changelog", table_call(changelog), (*TABLE_LEVEL, R, OK, R)),
+    Case("read snapshot", table_call(read_snapshot), (*TABLE_LEVEL, R, OK, R)),
+    Case("lake-split", table_call(action("flightstore.lake-split", "union")), (*TABLE_LEVEL, R, OK, R)),
+    Case("locations", table_call(action("flightstore.locations", "num_buckets")), (*TABLE_LEVEL, OK, OK, OK)),
     Case("upsert", table_call(lambda t: t.upsert({"id": [6], "region": ["eu"], "ssn": [6], "v": ["u"]})["rows"]),
          (*TABLE_LEVEL, W, W, OK)),
     Case("delete", table_call(lambda t: t.delete({"id": [99], "region": ["eu"]})["rows"]), (*TABLE_LEVEL, W, W, OK)),
