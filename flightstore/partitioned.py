@@ -87,8 +87,9 @@ class PartitionedTable(Table):
 
     def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
                  clock: Callable[[], int] = system_clock_ms,
-                 create_partitions: CreatePartitions | None = None) -> None:
+                 create_partitions: CreatePartitions | None = None, remote: Any = None) -> None:
         # Not Table.__init__: the buckets live in the partition units.
+        self._remote = remote  # the table in remote storage (flightstore.remote.RemoteTable)
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
@@ -121,8 +122,9 @@ class PartitionedTable(Table):
 
     # ---- units --------------------------------------------------------------------------------
     def _open_unit(self, partition: Partition) -> Table:
+        remote = None if self._remote is None else self._remote.partition(partition.id)
         return Table(self.descriptor, partition_directory(self.directory, partition.id), fsync=self.fsync,
-                     clock=self._clock)
+                     clock=self._clock, remote=remote)
 
     @staticmethod
     def _new_merger(descriptor: TableDescriptor) -> Any:

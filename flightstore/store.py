@@ -38,6 +38,7 @@ from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.snapshot import SnapshotInfo
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogTablet
+from flightstore.remote import RemoteStorage, RemoteTable, restore_missing_bucket
 from flightstore.schema import Projections, TableDescriptor, TablePath
 from flightstore.table.changelog import TableChangelog
 from flightstore.table.reads import TableReads
@@ -56,8 +57,10 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog):
     """A handle on one table: writes, lookups, scans and changelog reads."""
 
     def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
-                 clock: Callable[[], int] = system_clock_ms) -> None:
-        """Open the table's buckets; ``clock`` (milliseconds) times writes for writer expiry."""
+                 clock: Callable[[], int] = system_clock_ms, remote: RemoteTable | None = None) -> None:
+        """Open the table's buckets; ``clock`` (milliseconds) times writes for writer expiry.
+        ``remote``: the table in remote storage (``remote.data.dir``): each bucket's log reads its
+        uploaded segments from there, and a missing bucket directory is rebuilt from there."""
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
@@ -74,13 +77,18 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog):
         self.kvs: list[KvTablet] = []
         ttl = descriptor.option("table.log.ttl")
         for bucket in range(descriptor.num_buckets):
+            label = f"table {self.path} bucket {bucket}"
+            tier = None if remote is None else remote.bucket(bucket, label)
+            if tier is not None:
+                restore_missing_bucket(tier, descriptor, directory / f"bucket-{bucket}", fsync=fsync)
             log = LogTablet(
                 directory / f"bucket-{bucket}" / "log", log_schemas[descriptor.version],
                 compression=descriptor.option("table.log.arrow.compression.type"),
                 segment_bytes=descriptor.option("table.log.segment.bytes"),
                 statistics_columns=descriptor.statistics_columns, ttl_ms=ttl, fsync=fsync,
-                schema_version=descriptor.version, past_schemas=log_schemas,
-                label=f"table {self.path} bucket {bucket}")
+                schema_version=descriptor.version, past_schemas=log_schemas, label=label)
+            if tier is not None:
+                log.attach_remote(tier)
             self.logs.append(log)
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
@@ -254,6 +262,11 @@ class Store:
             self._unlock()
             raise
         self.fsync = fsync
+        try:  # remote.data.dir: uploaded segments and snapshots (flightstore.remote)
+            self.remote: RemoteStorage | None = RemoteStorage.from_options(self.options, self.data_dir)
+        except BaseException:
+            self._unlock()
+            raise
         self._tables: dict[TablePath, Table] = {}
         self._gates: dict[TablePath, threading.Lock] = {}  # one per table: its open or drop
         self._lock = threading.RLock()  # the two dicts above; never held while a table opens
@@ -405,12 +418,13 @@ class Store:
                 return table
             descriptor = self.catalog.get_table(path)
             directory = self.catalog.table_dir(path)
+            remote = None if self.remote is None else self.remote.table(descriptor, directory.name)
             if descriptor.is_partitioned:
                 from flightstore.partitioned import PartitionedTable
                 table = PartitionedTable(descriptor, directory, fsync=self.fsync, clock=self.clock,
-                                         create_partitions=self._create_partitions)
+                                         create_partitions=self._create_partitions, remote=remote)
             else:
-                table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock)
+                table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock, remote=remote)
             with self._lock:
                 closed = self._closed
                 if not closed:

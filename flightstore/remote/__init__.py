@@ -1,0 +1,18 @@
+"""Remote storage (``remote.data.dir``): closed log segments and KV snapshots copied off the server,
+old offsets read back from there, lost buckets rebuilt from there.
+
+``storage`` holds the file system (a local path or ``s3://`` through pyarrow), the layout and the
+checked transfers; ``manifest`` the per-bucket manifests, replaced atomically by versions;
+``bucket`` one bucket (what its log asks: start offset, segments below the local ones, expiry);
+``cache`` and ``reader`` the downloads a read of old offsets goes through; ``uploader`` the
+server's background task (uploads, then local deletion under ``table.log.tiered.local-segments``);
+``rebuild`` a bucket rebuilt into an empty directory.
+"""
+
+from flightstore.remote.bucket import RemoteBucket
+from flightstore.remote.rebuild import RebuiltBucket, rebuild_bucket, restore_missing_bucket
+from flightstore.remote.storage import RemoteStorage, RemoteTable
+from flightstore.remote.uploader import RemoteLogManager
+
+__all__ = ["RebuiltBucket", "RemoteBucket", "RemoteLogManager", "RemoteStorage", "RemoteTable",
+           "rebuild_bucket", "restore_missing_bucket"]
