@@ -1,29 +1,13 @@
 """Fixtures of the remote storage tests: ``remote.data.dir`` on a local path or on a real S3 API
-endpoint (moto's server, shared with the lake tests), and small-segment tables to tier."""
+endpoint (moto's server, shared with the lake tests). Their tables are in ``tables.py``."""
 
 from __future__ import annotations
 
 import os
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
 from tests.lake.conftest import moto  # noqa: F401 - the session's moto S3 server, as a fixture here
-
-EVENTS = pa.schema([("seq", pa.int64()), ("s", pa.string())])
-ROWS = pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.int64())])
-# Small segments: every few writes closes one, so a handful of writes makes several to upload.
-TIERED = {"table.log.segment.bytes": "1024", "table.log.tiered.local-segments": "1"}
-
-
-def events(first: int, count: int) -> pa.Table:
-    seq = np.arange(first, first + count, dtype=np.int64)
-    return pa.table({"seq": seq, "s": pa.array([f"v{i}" for i in seq])}, schema=EVENTS)
-
-
-def rows(keys, values) -> pa.Table:
-    return pa.table({"k": pa.array(keys, pa.int64()), "v": pa.array(values, pa.int64())}, schema=ROWS)
 
 
 @pytest.fixture

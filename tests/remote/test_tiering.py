@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 import flightstore
-from tests.remote.conftest import events
+from tests.remote.tables import events
 from tests.server.conftest import RunningServer
 from tests.waiting import wait_until
 
