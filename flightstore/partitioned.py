@@ -121,8 +121,10 @@ class PartitionedTable(Table):
         self.expire_writers()
 
     # ---- units --------------------------------------------------------------------------------
-    def _open_unit(self, partition: Partition) -> Table:
-        remote = None if self._remote is None else self._remote.partition(partition.id)
+    def _open_unit(self, partition: Partition, fresh: bool = False) -> Table:
+        """The unit of ``partition`` (``fresh``: just created, nothing of it can be in remote
+        storage yet)."""
+        remote = None if self._remote is None else self._remote.partition(partition.id, fresh)
         return Table(self.descriptor, partition_directory(self.directory, partition.id), fsync=self.fsync,
                      clock=self._clock, remote=remote)
 
@@ -188,7 +190,7 @@ class PartitionedTable(Table):
             self._merger = self._new_merger(descriptor)
             for partition in descriptor.partitions:
                 if partition.id not in self.units:
-                    self.units[partition.id] = self._open_unit(partition)
+                    self.units[partition.id] = self._open_unit(partition, fresh=True)
         self._notify()  # subscriptions pick up new partitions
 
     evolve = refresh

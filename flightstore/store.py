@@ -79,7 +79,7 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog):
         for bucket in range(descriptor.num_buckets):
             label = f"table {self.path} bucket {bucket}"
             tier = None if remote is None else remote.bucket(bucket, label)
-            if tier is not None:
+            if tier is not None and not remote.fresh:
                 restore_missing_bucket(tier, descriptor, directory / f"bucket-{bucket}", fsync=fsync)
             log = LogTablet(
                 directory / f"bucket-{bucket}" / "log", log_schemas[descriptor.version],
@@ -268,6 +268,7 @@ class Store:
             self._unlock()
             raise
         self._tables: dict[TablePath, Table] = {}
+        self._created: set[TablePath] = set()  # created by this Store and not opened yet
         self._gates: dict[TablePath, threading.Lock] = {}  # one per table: its open or drop
         self._lock = threading.RLock()  # the two dicts above; never held while a table opens
         self._closed = False
@@ -312,6 +313,9 @@ class Store:
         self._check_open()
         self.partition_limits.check_create(descriptor)
         created = self.catalog.create_table(descriptor, if_not_exists)
+        if created:  # new: remote storage cannot hold any of it (its id is new)
+            with self._lock:
+                self._created.add(descriptor.path)
         if created and descriptor.option("table.auto-partition.enabled"):
             self.auto_partition(tables=[descriptor.path])  # its first partitions, at once
         return self.table(descriptor.path)  # outside the store lock: table() takes its gate
@@ -418,7 +422,11 @@ class Store:
                 return table
             descriptor = self.catalog.get_table(path)
             directory = self.catalog.table_dir(path)
-            remote = None if self.remote is None else self.remote.table(descriptor, directory.name)
+            with self._lock:
+                fresh = path in self._created
+                self._created.discard(path)
+            remote = None if self.remote is None else self.remote.table(descriptor, directory.name,
+                                                                        fresh=fresh)
             if descriptor.is_partitioned:
                 from flightstore.partitioned import PartitionedTable
                 table = PartitionedTable(descriptor, directory, fsync=self.fsync, clock=self.clock,

@@ -137,10 +137,11 @@ class RemoteStorage:
         """The full path of ``parts`` under this storage's namespace."""
         return "/".join([self.root, self.namespace, *parts])
 
-    def table(self, descriptor: TableDescriptor, table_id: str) -> RemoteTable:
-        """The table of ``descriptor`` whose local directory (its id) is named ``table_id``."""
+    def table(self, descriptor: TableDescriptor, table_id: str, *, fresh: bool = False) -> RemoteTable:
+        """The table of ``descriptor`` whose local directory (its id) is named ``table_id``;
+        ``fresh``: created just now (nothing of it can be stored: opening it asks nothing)."""
         return RemoteTable(self, descriptor.path.database, descriptor.path.table, table_id,
-                           descriptor.has_primary_key)
+                           descriptor.has_primary_key, fresh=fresh)
 
     def table_directory(self, database: str, table: str, table_id: str) -> str:
         """``<database>/<table>-<table id>``: the existing directory of ``table_id`` (whatever the
@@ -267,18 +268,19 @@ class RemoteTable:
     """One table in remote storage, or one partition of a partitioned table: its buckets."""
 
     def __init__(self, storage: RemoteStorage, database: str, table: str, table_id: str,
-                 has_primary_key: bool, partition: str | None = None) -> None:
+                 has_primary_key: bool, partition: str | None = None, fresh: bool = False) -> None:
         self.storage = storage
         self.database = database
         self.name = table
         self.table_id = table_id
         self.has_primary_key = has_primary_key
         self.partition_dir = partition
+        self.fresh = fresh  # just created: a missing bucket directory is new, not lost
 
-    def partition(self, partition_id: int) -> RemoteTable:
-        """Partition ``partition_id`` of this (partitioned) table."""
+    def partition(self, partition_id: int, fresh: bool = False) -> RemoteTable:
+        """Partition ``partition_id`` of this (partitioned) table (``fresh``: just added)."""
         return RemoteTable(self.storage, self.database, self.name, self.table_id,
-                           self.has_primary_key, f"p-{partition_id}")
+                           self.has_primary_key, f"p-{partition_id}", self.fresh or fresh)
 
     def bucket_path(self, bucket: int) -> str:
         """The full path of bucket ``bucket``'s directory (resolving the table's directory)."""

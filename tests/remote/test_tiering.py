@@ -7,7 +7,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 import flightstore
-from tests.remote.tables import events
+from flightstore.remote import RemoteLogManager
+from flightstore.remote.uploader import release_uploaded
+from flightstore.store import Store
+from tests.remote.tables import EVENTS, TIERED, events
 from tests.server.conftest import RunningServer
 from tests.waiting import wait_until
 
@@ -77,3 +80,23 @@ def test_uploaded_and_deleted_segments_keep_every_read_whole(remote_options, tmp
             _check(conn, state)
     finally:
         server.stop()
+
+
+def test_no_local_segment_goes_before_it_is_uploaded(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("remote storage cannot be written under a file")
+    options = {"remote.data.dir": str(blocker / "remote")}
+    with Store(tmp_path / "data", fsync=False, options=options) as store:
+        table = store.create_table("default.ev", EVENTS, options={"bucket.num": "1", **TIERED})
+        for i in range(6):
+            table.write(events(i * 10, 10))
+        log = table.logs[0]
+        manager = RemoteLogManager(store, 1000)
+        assert manager.run_once() == {"segments": 0, "snapshots": 0, "released": 0}
+        assert release_uploaded(log.remote, log, 1) == 0 and log.local_start_offset == 0
+        assert len(log.sealed_segments()) >= 4
+        sealed = len(log.sealed_segments())
+        blocker.unlink()  # remote storage is back
+        assert manager.run_once() == {"segments": sealed, "snapshots": 0, "released": sealed - 1}
+        assert log.local_start_offset > 0 and len(log.sealed_segments()) == 1
+        assert table.scan_table().column("seq").to_pylist() == list(range(60))
