@@ -12,6 +12,8 @@ import pytest
 
 from flightstore import changetype
 from flightstore.errors import DataLoss, InvalidInput
+from flightstore.kv.tablet import changelog_schema
+from flightstore.log import LogTablet
 from flightstore.remote import RemoteLogManager, RemoteStorage, rebuild_bucket
 from flightstore.remote.uploader import upload_snapshots
 from flightstore.store import Store
@@ -137,6 +139,9 @@ def test_a_snapshot_beyond_the_uploaded_log_rebuilds_with_the_gap_reported(tmp_p
     rebuilt = _rebuild(local_remote, tmp_path, descriptor, directory, 0)
     assert (rebuilt.offset, rebuilt.from_snapshot) == (snapshot.offset, snapshot.offset)
     assert rebuilt.lost == (uploaded_end, snapshot.offset)
+    with LogTablet(directory / "bucket-0" / "log", changelog_schema(ROWS), fsync=False) as log:
+        assert log.end_offset == snapshot.offset  # the log alone already continues there
+        assert log.damage() == [(uploaded_end, snapshot.offset)]
     with Store(tmp_path / "data", fsync=False, options=local_remote) as store:
         table = store.table("default.pk")
         assert _kv_state(table) == expected
