@@ -112,3 +112,20 @@ def test_remote_segments_expire_with_the_log_ttl(tmp_path, local_remote):
         assert not log.remote.log_manifest().segments and not any(f.exists() for f in folders)
         assert log.start_offset == log.local_start_offset == dropped > 0
         assert table.scan_table().num_rows == 60 - dropped
+
+
+def test_a_writer_whose_segments_left_local_disk_stays_idempotent(tmp_path, local_remote):
+    with Store(tmp_path / "data", fsync=False, options=local_remote) as store:
+        table = store.create_table("default.ev", EVENTS, options={"bucket.num": "1", **TIERED})
+        for sequence in range(3):
+            table.append(events(sequence * 10, 10), writer_id="early", sequence=sequence)
+        for i in range(3, 8):
+            table.append(events(i * 10, 10))
+        _tier(store, table)
+        assert "early" not in {w for s in table.logs[0].sealed_segments() for w in s.writers}
+    with Store(tmp_path / "data", fsync=False, options=local_remote) as store:
+        table = store.table("default.ev")
+        assert table.writer_sequence("early") == 2
+        assert table.append(events(20, 10), writer_id="early", sequence=2).duplicate  # a retry
+        assert not table.append(events(80, 10), writer_id="early", sequence=3).duplicate
+        assert table.scan_table().column("seq").to_pylist() == list(range(90))
