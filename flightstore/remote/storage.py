@@ -42,7 +42,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from flightstore.config import server_option
+from flightstore.config import SERVER_OPTIONS, server_option
 from flightstore.errors import DataLoss, InvalidOption, RemoteStorageUnavailable
 from flightstore.remote.cache import SegmentCache
 from flightstore.schema import TableDescriptor
@@ -101,8 +101,12 @@ class RemoteStorage:
         Options of remote storage given without ``remote.data.dir``, or S3 options with a
         ``remote.data.dir`` that is not ``s3://``, are refused (:class:`InvalidOption`): no option
         is accepted and then ignored."""
-        uri = server_option(options, "remote.data.dir")
         given = sorted(k for k, v in options.items() if k.startswith("remote.") and v is not None)
+        for key in given:  # each parses; an unknown remote.* key is refused by name
+            if key not in SERVER_OPTIONS:
+                raise InvalidOption(f"unknown server option '{key}'")
+            server_option(options, key)
+        uri = server_option(options, "remote.data.dir")
         if uri is None:
             if given:
                 raise InvalidOption(f"option '{given[0]}' needs 'remote.data.dir' (remote storage is off)")
