@@ -300,7 +300,8 @@ class Store:
                 if cascade:
                     for path in [p for p in self._tables if p.database == name]:
                         self._tables.pop(path).close()
-                self.catalog.drop_database(name, if_exists, cascade)
+                dropped = self.catalog.drop_database(name, if_exists, cascade)
+        self._drop_remote(name, dropped)
 
     def create_table(self, path: TablePath | str, schema: pa.Schema | None = None, *,
                      primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
@@ -336,7 +337,17 @@ class Store:
                 path, lambda descriptor: apply_changes(descriptor, changes, self.partition_limits))
             if new != old:
                 self._follow(old.path, new)
-            return new
+        kept = {p.id for p in new.partitions}
+        dropped = [p.id for p in old.partitions if p.id not in kept]
+        if dropped and self.remote is not None:  # their remote data goes with them (best effort)
+            remote = self.remote.table(new, self.catalog.table_dir(new.path).name)
+            for partition_id in dropped:
+                try:
+                    remote.partition(partition_id).delete()
+                except FlightstoreError as exc:
+                    _logger.warning("remote storage of dropped partition %d of %s not deleted: %s",
+                                    partition_id, new.path, exc)
+        return new
 
     def _gates_of(self, *paths: TablePath) -> contextlib.ExitStack:
         """The gates of ``paths``, taken in one order (two DDLs never wait on each other)."""
@@ -399,7 +410,20 @@ class Store:
                 table = self._tables.pop(path, None)
             if table is not None:
                 table.close()
-            self.catalog.drop_table(path, if_exists)
+            dropped = self.catalog.drop_table(path, if_exists)
+        self._drop_remote(path.database, [dropped] if dropped is not None else [])
+
+    def _drop_remote(self, database: str, directories: Sequence[Path]) -> None:
+        """Delete what remote storage holds of dropped tables (by their ids); best effort: what
+        cannot be deleted now is left behind (logged), never read again (a new table has a new id)."""
+        if self.remote is None:
+            return
+        for directory in directories:
+            try:
+                self.remote.drop_table(database, directory.name)
+            except FlightstoreError as exc:
+                _logger.warning("remote storage of dropped table %s.%s not deleted: %s", database,
+                                directory.name, exc)
 
     # ---- access -------------------------------------------------------------------------------
     def _path(self, path: TablePath | str) -> TablePath:

@@ -39,6 +39,9 @@ class RemoteBucket:
         self.bucket = bucket
         self.label = label
         self._lock = threading.Lock()
+        # Held by whoever changes the manifests (uploads, local deletion, expiry), for the whole
+        # read-modify-write: two threads of this server never commit from the same old version.
+        self.writing = threading.RLock()
         self._path: str | None = None
         self._log: LogManifest | None = None
         self._kv: KvManifest | None = None
@@ -193,6 +196,10 @@ class RemoteBucket:
         is written before their files are deleted. Returns the number deleted."""
         if ttl_ms is None:
             return 0
+        with self.writing:
+            return self._expire(now_ms, ttl_ms, floor)
+
+    def _expire(self, now_ms: int | None, ttl_ms: int, floor: int | None) -> int:
         manifest = self.log_manifest()
         if not manifest.segments:
             return 0

@@ -161,6 +161,15 @@ class RemoteStorage:
         with self._lock:
             return self._tables.setdefault(key, directory)
 
+    def drop_table(self, database: str, table_id: str) -> None:
+        """Delete everything stored of table ``table_id`` (a dropped table)."""
+        suffix = f"-{table_id}"
+        for name in self.list_dir(self.path(database)):
+            if name.endswith(suffix):
+                self.delete_dir(self.path(database, name))
+        with self._lock:
+            self._tables.pop((database, table_id), None)
+
     # ---- files --------------------------------------------------------------------------------
     def list_dir(self, directory: str) -> list[str]:
         """Names of the entries directly under ``directory`` (none when it does not exist)."""
@@ -286,13 +295,21 @@ class RemoteTable:
         return RemoteTable(self.storage, self.database, self.name, self.table_id,
                            self.has_primary_key, f"p-{partition_id}", self.fresh or fresh)
 
-    def bucket_path(self, bucket: int) -> str:
-        """The full path of bucket ``bucket``'s directory (resolving the table's directory)."""
+    @property
+    def path(self) -> str:
+        """The full path of this table's (or partition's) directory."""
         parts = [self.storage.table_directory(self.database, self.name, self.table_id)]
         if self.partition_dir is not None:
             parts.append(self.partition_dir)
-        parts.append(f"bucket-{bucket}")
         return self.storage.path(*parts)
+
+    def bucket_path(self, bucket: int) -> str:
+        """The full path of bucket ``bucket``'s directory."""
+        return f"{self.path}/bucket-{bucket}"
+
+    def delete(self) -> None:
+        """Delete everything stored of this table or partition (it was dropped)."""
+        self.storage.delete_dir(self.path)
 
     def bucket(self, bucket: int, label: str):
         """Bucket ``bucket`` (``label`` names it in errors: table and bucket)."""

@@ -21,9 +21,11 @@ segments by ``table.log.ttl`` runs with the local retention (:meth:`RemoteBucket
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from flightstore.errors import FlightstoreError
@@ -40,6 +42,16 @@ __all__ = ["RemoteLogManager", "release_uploaded", "upload_segments", "upload_sn
 log = logging.getLogger("flightstore.remote")
 
 
+def _changing_manifests(function: Callable[..., int]) -> Callable[..., int]:
+    """Run ``function(bucket, ...)`` holding ``bucket.writing`` (see RemoteBucket)."""
+    @functools.wraps(function)
+    def holding(bucket: RemoteBucket, *args: Any) -> int:
+        with bucket.writing:
+            return function(bucket, *args)
+    return holding
+
+
+@_changing_manifests
 def upload_segments(bucket: RemoteBucket, tablet: LogTablet) -> int:
     """Upload the closed segments of ``tablet`` that are not uploaded yet, then write the log
     manifest listing them (once: the files of every segment first); returns how many."""
@@ -91,6 +103,7 @@ def _schema_epochs(tablet: LogTablet) -> list[tuple[int, int]] | None:
         return None
 
 
+@_changing_manifests
 def release_uploaded(bucket: RemoteBucket, tablet: LogTablet, keep: int) -> int:
     """Delete the local closed segments beyond the newest ``keep`` that are uploaded (a run from
     the oldest; it stops at the first one that is not); returns how many."""
@@ -104,6 +117,7 @@ def release_uploaded(bucket: RemoteBucket, tablet: LogTablet, keep: int) -> int:
     return 0 if upto is None else tablet.release_local(upto)
 
 
+@_changing_manifests
 def upload_snapshots(bucket: RemoteBucket, snapshots: KvSnapshots, retained: int) -> int:
     """Upload the completed KV snapshots newer than the newest uploaded one, keeping the
     ``retained`` newest remotely; returns how many were uploaded."""
@@ -190,10 +204,11 @@ class RemoteLogManager:
                     if bucket is None or tablet.closed:
                         continue
                     try:
-                        done["segments"] += upload_segments(bucket, tablet)
-                        if kv is not None:
-                            done["snapshots"] += upload_snapshots(bucket, kv.snapshots, retained)
-                        done["released"] += release_uploaded(bucket, tablet, keep)
+                        with bucket.writing:
+                            done["segments"] += upload_segments(bucket, tablet)
+                            if kv is not None:
+                                done["snapshots"] += upload_snapshots(bucket, kv.snapshots, retained)
+                            done["released"] += release_uploaded(bucket, tablet, keep)
                     except (FlightstoreError, OSError) as exc:
                         log.warning("%s: remote storage upload failed, retrying next round: %s",
                                     bucket.label, exc)
