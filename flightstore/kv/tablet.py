@@ -550,7 +550,8 @@ class KvTablet:
         at = self.log.end_offset
         wanted = columns or self.schema.names
         try:  # read_at reads the changelog part before it returns: damage found there is found here
-            if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows):
+            if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows) \
+                    and snapshot.offset >= self.log.local_start_offset:  # its tail is on local disk
                 image = self.snapshots.image(snapshot, self.schema)
                 if image is not None:
                     return read_at(image, snapshot.offset, self.log, at, self.primary_key, wanted, filter,
@@ -568,10 +569,10 @@ class KvTablet:
         return tail_rows <= IMAGE_TAIL_FACTOR * max(image_rows, IMAGE_TAIL_MIN_ROWS)
 
     def _replayable(self, at: int) -> bool:
-        """Whether the changelog ``[0, at)`` is held whole and short enough to read instead of
-        RocksDB."""
+        """Whether the changelog ``[0, at)`` is held whole on local disk and short enough to read
+        instead of RocksDB."""
         log_ = self.log
-        return (log_.start_offset == 0 and log_.lost_rows == 0 and not log_.damage()
+        return (log_.local_start_offset == 0 and log_.lost_rows == 0 and not log_.damage()
                 and self._tail_is_short(at, self.row_count))
 
     def rows_at(self, at: int, columns: Sequence[str] | None = None, filter: Predicate | None = None,

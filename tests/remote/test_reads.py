@@ -8,13 +8,14 @@ import shutil
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyarrow import flight
 
 import flightstore
 from flightstore.remote import RemoteLogManager
 from flightstore.store import Store
-from tests.remote.tables import EVENTS, TIERED, events
+from tests.remote.tables import EVENTS, ROWS, TIERED, events, rows
 from tests.server.conftest import RunningServer
 from tests.waiting import distinct_millisecond
 
@@ -129,3 +130,20 @@ def test_a_writer_whose_segments_left_local_disk_stays_idempotent(tmp_path, loca
         assert table.append(events(20, 10), writer_id="early", sequence=2).duplicate  # a retry
         assert not table.append(events(80, 10), writer_id="early", sequence=3).duplicate
         assert table.scan_table().column("seq").to_pylist() == list(range(90))
+
+
+def test_a_pk_full_scan_reads_no_remote_segment(tmp_path, local_remote):
+    with Store(tmp_path / "data", fsync=False, options=local_remote) as store:
+        table = store.create_table("default.pk", ROWS, primary_key=["k"], options={
+            "bucket.num": "1", **TIERED})
+        for value in range(4):
+            table.write(rows([value % 3], [value]))
+        table.snapshot()
+        for value in range(4, 10):
+            table.write(rows([value % 3], [value]))
+        _tier(store, table)
+        expected = {0: 9, 1: 7, 2: 8}
+        for exact in (True, False):  # the image path and the whole-changelog path
+            got = pa.Table.from_batches(list(table.kvs[0].full_scan(exact=exact)), schema=ROWS)
+            assert {r["k"]: r["v"] for r in got.to_pylist()} == expected
+        assert store.remote.cache.downloads == 0  # RocksDB answered: nothing downloaded
