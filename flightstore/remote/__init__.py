@@ -7,6 +7,16 @@ checked transfers; ``manifest`` the per-bucket manifests, replaced atomically by
 ``cache`` and ``reader`` the downloads a read of old offsets goes through; ``uploader`` the
 server's background task (uploads, then local deletion under ``table.log.tiered.local-segments``);
 ``rebuild`` a bucket rebuilt into an empty directory.
+
+Where it meets the rest: :class:`~flightstore.store.Store` makes the :class:`RemoteStorage` of its
+options (``Store.remote``); a table hands each bucket's :class:`RemoteBucket` to its log
+(``LogTablet.attach_remote``: ``start_offset``, ``read`` below the local segments,
+``offset_for_timestamp``, ``lost_rows`` and the writers' state go through it); the server runs
+:class:`RemoteLogManager`; retention (:mod:`flightstore.upkeep`) expires uploaded segments.
+In a cluster (replication): one server uploads a bucket (its leader); every replica should read the
+same bucket directory, so the namespace is the cluster's and the table id the cluster's table id
+(``RemoteStorage(..., namespace=...)``, ``RemoteStorage.table(descriptor, table_id)``);
+:func:`rebuild_bucket` is what a replica manager calls for a bucket whose replicas are all gone.
 """
 
 from flightstore.remote.bucket import RemoteBucket
