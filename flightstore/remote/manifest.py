@@ -27,7 +27,6 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from flightstore.remote.storage import RemoteFile, RemoteStorage
 
@@ -252,12 +251,3 @@ class KvManifest:
         kept, dropped = ordered[-retained:], ordered[:-retained]
         return replace(self, snapshots=tuple(s for s in self.snapshots + (entry,) if s in kept)), dropped
 
-
-def describe(manifest: LogManifest | KvManifest) -> Any:
-    """A short description for log lines."""
-    if isinstance(manifest, LogManifest):
-        if not manifest.segments:
-            return "no segments"
-        return (f"{len(manifest.segments)} segment(s), offsets {manifest.segments[0].base_offset}.."
-                f"{manifest.segments[-1].next_offset - 1}")
-    return f"{len(manifest.snapshots)} snapshot(s)"

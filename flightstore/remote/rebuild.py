@@ -35,6 +35,7 @@ from pathlib import Path
 
 from flightstore.errors import DataLoss, InvalidInput
 from flightstore.kv.snapshot import KvSnapshots
+from flightstore.log.index import fsync_directory
 from flightstore.log.schemas import EPOCHS_FILE
 from flightstore.log.segment import Segment
 from flightstore.partitioning import Partition
@@ -104,12 +105,25 @@ def _rebuild(remote: RemoteBucket, descriptor: TableDescriptor, directory: Path,
     if descriptor.has_primary_key and snapshot is None and log_start > 0:
         raise DataLoss(f"{remote.label}: remote storage holds no KV snapshot and its log starts at "
                        f"offset {log_start}: the rows changed before it cannot be rebuilt")
-    directory.mkdir(parents=True, exist_ok=True)
-    if snapshot is not None:
-        _restore_snapshot(remote, descriptor, snapshot, directory, fsync)
     offset = max(log_end, snapshot.offset if snapshot is not None else 0)
     lost = (log_end, offset) if offset > log_end else None
-    _lay_out_log(directory / "log", manifest.schema_epochs, log_end, offset, remote.label, fsync)
+    # Built aside and renamed into place: a crash meanwhile leaves no half bucket (the directory
+    # is still missing, so the next open rebuilds it again).
+    staging = directory.with_name(f".{directory.name}.rebuild")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        if snapshot is not None:
+            _restore_snapshot(remote, descriptor, snapshot, staging, fsync)
+        _lay_out_log(staging / "log", manifest.schema_epochs, log_end, offset, remote.label, fsync)
+        if directory.exists():
+            directory.rmdir()  # empty (checked above)
+        os.rename(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if fsync:
+        fsync_directory(directory.parent)
     rebuilt = RebuiltBucket(offset, log_start, log_end, len(chain),
                             None if snapshot is None else snapshot.offset,
                             None if snapshot is None else snapshot.id, lost)
