@@ -16,7 +16,7 @@ def local_remote(tmp_path) -> dict[str, str]:
     return {"remote.data.dir": str(tmp_path / "remote")}
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def remote_options(request, tmp_path) -> dict[str, str]:
     """Server options putting remote storage in a local directory, then on moto's S3 server."""
     if request.param == "local":
