@@ -78,7 +78,7 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog):
         ttl = descriptor.option("table.log.ttl")
         for bucket in range(descriptor.num_buckets):
             label = f"table {self.path} bucket {bucket}"
-            tier = None if remote is None else remote.bucket(bucket, label)
+            tier = None if remote is None else remote.bucket(bucket, label, directory / f"bucket-{bucket}")
             if tier is not None and not remote.fresh:
                 restore_missing_bucket(tier, descriptor, directory / f"bucket-{bucket}", fsync=fsync)
             log = LogTablet(

@@ -189,8 +189,9 @@ class KvTablet:
                 self._open_db()
             except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception("Corruption: ...")
                 return self._restore(f"cannot be opened ({exc})")
-            applied, start = self.applied_offset, self.log.start_offset
-            if applied >= start:
+            applied = self.applied_offset
+            # (the local start first: what remote storage holds is then not needed to open)
+            if applied >= self.log.local_start_offset or applied >= (start := self.log.start_offset):
                 return "kv"
             self.close()
             return self._restore(f"lags behind the log (applied offset {applied}, the log starts at {start})")
@@ -472,7 +473,7 @@ class KvTablet:
                           end, end, applied - 1)
                 self.log.skip_to(applied)
                 return 0
-            if applied < self.log.start_offset:
+            if applied < self.log.local_start_offset and applied < self.log.start_offset:
                 raise CorruptData(f"{self.log.label}: the log no longer holds offsets {applied}.."
                                   f"{self.log.start_offset}; cannot catch up the KV")
             replayed = 0

@@ -14,18 +14,23 @@ segments start at 0 needs nothing from remote storage and never asks it.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from flightstore.errors import CorruptData, DataLoss
+from flightstore.errors import CorruptData, DataLoss, RemoteStorageUnavailable
 from flightstore.log.segment import Segment
 from flightstore.remote.manifest import KvManifest, LogManifest, SegmentEntry, VersionedManifest
 from flightstore.remote.reader import RemoteSegment
 from flightstore.remote.storage import RemoteStorage, RemoteTable
 
-__all__ = ["RemoteBucket"]
+__all__ = ["MARKER", "RemoteBucket", "read_marker", "write_marker"]
+
+MARKER = "remote.json"  # in the bucket's local directory: {"log": version, "kv": version}
 
 log = logging.getLogger("flightstore.remote")
 
@@ -33,11 +38,15 @@ log = logging.getLogger("flightstore.remote")
 class RemoteBucket:
     """Bucket ``bucket`` of ``table`` in remote storage; ``label`` names it in errors."""
 
-    def __init__(self, table: RemoteTable, bucket: int, label: str) -> None:
+    def __init__(self, table: RemoteTable, bucket: int, label: str, local: Path | None = None) -> None:
+        """``local``: the bucket's local directory, where the manifest versions this server
+        wrote are recorded (:data:`MARKER`), so that remote storage answering with less than that
+        (another ``remote.data.dir``, or its data lost) is DataLoss, never an empty history."""
         self.table = table
         self.storage: RemoteStorage = table.storage
         self.bucket = bucket
         self.label = label
+        self.marker = None if local is None else Path(local) / MARKER
         self._lock = threading.Lock()
         # Held by whoever changes the manifests (uploads, local deletion, expiry), for the whole
         # read-modify-write: two threads of this server never commit from the same old version.
@@ -68,6 +77,7 @@ class RemoteBucket:
                     versions = self._log_versions = VersionedManifest(
                         self.storage, f"{self.path}/log", self.label)
                     loaded = versions.load()
+                    self._check_marker("log", 0 if loaded is None else loaded[0])
                     self._log = LogManifest() if loaded is None else LogManifest.from_body(*loaded)
                 manifest = self._log
         return manifest
@@ -81,6 +91,7 @@ class RemoteBucket:
                     versions = self._kv_versions = VersionedManifest(
                         self.storage, f"{self.path}/kv", self.label)
                     loaded = versions.load()
+                    self._check_marker("kv", 0 if loaded is None else loaded[0])
                     self._kv = KvManifest() if loaded is None else KvManifest.from_body(*loaded)
                 manifest = self._kv
         return manifest
@@ -91,7 +102,8 @@ class RemoteBucket:
         version = self._log_versions.commit(manifest.body(), manifest.version)
         with self._lock:
             self._log = LogManifest(version, manifest.segments, manifest.schema_epochs)
-            return self._log
+        self._write_marker()
+        return self._log
 
     def commit_kv(self, manifest: KvManifest) -> KvManifest:
         """Make ``manifest`` the bucket's KV manifest (durable in storage first)."""
@@ -99,7 +111,25 @@ class RemoteBucket:
         version = self._kv_versions.commit(manifest.body(), manifest.version)
         with self._lock:
             self._kv = KvManifest(version, manifest.snapshots)
-            return self._kv
+        self._write_marker()
+        return self._kv
+
+    def _check_marker(self, which: str, loaded: int) -> None:
+        written = read_marker(self.marker).get(which, 0) if self.marker is not None else 0
+        if loaded < written:
+            where = self.storage.uri_of(f"{self.path}/{which}")
+            held = "no manifest" if loaded == 0 else f"manifest version {loaded}"
+            raise DataLoss(f"{self.label}: remote storage holds {held} at {where}, but this bucket "
+                           f"wrote version {written} there: 'remote.data.dir' is not where it "
+                           "uploaded to, or that remote data was lost; the offsets only it held "
+                           "cannot be read")
+
+    def _write_marker(self) -> None:
+        if self.marker is not None:
+            versions = {"log": self._log.version if self._log is not None else 0,
+                        "kv": self._kv.version if self._kv is not None else 0}
+            previous = read_marker(self.marker)
+            write_marker(self.marker, {k: max(v, previous.get(k, 0)) for k, v in versions.items()})
 
     def stored(self) -> bool:
         """Whether remote storage holds anything of this bucket (segments or snapshots)."""
@@ -151,7 +181,14 @@ class RemoteBucket:
         activity: dict[str, tuple[int, int]] = {}
         if local_start == 0:
             return activity
-        for entry in self.log_manifest().chain(local_start):
+        try:
+            chain = self.log_manifest().chain(local_start)
+        except (RemoteStorageUnavailable, DataLoss) as exc:
+            # Opening goes on: a writer known only there is refused a retry (its state is
+            # unknown), never applied twice; reads of those offsets fail the same way meanwhile.
+            log.error("%s: the writer state of the uploaded segments is unknown: %s", self.label, exc)
+            return activity
+        for entry in chain:
             activity.update({w: (seq, entry.max_timestamp_ms or 0) for w, seq in entry.writers.items()})
         return activity
 
@@ -223,3 +260,24 @@ class RemoteBucket:
         log.info("%s: deleted %d expired remote log segment(s), offsets %d..%d", self.label,
                  len(doomed), doomed[0].base_offset, doomed[-1].next_offset - 1)
         return len(doomed)
+
+
+def read_marker(path: Path) -> dict[str, int]:
+    """The manifest versions recorded in ``path`` (none when it does not exist)."""
+    try:
+        data = json.loads(path.read_text())
+        return {str(k): int(v) for k, v in data.items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise CorruptData(f"{path}: unreadable ({exc})") from None
+
+
+def write_marker(path: Path, versions: dict[str, int]) -> None:
+    """Record ``versions`` in ``path`` atomically (temporary file, fsync, rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(versions, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -39,7 +39,7 @@ from flightstore.log.index import fsync_directory
 from flightstore.log.schemas import EPOCHS_FILE
 from flightstore.log.segment import Segment
 from flightstore.partitioning import Partition
-from flightstore.remote.bucket import RemoteBucket
+from flightstore.remote.bucket import MARKER, RemoteBucket, write_marker
 from flightstore.remote.manifest import SnapshotEntry
 from flightstore.remote.storage import RemoteStorage
 from flightstore.schema import TableDescriptor
@@ -116,6 +116,7 @@ def _rebuild(remote: RemoteBucket, descriptor: TableDescriptor, directory: Path,
         if snapshot is not None:
             _restore_snapshot(remote, descriptor, snapshot, staging, fsync)
         _lay_out_log(staging / "log", manifest.schema_epochs, log_end, offset, remote.label, fsync)
+        write_marker(staging / MARKER, {"log": manifest.version, "kv": remote.kv_manifest().version})
         if directory.exists():
             directory.rmdir()  # empty (checked above)
         os.rename(staging, directory)

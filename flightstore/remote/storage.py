@@ -311,10 +311,11 @@ class RemoteTable:
         """Delete everything stored of this table or partition (it was dropped)."""
         self.storage.delete_dir(self.path)
 
-    def bucket(self, bucket: int, label: str):
-        """Bucket ``bucket`` (``label`` names it in errors: table and bucket)."""
+    def bucket(self, bucket: int, label: str, local: Path | None = None):
+        """Bucket ``bucket`` (``label`` names it in errors: table and bucket; ``local``: its local
+        directory, see :class:`~flightstore.remote.bucket.RemoteBucket`)."""
         from flightstore.remote.bucket import RemoteBucket
-        return RemoteBucket(self, bucket, label)
+        return RemoteBucket(self, bucket, label, local)
 
 
 def _s3(options: Mapping[str, Any], uri: str) -> tuple[pafs.FileSystem, str]:

@@ -13,6 +13,7 @@ import pytest
 from pyarrow import flight
 
 import flightstore
+from flightstore.errors import DataLoss, RemoteStorageUnavailable
 from flightstore.remote import RemoteLogManager
 from flightstore.store import Store
 from tests.remote.tables import EVENTS, ROWS, TIERED, events, rows
@@ -147,3 +148,48 @@ def test_a_pk_full_scan_reads_no_remote_segment(tmp_path, local_remote):
             got = pa.Table.from_batches(list(table.kvs[0].full_scan(exact=exact)), schema=ROWS)
             assert {r["k"]: r["v"] for r in got.to_pylist()} == expected
         assert store.remote.cache.downloads == 0  # RocksDB answered: nothing downloaded
+
+
+def test_while_remote_storage_is_down_tables_open_and_only_old_offsets_wait(tmp_path, local_remote):
+    with Store(tmp_path / "data", fsync=False, options=local_remote) as store:
+        ev = store.create_table("default.ev", EVENTS, options={"bucket.num": "1", **TIERED})
+        pk = store.create_table("default.pk", ROWS, primary_key=["k"], options={
+            "bucket.num": "1", **TIERED})
+        for i in range(6):
+            ev.write(events(i * 10, 10))
+            pk.write(rows([i % 4], [i]))
+        RemoteLogManager(store, 1000).run_once()
+        assert ev.logs[0].local_start_offset > 0 and pk.logs[0].local_start_offset > 0
+    remote = Path(local_remote["remote.data.dir"])
+    remote.rename(tmp_path / "away")
+    remote.symlink_to(remote)  # a loop: every access fails (an I/O error, like a storage outage)
+    with Store(tmp_path / "data", fsync=False, options=local_remote) as store:
+        ev, pk = store.table("default.ev"), store.table("default.pk")  # both open
+        ev.write(events(60, 10))
+        pk.write(rows([9], [9]))
+        assert {r["k"]: r["v"] for r in pk.scan_table().to_pylist()} == {0: 4, 1: 5, 2: 2, 3: 3, 9: 9}
+        log = ev.logs[0]
+        assert [v for b in log.read(log.local_start_offset) for v in b.batch.column("seq").to_pylist()][-1] == 69
+        with pytest.raises(RemoteStorageUnavailable):
+            ev.scan_table()
+        remote.unlink()
+        (tmp_path / "away").rename(remote)
+        assert ev.scan_table().column("seq").to_pylist() == list(range(70))
+
+
+def test_remote_storage_that_lost_the_uploads_is_data_loss_not_an_empty_history(tmp_path, local_remote):
+    with Store(tmp_path / "data", fsync=False, options=local_remote) as store:
+        ev = store.create_table("default.ev", EVENTS, options={"bucket.num": "1", **TIERED})
+        for i in range(6):
+            ev.write(events(i * 10, 10))
+        _tier(store, ev)
+    shutil.rmtree(local_remote["remote.data.dir"])  # wiped (or another remote.data.dir)
+    with Store(tmp_path / "data", fsync=False, options=local_remote) as store:
+        ev = store.table("default.ev")
+        with pytest.raises(DataLoss, match="remote storage holds no manifest at .* but this bucket "
+                                           "wrote version 1 there"):
+            ev.scan_table()
+        log = ev.logs[0]
+        assert [v for b in log.read(log.local_start_offset) for v in b.batch.column("seq").to_pylist()] \
+            == list(range(log.local_start_offset, 60))
+        assert RemoteLogManager(store, 1000).run_once()["segments"] == 0  # nothing uploaded there
