@@ -301,7 +301,8 @@ class Store:
                     for path in [p for p in self._tables if p.database == name]:
                         self._tables.pop(path).close()
                 dropped = self.catalog.drop_database(name, if_exists, cascade)
-        self._drop_remote(name, dropped)
+        if self.remote is not None:  # their remote data goes with them
+            self.remote.drop_tables(name, [directory.name for directory in dropped])
 
     def create_table(self, path: TablePath | str, schema: pa.Schema | None = None, *,
                      primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
@@ -339,14 +340,8 @@ class Store:
                 self._follow(old.path, new)
         kept = {p.id for p in new.partitions}
         dropped = [p.id for p in old.partitions if p.id not in kept]
-        if dropped and self.remote is not None:  # their remote data goes with them (best effort)
-            remote = self.remote.table(new, self.catalog.table_dir(new.path).name)
-            for partition_id in dropped:
-                try:
-                    remote.partition(partition_id).delete()
-                except FlightstoreError as exc:
-                    _logger.warning("remote storage of dropped partition %d of %s not deleted: %s",
-                                    partition_id, new.path, exc)
+        if dropped and self.remote is not None:  # their remote data goes with them
+            self.remote.drop_partitions(new, self.catalog.table_dir(new.path).name, dropped)
         return new
 
     def _gates_of(self, *paths: TablePath) -> contextlib.ExitStack:
@@ -411,19 +406,8 @@ class Store:
             if table is not None:
                 table.close()
             dropped = self.catalog.drop_table(path, if_exists)
-        self._drop_remote(path.database, [dropped] if dropped is not None else [])
-
-    def _drop_remote(self, database: str, directories: Sequence[Path]) -> None:
-        """Delete what remote storage holds of dropped tables (by their ids); best effort: what
-        cannot be deleted now is left behind (logged), never read again (a new table has a new id)."""
-        if self.remote is None:
-            return
-        for directory in directories:
-            try:
-                self.remote.drop_table(database, directory.name)
-            except FlightstoreError as exc:
-                _logger.warning("remote storage of dropped table %s.%s not deleted: %s", database,
-                                directory.name, exc)
+        if self.remote is not None and dropped is not None:  # its remote data goes with it
+            self.remote.drop_tables(path.database, [dropped.name])
 
     # ---- access -------------------------------------------------------------------------------
     def _path(self, path: TablePath | str) -> TablePath:

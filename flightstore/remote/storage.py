@@ -30,6 +30,7 @@ manifest is :class:`~flightstore.errors.DataLoss` naming it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import threading
@@ -43,11 +44,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from flightstore.config import SERVER_OPTIONS, server_option
-from flightstore.errors import DataLoss, InvalidOption, RemoteStorageUnavailable
+from flightstore.errors import DataLoss, FlightstoreError, InvalidOption, RemoteStorageUnavailable
 from flightstore.remote.cache import SegmentCache
 from flightstore.schema import TableDescriptor
 
 __all__ = ["CHUNK_BYTES", "RemoteFile", "RemoteStorage", "RemoteTable", "new_token"]
+
+log = logging.getLogger("flightstore.remote")
 
 CHUNK_BYTES = 4 * 1024 * 1024
 CACHE_DIR = "remote-cache"
@@ -161,14 +164,30 @@ class RemoteStorage:
         with self._lock:
             return self._tables.setdefault(key, directory)
 
-    def drop_table(self, database: str, table_id: str) -> None:
-        """Delete everything stored of table ``table_id`` (a dropped table)."""
-        suffix = f"-{table_id}"
-        for name in self.list_dir(self.path(database)):
-            if name.endswith(suffix):
-                self.delete_dir(self.path(database, name))
-        with self._lock:
-            self._tables.pop((database, table_id), None)
+    def drop_tables(self, database: str, table_ids: list[str]) -> None:
+        """Delete everything stored of the dropped tables ``table_ids``. Best effort: what cannot
+        be deleted now stays behind (logged) and is never read again (a new table has a new id)."""
+        try:
+            names = self.list_dir(self.path(database)) if table_ids else []
+            for table_id in table_ids:
+                for name in names:
+                    if name.endswith(f"-{table_id}"):
+                        self.delete_dir(self.path(database, name))
+                with self._lock:
+                    self._tables.pop((database, table_id), None)
+        except FlightstoreError as exc:
+            log.warning("remote storage of dropped tables of %s not deleted: %s", database, exc)
+
+    def drop_partitions(self, descriptor: TableDescriptor, table_id: str,
+                        partition_ids: list[int]) -> None:
+        """Delete everything stored of the dropped partitions ``partition_ids`` (best effort)."""
+        table = self.table(descriptor, table_id)
+        for partition_id in partition_ids:
+            try:
+                table.partition(partition_id).delete()
+            except FlightstoreError as exc:
+                log.warning("remote storage of dropped partition %d of %s not deleted: %s",
+                            partition_id, descriptor.path, exc)
 
     # ---- files --------------------------------------------------------------------------------
     def list_dir(self, directory: str) -> list[str]:
