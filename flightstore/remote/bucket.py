@@ -131,6 +131,12 @@ class RemoteBucket:
             previous = read_marker(self.marker)
             write_marker(self.marker, {k: max(v, previous.get(k, 0)) for k, v in versions.items()})
 
+    def refresh(self) -> None:
+        """Forget the manifests read so far: the next use reads them from storage again (for a
+        server that takes over uploading a bucket another one uploaded meanwhile)."""
+        with self.writing, self._lock:
+            self._log = self._kv = None
+
     def stored(self) -> bool:
         """Whether remote storage holds anything of this bucket (segments or snapshots)."""
         return bool(self.log_manifest().segments or self.kv_manifest().snapshots)

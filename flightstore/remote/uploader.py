@@ -55,10 +55,13 @@ def _changing_manifests(function: Callable[..., int]) -> Callable[..., int]:
 def upload_segments(bucket: RemoteBucket, tablet: LogTablet) -> int:
     """Upload the closed segments of ``tablet`` that are not uploaded yet, then write the log
     manifest listing them (once: the files of every segment first); returns how many."""
+    sealed = tablet.sealed_segments()
+    if not sealed:
+        return 0  # (nothing to ask remote storage)
     committed = manifest = bucket.log_manifest()
     uploaded = 0
     try:
-        for segment in tablet.sealed_segments():
+        for segment in sealed:
             if manifest.holds(segment.base_offset, segment.next_offset, segment.size):
                 continue
             end = manifest.end_offset
@@ -107,8 +110,10 @@ def _schema_epochs(tablet: LogTablet) -> list[tuple[int, int]] | None:
 def release_uploaded(bucket: RemoteBucket, tablet: LogTablet, keep: int) -> int:
     """Delete the local closed segments beyond the newest ``keep`` that are uploaded (a run from
     the oldest; it stops at the first one that is not); returns how many."""
-    manifest = bucket.log_manifest()
     sealed = tablet.sealed_segments()
+    if len(sealed) <= keep:
+        return 0
+    manifest = bucket.log_manifest()
     upto = None
     for segment in sealed[:max(len(sealed) - keep, 0)]:
         if not manifest.holds(segment.base_offset, segment.next_offset, segment.size):
@@ -121,9 +126,12 @@ def release_uploaded(bucket: RemoteBucket, tablet: LogTablet, keep: int) -> int:
 def upload_snapshots(bucket: RemoteBucket, snapshots: KvSnapshots, retained: int) -> int:
     """Upload the completed KV snapshots newer than the newest uploaded one, keeping the
     ``retained`` newest remotely; returns how many were uploaded."""
+    local = snapshots.list()
+    if not local:
+        return 0
     manifest = bucket.kv_manifest()
     uploaded = 0
-    for snapshot in snapshots.list():
+    for snapshot in local:
         if manifest.holds(snapshot.id, snapshot.offset, snapshot.created_ms):
             continue
         newest = manifest.newest

@@ -94,3 +94,21 @@ def test_kill_minus_nine_during_uploads_leaves_a_manifest_that_reads(tmp_path):
         seqs = table.scan_table().column("seq").to_pylist()
         assert len(seqs) >= acknowledged and sorted(seqs) == list(range(len(seqs)))
         assert log.start_offset == 0
+
+
+def test_a_bucket_taking_over_uploads_reads_the_manifest_again(tmp_path, local_remote):
+    with Store(tmp_path / "data", fsync=False, options=local_remote) as store:
+        table = store.create_table("default.ev", EVENTS, options={"bucket.num": "1", **TIERED})
+        manager = RemoteLogManager(store, 1000)
+        for i in range(3):
+            table.write(events(i * 10, 10))
+        manager.run_once()
+        uploader = table.logs[0].remote
+        other = uploader.table.bucket(0, uploader.label)  # the same bucket seen by another server
+        seen = other.log_manifest()
+        for i in range(3, 6):
+            table.write(events(i * 10, 10))
+        manager.run_once()
+        assert other.log_manifest() is seen and uploader.log_manifest().version > seen.version
+        other.refresh()
+        assert other.log_manifest() == uploader.log_manifest()
