@@ -37,7 +37,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -47,6 +47,9 @@ from flightstore.config import SERVER_OPTIONS, server_option
 from flightstore.errors import DataLoss, FlightstoreError, InvalidOption, RemoteStorageUnavailable
 from flightstore.remote.cache import SegmentCache
 from flightstore.schema import TableDescriptor
+
+if TYPE_CHECKING:
+    from flightstore.remote.bucket import RemoteBucket
 
 __all__ = ["CHUNK_BYTES", "RemoteFile", "RemoteStorage", "RemoteTable", "new_token"]
 
@@ -330,7 +333,7 @@ class RemoteTable:
         """Delete everything stored of this table or partition (it was dropped)."""
         self.storage.delete_dir(self.path)
 
-    def bucket(self, bucket: int, label: str, local: Path | None = None):
+    def bucket(self, bucket: int, label: str, local: Path | None = None) -> RemoteBucket:
         """Bucket ``bucket`` (``label`` names it in errors: table and bucket; ``local``: its local
         directory, see :class:`~flightstore.remote.bucket.RemoteBucket`)."""
         from flightstore.remote.bucket import RemoteBucket
