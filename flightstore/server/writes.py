@@ -13,14 +13,17 @@ from pyarrow import flight
 
 from flightstore import changetype
 from flightstore.acl import Operation, Permission, Resource
-from flightstore.errors import InvalidInput, TableNotFound, Unsupported
+from flightstore.errors import FlightstoreError, InvalidInput, TableNotFound, Unsupported
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import protocol, tickets
 from flightstore.server.rpc import _rpc
 from flightstore.server.session import Session
 from flightstore.server.upload import upload_chunks
 from flightstore.sql import nodes
+from flightstore.sql.dml import parameter_columns
 from flightstore.sql.execute import is_query
+from flightstore.sql.parse import parse_statement
+from flightstore.sql.resolve import resolve_column
 
 __all__ = ["WriteRpcs"]
 
@@ -101,26 +104,37 @@ class WriteRpcs:
     def _bulk_insert(self, sql: str, rows: list, database: str) -> nodes.Insert | None:
         """One Insert of every parameter row when ``sql`` is ``INSERT ... VALUES (?, ?, ...)``.
 
-        The statement is planned once, with the first row; when its single VALUES row is exactly
-        the parameters in order, the other rows become columns of the same batch (cast and
-        validated by the table as one write) instead of being planned one by one.
+        The statement is planned once, with the first row (which validates it and names the
+        table's columns and types); parameter ``i`` of every row then becomes the column the
+        statement's column list puts it in (:func:`~flightstore.sql.dml.parameter_columns`: the
+        list need not follow the table's order), cast and validated by the table as one write,
+        instead of each row being planned on its own.
         """
         if len(rows) < 2 or rows[0] is None:
             return None
-        first = self.executor.plan(sql, rows[0], database)
-        if not isinstance(first, nodes.Insert) or first.data.num_rows != 1 \
-                or first.data.num_columns != len(rows[0]):
-            return None
-        probe = [_probe_value(f.type) for f in first.data.schema]
-        if self.executor.plan(sql, probe, database).data.to_pylist()[0] != \
-                dict(zip(first.data.column_names, probe)):
-            return None  # the VALUES row is not just the parameters in order
         try:
-            columns = [pa.array([row[i] for row in rows]).cast(field.type)
-                       for i, field in enumerate(first.data.schema)]
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, IndexError):
+            targets = parameter_columns(parse_statement(sql))
+        except FlightstoreError:
+            return None  # the per-row planner reports it
+        if targets is None:
+            return None
+        first = self.executor.plan(sql, rows[0], database)
+        if not isinstance(first, nodes.Insert) or first.data.num_rows != 1:
+            return None
+        schema = first.data.schema
+        names = [resolve_column(schema, name, first.table) for name in targets] if targets \
+            else schema.names
+        if len(names) != len(rows[0]) or len(set(names)) != len(names):
+            return None
+        position = {name: i for i, name in enumerate(names)}
+        count = len(rows)
+        try:
+            columns = [pa.array([row[position[field.name]] for row in rows]).cast(field.type)
+                       if field.name in position else pa.nulls(count, field.type)  # a log table's unnamed
+                       for field in schema]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, IndexError, KeyError):
             return None  # let the per-row planner report the offending value
-        return nodes.Insert(table=first.table, data=pa.Table.from_arrays(columns, schema=first.data.schema),
+        return nodes.Insert(table=first.table, data=pa.Table.from_arrays(columns, schema=schema),
                             columns=first.columns)
 
     def _ingest(self, command: Any, reader: flight.MetadataRecordBatchReader, default_database: str) -> int:
