@@ -228,7 +228,9 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("log.retention.check-interval", "duration", 60_000,
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,
-                 "Largest record batch sent in one Flight message."),
+                 "Most rows of one Flight message of a result (queries, lookups, scans, "
+                 "subscriptions, metadata): larger batches are cut (zero-copy); a message also "
+                 "stays below 2 MiB whatever this says.", minimum=1),
     ConfigOption("query.memory-limit", "size", 1_000_000_000,
                  "Memory the embedded SQL engine (DuckDB) may use for residual SQL (GROUP BY, joins, "
                  "ORDER BY...) across all queries; beyond it, operators spill to `DATA_DIR/.spill` and "
