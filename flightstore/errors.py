@@ -32,6 +32,7 @@ __all__ = [
     "DataDirectoryInUse",
     "OffsetOutOfRange",
     "Unavailable",
+    "WriteIncomplete",
     "BucketUnavailable",
     "CoordinatorUnavailable",
     "LakeUnavailable",
@@ -181,6 +182,14 @@ class Unavailable(FlightstoreError):
     succeed later (maps to UNAVAILABLE)."""
 
     flight_status = "unavailable"
+
+
+class WriteIncomplete(Unavailable):
+    """A write passed every check and was recorded as its table's write intent, but storage failed
+    (a full disk, an I/O error) before every bucket applied it. It is completed, never undone,
+    before the table's next write and at its next open (:mod:`flightstore.intents`); until then the
+    table refuses writes with this error. A retry with the same writer id and sequence is
+    acknowledged as a duplicate once it is complete."""
 
 
 class BucketUnavailable(Unavailable):

@@ -1,21 +1,26 @@
 """One bucket of a primary-key table: RocksDB rows kept equal to the fold of the bucket's changelog.
 
-Applying a write (``apply``):
+A write goes through two steps, so that a write spanning buckets can check every bucket before it
+changes any (:mod:`flightstore.table.writes`):
 
-1. encode the keys, group the rows by key (groups in order of first occurrence) and fetch the stored
-   row of every group with ONE multi-get;
-2. let the table's merge engine compute the row each key holds afterwards (partial updates keep the
-   unwritten columns);
-3. derive the changelog (``+I``; ``-U``/``+U``, no ``-U`` with ``table.changelog.image = WAL``;
-   ``-D``) and append it to the bucket's log: the log is durable before the write is acknowledged;
-4. write the new rows to RocksDB in ONE WriteBatch that also stores the applied log offset, the row
-   count and the writer's batch sequence.
+* :meth:`KvTablet.prepare` computes the bucket's part of the write and changes nothing: encode the
+  keys, group the rows by key (groups in order of first occurrence), fetch the stored row of every
+  group with ONE multi-get, let the table's merge engine compute the row each key holds afterwards
+  (partial updates keep the unwritten columns), derive the changelog (``+I``; ``-U``/``+U``, no
+  ``-U`` with ``table.changelog.image = WAL``; ``-D``) and encode the RocksDB puts. Every check that
+  depends on stored values (an aggregate that overflows, a merge engine's refusal, a value the
+  codec cannot store) fails here. The result is a :class:`PreparedWrite`.
+* :meth:`KvTablet.commit` applies a prepared write: it appends the changelog to the bucket's log
+  (the log is durable before the write is acknowledged), then writes the new rows to RocksDB in
+  ONE WriteBatch that also stores the applied log offset, the row count and the writer's batch
+  sequence. It can fail only on storage (a full disk, an I/O error).
 
-A crash between 3 and 4 is repaired by :meth:`recover` (run on open), which replays the changelog
-after the applied offset. :meth:`snapshot` takes a KV snapshot (:mod:`flightstore.kv.snapshot`); a
-missing, unopenable or hopelessly stale KV directory is rebuilt on open from the newest usable
-snapshot plus the log after it (or from the whole log while it starts at offset 0), with a log line
-saying so; :meth:`rebuild` does the same on request.
+A crash (or a failed RocksDB write) between the log append and the WriteBatch is repaired by
+:meth:`recover` (run on open, and by :meth:`catch_up` before the next write), which replays the
+changelog after the applied offset. :meth:`snapshot` takes a KV snapshot
+(:mod:`flightstore.kv.snapshot`); a missing, unopenable or hopelessly stale KV directory is rebuilt
+on open from the newest usable snapshot plus the log after it (or from the whole log while it
+starts at offset 0), with a log line saying so; :meth:`rebuild` does the same on request.
 
 Reads (point lookups, prefix lookups, scans and key ranges) go through :mod:`flightstore.kv.scan`:
 chunked, from one RocksDB snapshot, decoded with the vectorized row codec, and checked so that a
@@ -57,7 +62,8 @@ from flightstore.log import LogTablet
 from flightstore.log.held import require_held
 from flightstore.schema import TableDescriptor
 
-__all__ = ["UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES", "ApplyResult", "KvTablet", "changelog_schema"]
+__all__ = ["UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES", "ApplyResult", "KvTablet", "PreparedWrite",
+           "changelog_schema"]
 
 log = logging.getLogger("flightstore.kv")
 
@@ -72,6 +78,7 @@ _WRITER_STATE = struct.Struct(">qq")
 _FOUND, _NOT_FOUND = np.ones(1, bool), np.zeros(1, bool)  # found masks of one key (read-only)
 _FOUND.setflags(write=False)
 _NOT_FOUND.setflags(write=False)
+_NO_KEYS = np.empty(0, dtype=object)
 # A full scan reads the newest snapshot image plus the changelog after it unless that tail holds
 # more than this many rows per image row (then iterating RocksDB is cheaper).
 IMAGE_TAIL_FACTOR = 4
@@ -89,6 +96,30 @@ class ApplyResult:
 
     base_offset: int | None
     changes: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class PreparedWrite:
+    """One bucket's part of a write, computed by :meth:`KvTablet.prepare` (or rebuilt from its
+    recorded changelog by :meth:`KvTablet.prepare_changelog`) and not applied yet.
+
+    It holds what :meth:`KvTablet.commit` writes: the ``changelog`` to append (table columns plus
+    ``_change_type``; empty when the write changes nothing here), the encoded RocksDB puts and
+    deletes, the row count delta and the writer's batch. It was computed against the bucket at
+    applied offset ``at``: it may be committed only while the bucket is still there (the table
+    lock holds writes back in between), which :meth:`KvTablet.commit` checks.
+    """
+
+    changelog: pa.Table
+    put_keys: np.ndarray
+    put_values: list[bytes]
+    delete_keys: np.ndarray
+    row_delta: int
+    at: int
+    writer_id: str | None = None
+    sequence: int | None = None
+    timestamp_ms: int | None = None
     duplicate: bool = False
 
 
@@ -332,29 +363,40 @@ class KvTablet:
     def apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None = None,
               *, writer_id: str | None = None, sequence: int | None = None,
               overwrite: bool = False, durable: bool = True, now_ms: int | None = None) -> ApplyResult:
-        """Apply rows (every table column, conformed by the caller) with per-row change types.
+        """Prepare and commit a write of this bucket alone (see :meth:`prepare`, :meth:`commit`).
 
-        ``overwrite`` bypasses the merge engine: rows replace (+I/+U) or remove (-D) stored rows as
-        they are (used to restore before-images). A batch whose ``sequence`` this writer already
-        applied is skipped and reported as ``duplicate``. With ``durable`` the changelog is on disk
-        when this returns (if the log fsyncs); a caller holding locks passes False and calls
-        ``log.sync()`` after releasing them, so concurrent writers share the fsync. ``now_ms``
-        (default: the wall clock) is the changelog record's timestamp and the writer's last write
-        time.
+        ``durable``: the changelog is on disk when this returns (if the log fsyncs); a caller
+        holding locks passes False and calls ``log.sync()`` after releasing them, so concurrent
+        writers share the fsync.
         """
-        result = self._apply(batch, kinds, target_columns, writer_id, sequence, overwrite, now_ms)
-        if durable:
-            self.log.sync()
-        return result
-
-    def _apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None,
-               writer_id: str | None, sequence: int | None, overwrite: bool,
-               now_ms: int | None) -> ApplyResult:
         with self._lock:
+            prepared = self.prepare(batch, kinds, target_columns, writer_id=writer_id, sequence=sequence,
+                                    overwrite=overwrite, now_ms=now_ms)
+            return self.commit(prepared, durable=durable)
+
+    def prepare(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None = None,
+                *, writer_id: str | None = None, sequence: int | None = None,
+                overwrite: bool = False, now_ms: int | None = None) -> PreparedWrite:
+        """This bucket's part of a write (rows of every table column, conformed by the caller, with
+        per-row change types), merged against the stored rows and encoded, changing nothing.
+
+        Every failure that depends on stored values is raised here (InvalidInput: an aggregate
+        overflows its type, a merge engine refuses a value...). ``overwrite`` bypasses the merge
+        engine: rows replace (+I/+U) or remove (-D) stored rows as they are (restoring
+        before-images). A batch whose ``sequence`` this writer already applied is a ``duplicate``.
+        ``now_ms`` (default: the wall clock) becomes the changelog record's timestamp and the
+        writer's last write time. Commit the result with :meth:`commit` before any other write of
+        this bucket (callers hold the table lock across both).
+        """
+        with self._lock:
+            self.catch_up()
+            at = self.applied_offset
+            timestamp = int(time.time() * 1000) if now_ms is None else int(now_ms)
             if writer_id is not None and sequence is not None:
                 last = self.writer_sequence(writer_id)
                 if last is not None and sequence <= last:
-                    return ApplyResult(None, 0, duplicate=True)
+                    return PreparedWrite(changelog_schema(self.schema).empty_table(), _NO_KEYS, [], _NO_KEYS, 0, at,
+                                         writer_id, sequence, timestamp, duplicate=True)
             encoded = encode_key_array(batch, self.primary_key).dictionary_encode()
             group = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
             # RocksDB reads and writes keys faster in key order (about 2x for a batch of 50k
@@ -376,26 +418,81 @@ class KvTablet:
             updated = both & ~same
             deleted = found & ~exists
             changelog = self._changelog(old, new, inserted, updated, deleted)
+            puts = np.flatnonzero((inserted | updated)[order])  # positions in key order
+            values = self.codec.encode(new.take(pa.array(order[puts]))) if len(puts) else []
+            return PreparedWrite(changelog, sorted_keys[puts], values,
+                                 sorted_keys[np.flatnonzero(deleted[order])],
+                                 int(inserted.sum()) - int(deleted.sum()), at, writer_id, sequence,
+                                 timestamp)
+
+    def prepare_changelog(self, changelog: pa.Table, *, writer_id: str | None = None,
+                          sequence: int | None = None, timestamp_ms: int | None = None) -> PreparedWrite:
+        """A prepared write from a changelog :meth:`prepare` computed before (a write intent rolled
+        forward, :mod:`flightstore.intents`): no merge, so nothing here depends on stored values.
+        Valid only against the bucket state that changelog was computed from."""
+        with self._lock:
+            self.catch_up()
+            keys, values, removed, delta = self._changes(changelog)
+            return PreparedWrite(changelog, keys[values[0]], values[1], keys[removed], delta,
+                                 self.applied_offset, writer_id, sequence, timestamp_ms)
+
+    def commit(self, prepared: PreparedWrite, *, durable: bool = False) -> ApplyResult:
+        """Apply a :class:`PreparedWrite`: append its changelog to the bucket's log, then write its
+        rows, the applied offset, the row count and the writer's sequence to RocksDB in one
+        WriteBatch. Nothing here depends on values: it fails only on storage (OSError from the
+        log append, which leaves the log as it was; a RocksDB error after the append, which
+        :meth:`catch_up` repairs from the log). A duplicate commits nothing.
+
+        Raises FlightstoreError when the bucket moved since ``prepared`` was computed (a caller
+        that did not hold the table lock across prepare and commit). ``durable`` as in
+        :meth:`apply`.
+        """
+        with self._lock:
+            if prepared.duplicate:
+                return ApplyResult(None, 0, duplicate=True)
+            if self.applied_offset != prepared.at or self.log.end_offset != prepared.at:
+                raise FlightstoreError(f"{self.where}: a write prepared at offset {prepared.at} cannot "
+                                       f"be committed at offset {self.log.end_offset}")
+            changelog = prepared.changelog
             base_offset = None
             if changelog.num_rows:
-                base_offset = self.log.append(changelog, writer_id=writer_id, sequence=sequence,
-                                              timestamp_ms=now_ms, durable=False)
+                base_offset = self.log.append(changelog, writer_id=prepared.writer_id,
+                                              sequence=prepared.sequence,
+                                              timestamp_ms=prepared.timestamp_ms, durable=False)
             write = WriteBatch(raw_mode=True)
-            puts = np.flatnonzero((inserted | updated)[order])  # positions in key order
-            if len(puts):
-                values = self.codec.encode(new.take(pa.array(order[puts])))
-                collections.deque(map(write.put, sorted_keys[puts], values), maxlen=0)
-            removed = np.flatnonzero(deleted[order])
-            if len(removed):
-                collections.deque(map(write.delete, sorted_keys[removed]), maxlen=0)
+            collections.deque(map(write.put, prepared.put_keys, prepared.put_values), maxlen=0)
+            collections.deque(map(write.delete, prepared.delete_keys), maxlen=0)
             write.put(_APPLIED, _INT.pack(self.log.end_offset), self._meta_cf)
-            write.put(_ROWS, _INT.pack(self.row_count + int(inserted.sum()) - int(deleted.sum())),
-                      self._meta_cf)
-            if writer_id is not None and sequence is not None:
-                last_ms = int(time.time() * 1000) if now_ms is None else now_ms
-                write.put(_WRITER + writer_id.encode(), _writer_value(sequence, last_ms), self._meta_cf)
+            write.put(_ROWS, _INT.pack(self.row_count + prepared.row_delta), self._meta_cf)
+            if prepared.writer_id is not None and prepared.sequence is not None:
+                write.put(_WRITER + prepared.writer_id.encode(),
+                          _writer_value(prepared.sequence, prepared.timestamp_ms), self._meta_cf)
             self._db.write(write)
-            return ApplyResult(base_offset, changelog.num_rows)
+        if durable:
+            self.log.sync()
+        return ApplyResult(base_offset, changelog.num_rows)
+
+    def catch_up(self) -> int:
+        """Replay the changelog the log holds beyond the applied offset (a RocksDB write that
+        failed after its log append); returns rows replayed. Repairs committed state only."""
+        with self._lock:
+            if self.applied_offset >= self.log.end_offset:
+                return 0
+            return self.recover()
+
+    def _changes(self, changelog: pa.Table) -> tuple[np.ndarray, tuple[np.ndarray, list[bytes]],
+                                                      np.ndarray, int]:
+        """What a changelog does to RocksDB: encoded keys, (put positions, encoded values),
+        delete positions and the row count delta (+I adds a row, -D removes one, -U/+U
+        neither). A changelog holds one change per key (plus the -U of a +U)."""
+        kinds = changelog.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
+        rows = changelog.drop_columns([changetype.CHANGE_TYPE_COLUMN])
+        keys = np.array(encode_keys(rows, self.primary_key), dtype=object)
+        upsert = np.flatnonzero((kinds == changetype.INSERT) | (kinds == changetype.UPDATE_AFTER))
+        values = self.codec.encode(rows.take(pa.array(upsert))) if len(upsert) else []
+        removed = np.flatnonzero(kinds == changetype.DELETE)
+        delta = int((kinds == changetype.INSERT).sum()) - len(removed)
+        return keys, (upsert, values), removed, delta
 
     def _multi_get(self, keys: list[bytes] | np.ndarray, columns: Sequence[str] | None = None
                    ) -> tuple[np.ndarray, pa.Table]:
@@ -482,18 +579,10 @@ class KvTablet:
 
     def _replay(self, record) -> int:
         batch = pa.Table.from_batches([record.batch])
-        kinds = batch.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
-        rows = batch.drop_columns([changetype.CHANGE_TYPE_COLUMN])
-        keys = np.array(encode_keys(rows, self.primary_key), dtype=object)
-        upsert = (kinds == changetype.INSERT) | (kinds == changetype.UPDATE_AFTER)
+        keys, (puts, values), removed, delta = self._changes(batch)
         write = WriteBatch(raw_mode=True)
-        if upsert.any():  # one change per key and record: puts and deletes do not interleave
-            values = self.codec.encode(rows.filter(pa.array(upsert)))
-            collections.deque(map(write.put, keys[upsert], values), maxlen=0)
-        removed = kinds == changetype.DELETE
-        if removed.any():
-            collections.deque(map(write.delete, keys[removed]), maxlen=0)
-        delta = int((kinds == changetype.INSERT).sum()) - int((kinds == changetype.DELETE).sum())
+        collections.deque(map(write.put, keys[puts], values), maxlen=0)
+        collections.deque(map(write.delete, keys[removed]), maxlen=0)
         write.put(_APPLIED, _INT.pack(record.next_offset), self._meta_cf)
         write.put(_ROWS, _INT.pack(self.row_count + delta), self._meta_cf)
         if record.writer_id is not None and record.sequence is not None:
