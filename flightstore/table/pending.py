@@ -88,7 +88,10 @@ class PendingWrites:
         if self._pending is not None:
             for part in self._pending.parts:
                 part.prepared = None  # computed before the failure: rebuilt from the record
-            self._roll_forward({})
+            try:
+                self._roll_forward({})
+            except WriteIncomplete as exc:
+                raise WriteIncomplete(f"nothing was done: an earlier write is incomplete: {exc}") from exc
 
     def _roll_forward(self, result: dict) -> None:
         """Commit the pending write to every bucket that lacks it, fsync their logs, clear the
