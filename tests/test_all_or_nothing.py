@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pytest
 import pyroaring
+import pytest
 
 from flightstore import changetype, maintenance
 from flightstore.errors import InvalidInput

@@ -147,6 +147,7 @@ def attempt(table, twin, engine: str, spec: dict, rows: list[dict], limit: int |
     return outcome
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op, min_size=2, max_size=5), choice=st.integers(0, 1))
