@@ -33,6 +33,7 @@ __all__ = [
     "OffsetOutOfRange",
     "Unavailable",
     "WriteIncomplete",
+    "DeliveryTimeout",
     "BucketUnavailable",
     "CoordinatorUnavailable",
     "LakeUnavailable",
@@ -190,6 +191,13 @@ class WriteIncomplete(Unavailable):
     before the table's next write and at its next open (:mod:`flightstore.intents`); until then the
     table refuses writes with this error. A retry with the same writer id and sequence is
     acknowledged as a duplicate once it is complete."""
+
+
+class DeliveryTimeout(Unavailable):
+    """(Client side.) A ``TableClient`` write was not acknowledged within
+    ``client.writer.delivery-timeout``: its outcome is unknown. The client keeps the batch and
+    delivers it again, under the same writer sequence (applied once), before its next write or on
+    ``flush()``: the caller must not send it again."""
 
 
 class BucketUnavailable(Unavailable):
