@@ -411,9 +411,9 @@ class TableClient:
         return self.connection._action("flightstore.writer", {"table": self.name,
                                                               "writer_id": self.writer_id})["sequence"]
 
-    def _next_sequence(self, deadline: float) -> int:
+    def _next_sequence(self, deadline: float | None = None) -> int:
         if self._sequence is None:
-            last = self._retry(self._last_applied, deadline,
+            last = self._retry(self._last_applied, self._deadline() if deadline is None else deadline,
                                lambda: f"the sequence of writer {self.writer_id!r} of {self.name}")
             self._sequence = -1 if last is None else last
         return self._sequence + 1
