@@ -6,7 +6,7 @@ Usage: python -m tests.full_disk_writer DATA_DIR MODE
 MODE ``retry``: after the failure, lift the limit and retry the same batch (same writer id and
 sequence), then write the next one. MODE ``crash``: exit at once (os._exit) with the write
 pending. MODE ``reopen``: close and reopen the store while still limited, then lift the limit and
-write on. Prints one JSON line per step: ``{"step": ..., ...}``.
+write on. MODE ``alter``: add a column to both tables while the write is pending, then as ``retry``. Prints one JSON line per step: ``{"step": ..., ...}``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 
+from flightstore.alter import AddColumns
 from flightstore.errors import WriteIncomplete
 from flightstore.store import Store
 
@@ -81,6 +82,9 @@ def main() -> None:
     say("refused", **write(store, 2, 100))
     if mode == "crash":
         os._exit(0)
+    if mode == "alter":  # the pending write was recorded under the schema before
+        for name in ("agg", "ev"):
+            store.alter_table(name, [AddColumns((pa.field("extra", pa.string()),))])
     if mode == "reopen":
         store.close()
         store = Store(data_dir, fsync=False)

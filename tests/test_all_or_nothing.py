@@ -91,7 +91,7 @@ def _run_full_disk_child(data_dir: Path, mode: str) -> dict:
     return {step["step"]: step for step in map(json.loads, done.stdout.splitlines())}
 
 
-@pytest.mark.parametrize("mode", ["retry", "crash", "reopen"])
+@pytest.mark.parametrize("mode", ["retry", "crash", "reopen", "alter"])
 def test_a_full_log_segment_mid_write_is_rolled_forward_never_left_half(tmp_path, mode):
     """The last bucket's log append fails with EFBIG after the others committed: the write stays
     recorded, writes are refused until it completes (by the retry, or at the next open), reads go

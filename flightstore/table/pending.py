@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from flightstore import changetype
-from flightstore.errors import FlightstoreError, WriteIncomplete
+from flightstore.errors import InvalidInput, WriteIncomplete
 from flightstore.intents import BUCKET_COLUMN, FORMAT
 from flightstore.kv.tablet import PreparedWrite, changelog_schema
 from flightstore.schema import conform
@@ -87,7 +87,8 @@ class PendingWrites:
         raises WriteIncomplete when it still cannot be completed."""
         if self._pending is not None:
             for part in self._pending.parts:
-                part.prepared = None  # computed before the failure: rebuilt from the record
+                part.prepared = None  # computed before the failure: rebuilt from the record,
+                part.record = self._conformed(part.record)  # under the schema of now (ALTER)
             try:
                 self._roll_forward({})
             except WriteIncomplete as exc:
@@ -128,7 +129,8 @@ class PendingWrites:
         """On open: complete the write the intent log recorded, if any (see
         :mod:`flightstore.intents`). Never raises for the write itself: a write that storage still
         cannot complete stays pending (writes are refused until it completes), one that cannot be
-        applied at all is set aside; the table opens either way."""
+        applied on its values (InvalidInput) is set aside; the table opens either way. Corruption
+        met on the way (CorruptData, DataLoss) is raised, as any read of the table would."""
         found = self._intents.pending()
         if found is None:
             self._intents.complete()  # empty, or torn: a write that never touched a bucket
@@ -146,7 +148,7 @@ class PendingWrites:
             log.error("table %s: the write intent %s could not be completed at open (%s); the table "
                       "serves reads and completes it before its next write", self.path,
                       self._intents.path, exc)
-        except FlightstoreError as exc:
+        except InvalidInput as exc:  # value-dependent (overflow, refusal, a schema it no longer fits)
             self._pending = None
             aside = self._intents.set_aside()
             log.error("table %s: the write intent of writer %r batch %s cannot be applied (%s: %s); "
@@ -170,15 +172,19 @@ class PendingWrites:
     def _recorded_parts(self, record: pa.Table) -> list[BucketWrite]:
         """The parts of a recorded intent, by bucket, conformed to the current schema."""
         buckets = record.column(BUCKET_COLUMN).to_numpy(zero_copy_only=False)
-        rows = record.drop_columns([BUCKET_COLUMN])
-        names = rows.column_names
-        target = changelog_schema(self.schema) if changetype.CHANGE_TYPE_COLUMN in names else self.schema
+        rows = self._conformed(record.drop_columns([BUCKET_COLUMN]))
         parts = []
         for bucket in np.unique(buckets):
-            part = rows.filter(pa.array(buckets == bucket))
             partition, local = self._split_table_bucket(int(bucket))
-            parts.append(BucketWrite(local, conform(part, target, target.names), partition=partition))
+            parts.append(BucketWrite(local, rows.filter(pa.array(buckets == bucket)), partition=partition))
         return parts
+
+    def _conformed(self, rows: pa.Table) -> pa.Table:
+        """Recorded rows (a changelog, or a log table's rows) as the table's current schema holds
+        them: columns added since are null, widened ones cast."""
+        target = changelog_schema(self.schema) if changetype.CHANGE_TYPE_COLUMN in rows.column_names \
+            else self.schema
+        return rows if rows.schema == target else conform(rows, target, target.names)
 
     # ---- hooks: where a bucket lives (a partitioned table has units) ---------------------------
     def _unit_of(self, partition: int | None) -> Any:
