@@ -23,7 +23,7 @@ import pyarrow as pa
 from flightstore import changetype
 from flightstore.errors import InvalidInput, WriteIncomplete
 from flightstore.intents import BUCKET_COLUMN, FORMAT
-from flightstore.kv.tablet import PreparedWrite, changelog_schema
+from flightstore.kv.writes import PreparedWrite, changelog_schema
 from flightstore.schema import conform
 
 __all__ = ["BucketWrite", "PendingWrite", "PendingWrites"]
