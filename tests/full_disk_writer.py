@@ -6,7 +6,8 @@ Usage: python -m tests.full_disk_writer DATA_DIR MODE
 MODE ``retry``: after the failure, lift the limit and retry the same batch (same writer id and
 sequence), then write the next one. MODE ``crash``: exit at once (os._exit) with the write
 pending. MODE ``reopen``: close and reopen the store while still limited, then lift the limit and
-write on. MODE ``alter``: add a column to both tables while the write is pending, then as ``retry``. Prints one JSON line per step: ``{"step": ..., ...}``.
+write on. MODE ``alter``: add a column to both tables while the write is pending, then as
+``retry``. Prints one JSON line per step: ``{"step": ..., ...}``.
 """
 
 from __future__ import annotations
