@@ -2,7 +2,14 @@
 changelog subscriptions. Arrow in, Arrow out.
 
 Writes are idempotent: every :class:`TableClient` has a writer id and numbers its batches; a batch
-whose acknowledgement was lost is retried with the same sequence and applied once.
+whose acknowledgement was lost is retried with the same sequence and applied once. A write retries
+(with a capped, doubling backoff) until the server acknowledges it or
+``client.writer.delivery-timeout`` (default 2 minutes, so a server restart is covered) passes; after
+a failed attempt it asks the server for the writer's last applied sequence and skips a batch that
+landed. A batch whose outcome is still unknown at the timeout (:class:`DeliveryTimeout`) keeps its
+sequence: the client delivers it again before its next write (or on :meth:`TableClient.flush`),
+never giving its sequence to other rows. Client options: ``connect(uri, options={...})``
+(:data:`flightstore.config.CLIENT_OPTIONS`).
 
 Security: ``grpc+tls://`` URIs verify the server against ``tls_root_certs`` (PEM bytes or a file
 path; default: the system's roots); ``cert_chain`` and ``private_key`` present a client certificate
@@ -24,12 +31,14 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyarrow import flight
 
-from flightstore.errors import InvalidOption
+from flightstore.config import validate_client_options
+from flightstore.errors import DeliveryTimeout, InvalidOption
 from flightstore.expressions import Predicate
 from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
@@ -38,6 +47,13 @@ from flightstore.streams import read_batches
 __all__ = ["Connection", "Subscription", "TableClient", "connect"]
 
 MAX_SEND_BYTES = 4 * 1024 * 1024  # per Flight message, far below gRPC's 16 MiB limit
+MAX_SEND_ROWS = 65_536
+FIRST_BACKOFF_S = 0.05  # the first wait between two attempts of a write; it doubles up to the cap
+# Failures after which a write's outcome is unknown (the server went away, restarts, is shutting
+# down or answered UNAVAILABLE, the call timed out): worth another attempt under the same sequence.
+_RETRYABLE = (flight.FlightUnavailableError, flight.FlightTimedOutError, flight.FlightCancelledError)
+_TRANSPORT = ("socket closed", "connection reset", "rst_stream", "goaway", "broken pipe",
+              "failed to connect", "stream removed", "end of tcp stream")
 T = TypeVar("T")
 Pem = bytes | str | os.PathLike  # PEM bytes, or the path of a PEM file
 
@@ -52,11 +68,13 @@ def _pem(value: Pem | None) -> bytes | None:
 def connect(uri: str = "grpc://127.0.0.1:8815", *, username: str | None = None,
             password: str | None = None, timeout: float | None = None,
             tls_root_certs: Pem | None = None, cert_chain: Pem | None = None,
-            private_key: Pem | None = None, override_hostname: str | None = None) -> Connection:
-    """Connect to a flightstore server (see the module doc for TLS and authentication)."""
+            private_key: Pem | None = None, override_hostname: str | None = None,
+            options: Mapping[str, Any] | None = None) -> Connection:
+    """Connect to a flightstore server (see the module doc for TLS and authentication; ``options``:
+    client options such as ``client.writer.delivery-timeout``, checked at once)."""
     return Connection(uri, username=username, password=password, timeout=timeout,
                       tls_root_certs=tls_root_certs, cert_chain=cert_chain, private_key=private_key,
-                      override_hostname=override_hostname)
+                      override_hostname=override_hostname, options=options)
 
 
 class Connection:
@@ -65,8 +83,9 @@ class Connection:
     def __init__(self, uri: str, *, username: str | None = None, password: str | None = None,
                  timeout: float | None = None, tls_root_certs: Pem | None = None,
                  cert_chain: Pem | None = None, private_key: Pem | None = None,
-                 override_hostname: str | None = None) -> None:
+                 override_hostname: str | None = None, options: Mapping[str, Any] | None = None) -> None:
         self.uri = uri
+        self.options = validate_client_options(options)
         tls: dict[str, Any] = {}
         if tls_root_certs is not None:
             tls["tls_root_certs"] = _pem(tls_root_certs)
@@ -74,7 +93,13 @@ class Connection:
             tls["cert_chain"], tls["private_key"] = _pem(cert_chain), _pem(private_key)
         if override_hostname is not None:
             tls["override_hostname"] = override_hostname
-        self._client = flight.FlightClient(uri, **tls)
+        # A restarted server is reconnected to within the retry backoff cap, not gRPC's own (which
+        # grows to minutes after repeated failures).
+        backoff_ms = self.options["client.writer.retry-backoff.max"]
+        self._client = flight.FlightClient(uri, **tls, generic_options=[
+            ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
+            ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
+            ("grpc.max_reconnect_backoff_ms", backoff_ms)])
         self._tls = tls
         self._peers: dict[str, Connection] = {}  # cluster mode: connections to other servers
         self._timeout = timeout
@@ -119,7 +144,7 @@ class Connection:
         if peer is None:
             username, password = self._credentials or (None, None)
             peer = self._peers[uri] = Connection(uri, username=username, password=password,
-                                                 timeout=self._timeout, **self._tls)
+                                                 timeout=self._timeout, options=self.options, **self._tls)
         return peer
 
     # ---- SQL ----------------------------------------------------------------------------------
@@ -232,8 +257,7 @@ class Connection:
 
         def put() -> bytes:
             writer, reader = self._client.do_put(descriptor, data.schema, self._options)
-            per_row = max(1, data.nbytes // max(data.num_rows, 1))
-            writer.write_table(data, max_chunksize=max(1, min(65_536, MAX_SEND_BYTES // per_row)))
+            writer.write_table(data, max_chunksize=_message_rows(data))
             writer.done_writing()
             answer = reader.read()
             writer.close()
@@ -245,6 +269,22 @@ class Connection:
         results = self._retrying(lambda: list(self._client.do_action(flight.Action(kind, body),
                                                                      self._options)))
         return tickets.decode_custom(results[0].body.to_pybytes())
+
+
+def _message_rows(data: pa.Table) -> int:
+    """Rows per Flight message of a write of ``data`` (messages stay below MAX_SEND_BYTES)."""
+    per_row = max(1, data.nbytes // max(data.num_rows, 1))
+    return max(1, min(MAX_SEND_ROWS, MAX_SEND_BYTES // per_row))
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Whether a write failed in a way that leaves its outcome unknown (see _RETRYABLE)."""
+    if isinstance(exc, _RETRYABLE):
+        return True
+    if isinstance(exc, flight.FlightError):
+        return isinstance(exc, flight.FlightInternalError) and \
+            any(marker in str(exc).lower() for marker in _TRANSPORT)
+    return isinstance(exc, OSError)  # the stream broke under a write in progress
 
 
 class Subscription:
@@ -272,10 +312,21 @@ class Subscription:
         self.close()
 
 
+@dataclass
+class _Batch:
+    """A write on its way: its command (writer id, base sequence) and its parts by server URI."""
+
+    payload: dict
+    parts: list[tuple[str, pa.Table]]
+    attempted: bool = False  # sent at least once: its outcome may be known to the server
+
+    @property
+    def sequence(self) -> int:
+        return self.payload["sequence"]
+
+
 class TableClient:
     """Writes and reads of one table through the server."""
-
-    RETRIES = 3
 
     def __init__(self, connection: Connection, name: str, *, writer_id: str | None = None) -> None:
         TablePath.parse(name)  # a bad name fails here, before anything is sent
@@ -283,6 +334,7 @@ class TableClient:
         self.name = name
         self.writer_id = writer_id or uuid.uuid4().hex
         self._sequence = None
+        self._unsettled: _Batch | None = None  # a batch whose outcome a DeliveryTimeout left unknown
         self._layout: dict | None = None  # cluster mode: bucketing and leaders (flightstore.locations)
 
     # ---- cluster mode: where buckets live --------------------------------------------------------
@@ -331,44 +383,98 @@ class TableClient:
             return fallback()
 
     # ---- writes -------------------------------------------------------------------------------
-    def _next_sequence(self) -> int:
+    def _deadline(self) -> float:
+        return time.monotonic() + self.connection.options["client.writer.delivery-timeout"] / 1000
+
+    def _retry(self, call: Callable[[], T], deadline: float, what: Callable[[], str]) -> T:
+        """``call()`` until it returns, a failure that is not worth retrying (raised as is), or
+        ``deadline`` (DeliveryTimeout naming ``what()``), waiting a doubling, capped backoff."""
+        backoff, cap = FIRST_BACKOFF_S, self.connection.options["client.writer.retry-backoff.max"] / 1000
+        while True:
+            try:
+                return call()
+            except Exception as exc:  # noqa: BLE001 - classified below, raised when not retryable
+                if not _retryable(exc):
+                    raise
+                if time.monotonic() + backoff > deadline:
+                    timeout = self.connection.options["client.writer.delivery-timeout"]
+                    raise DeliveryTimeout(
+                        f"{what()} was not acknowledged within client.writer.delivery-timeout "
+                        f"({timeout} ms): {exc}; its outcome is unknown, so this client delivers it "
+                        "again (same sequence, applied once) before its next write or on flush(): "
+                        "do not send it again") from exc
+                time.sleep(backoff)
+                backoff = min(backoff * 2, cap)
+
+    def _last_applied(self) -> int | None:
+        """The server's last applied sequence of this writer (None: it never wrote)."""
+        return self.connection._action("flightstore.writer", {"table": self.name,
+                                                              "writer_id": self.writer_id})["sequence"]
+
+    def _next_sequence(self, deadline: float | None = None) -> int:
         if self._sequence is None:
-            last = self.connection._action("flightstore.writer", {"table": self.name,
-                                                                  "writer_id": self.writer_id})["sequence"]
+            last = self._retry(self._last_applied, self._deadline() if deadline is None else deadline,
+                               lambda: f"the sequence of writer {self.writer_id!r} of {self.name}")
             self._sequence = -1 if last is None else last
         return self._sequence + 1
 
     def _write(self, op: str, data: Any, columns: Sequence[str] | None = None) -> dict:
+        self.flush()  # an earlier batch whose outcome is unknown goes first, under its own sequence
         table = as_table(data)
-        sequence = self._next_sequence()
+        deadline = self._deadline()
+        sequence = self._next_sequence(deadline)
         payload = {"op": op, "table": self.name, "columns": list(columns) if columns else None,
                    "writer_id": self.writer_id, "sequence": sequence}
-        parts = self._by_leader(table) or [(self.connection.uri, table)]
+        self._unsettled = _Batch(payload, self._by_leader(table) or [(self.connection.uri, table)])
+        return self._deliver(deadline)
+
+    def flush(self) -> dict | None:
+        """Deliver the batch a :class:`~flightstore.errors.DeliveryTimeout` left unknown, under its
+        own sequence (the server applies it once, or says it had it); returns its answer, None
+        when there is none. Every write calls it first."""
+        if self._unsettled is None:
+            return None
+        return self._deliver(self._deadline())
+
+    def _deliver(self, deadline: float) -> dict:
+        """Send the unsettled batch, each part to its leader with the same writer id and base
+        sequence, retrying until acknowledged or ``deadline`` (the batch then stays unsettled)."""
+        batch = self._unsettled
         results = []
         try:
-            for uri, part in parts:  # each part to its leader, same writer id and base sequence
-                for attempt in range(self.RETRIES):
-                    try:
-                        results.append(self._direct(uri, lambda c, part=part: c._put(payload, part),
-                                                    lambda part=part: self.connection._put(payload, part)))
-                        break
-                    except flight.FlightUnavailableError:
-                        if attempt == self.RETRIES - 1:
-                            raise
-                        time.sleep(0.2 * (attempt + 1))
+            for uri, part in batch.parts:
+                results.append(self._retry(lambda uri=uri, part=part: self._send(batch, uri, part),
+                                           deadline, lambda: f"batch {batch.sequence} of writer "
+                                                             f"{self.writer_id!r} to {self.name}"))
+        except DeliveryTimeout:
+            raise  # outcome unknown: the batch keeps its sequence
         except BaseException:
-            # The server applies a large write in chunks (batches sequence, sequence + 1, ...):
-            # after a failure ask it where this writer stands before the next write.
+            # The server answered (a refusal): nothing is in flight. It applies a large write in
+            # chunks (batches sequence, sequence + 1, ...): ask where this writer stands next time.
+            self._unsettled = None
             self._sequence = None
             raise
+        self._unsettled = None
         # Each leader numbered its chunks from ``sequence``: continue after the longest run.
-        self._sequence = max(sequence if r.get("sequence") is None else r["sequence"] for r in results)
+        self._sequence = max(batch.sequence if r.get("sequence") is None else r["sequence"] for r in results)
         if len(results) == 1:
             return results[0]
         return {"op": "written", "rows": sum(r["rows"] for r in results),
                 "duplicate": all(r["duplicate"] for r in results),
                 "offsets": {k: v for r in results for k, v in r["offsets"].items()},
                 "chunks": max(r.get("chunks", 1) for r in results), "sequence": self._sequence}
+
+    def _send(self, batch: _Batch, uri: str, part: pa.Table) -> dict:
+        """One attempt at one part. After a failed attempt the server is asked first whether the
+        part landed (a part sent as one message is one server chunk: applied whole or not)."""
+        attempted, batch.attempted = batch.attempted, True
+        if attempted and len(batch.parts) == 1 and part.num_rows <= _message_rows(part):
+            last = self._last_applied()
+            if last is not None and last >= batch.sequence:
+                return {"op": "written", "rows": part.num_rows, "duplicate": True, "offsets": {},
+                        "chunks": 1, "sequence": batch.sequence}
+        return self._direct(uri, lambda c: c._put(batch.payload, part),
+                            lambda: self.connection._put(batch.payload, part))
 
     def append(self, data: Any) -> dict:
         """Append rows to a log table."""
@@ -393,6 +499,7 @@ class TableClient:
         answer = self.connection._action("flightstore.undo", {
             "table": self.name, "writer_id": self.writer_id, "after_sequence": after_sequence})
         self._sequence = after_sequence
+        self._unsettled = None  # a batch after the checkpoint: undone, not to be delivered
         return answer["rows"]
 
     @property

@@ -20,10 +20,12 @@ __all__ = [
     "TABLE_OPTIONS",
     "SERVER_OPTIONS",
     "SESSION_OPTIONS",
+    "CLIENT_OPTIONS",
     "FIELD_OPTION_PATTERN",
     "ICEBERG_TABLE_PREFIX",
     "ICEBERG_CATALOG_PREFIX",
     "validate_server_options",
+    "validate_client_options",
     "parse_duration_ms",
     "parse_size_bytes",
     "validate_table_options",
@@ -234,7 +236,9 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("log.retention.check-interval", "duration", 60_000,
                  "How often the server deletes log segments past their table's `table.log.ttl`."),
     ConfigOption("server.max-batch-rows", "int", 65_536,
-                 "Largest record batch sent in one Flight message."),
+                 "Most rows of one Flight message of a result (queries, lookups, scans, "
+                 "subscriptions, metadata): larger batches are cut (zero-copy); a message also "
+                 "stays below 2 MiB whatever this says.", minimum=1),
     ConfigOption("query.memory-limit", "size", 1_000_000_000,
                  "Memory the embedded SQL engine (DuckDB) may use for residual SQL (GROUP BY, joins, "
                  "ORDER BY...) across all queries; beyond it, operators spill to `DATA_DIR/.spill` and "
@@ -433,6 +437,32 @@ SESSION_OPTIONS: dict[str, ConfigOption] = _registry(
 )
 
 
+# Options of the Python client (``flightstore.connect(uri, options={...})``), held per connection.
+CLIENT_OPTIONS: dict[str, ConfigOption] = _registry(
+    ConfigOption("client.writer.delivery-timeout", "duration", 120_000,
+                 "How long a `TableClient` write keeps retrying a batch the server did not "
+                 "acknowledge (it is unreachable, restarting, or answers UNAVAILABLE) before it "
+                 "raises `DeliveryTimeout`; every retry carries the batch's writer sequence, so it is "
+                 "applied once (Kafka's `delivery.timeout.ms`). The default covers a server restart.",
+                 minimum=0),
+    ConfigOption("client.writer.retry-backoff.max", "duration", 1_000,
+                 "Longest wait between two retries of a write (the wait doubles from 50 ms up to "
+                 "this); also the longest the connection waits before reconnecting to a server that "
+                 "went away.", minimum=10),
+)
+
+
+def validate_client_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Every client option, typed (defaults for the ones not given); InvalidOption names an
+    unknown or ill-typed one."""
+    given = dict(options or {})
+    unknown = [key for key in given if key not in CLIENT_OPTIONS]
+    if unknown:
+        raise InvalidOption(f"unknown client option '{unknown[0]}'; known: {', '.join(CLIENT_OPTIONS)}")
+    return {key: option.parse(given[key]) if given.get(key) is not None else option.default
+            for key, option in CLIENT_OPTIONS.items()}
+
+
 def validate_table_options(options: Mapping[str, Any]) -> dict[str, str]:
     """Check every table option; return them normalized as strings (the persisted form).
 
@@ -493,7 +523,7 @@ def options_markdown() -> str:
     """The README option table, generated from the registry."""
     lines = ["| option | scope | type | default | description |", "|---|---|---|---|---|"]
     for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS),
-                            ("session", SESSION_OPTIONS)):
+                            ("session", SESSION_OPTIONS), ("client", CLIENT_OPTIONS)):
         for option in registry.values():
             default = ",".join(option.default) if isinstance(option.default, tuple) else option.default
             kind = "|".join(option.choices) if option.choices else option.type

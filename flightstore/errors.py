@@ -32,6 +32,8 @@ __all__ = [
     "DataDirectoryInUse",
     "OffsetOutOfRange",
     "Unavailable",
+    "WriteIncomplete",
+    "DeliveryTimeout",
     "BucketUnavailable",
     "CoordinatorUnavailable",
     "LakeUnavailable",
@@ -182,6 +184,21 @@ class Unavailable(FlightstoreError):
     succeed later (maps to UNAVAILABLE)."""
 
     flight_status = "unavailable"
+
+
+class WriteIncomplete(Unavailable):
+    """A write passed every check and was recorded as its table's write intent, but storage failed
+    (a full disk, an I/O error) before every bucket applied it. It is completed, never undone,
+    before the table's next write and at its next open (:mod:`flightstore.intents`); until then the
+    table refuses writes with this error. A retry with the same writer id and sequence is
+    acknowledged as a duplicate once it is complete."""
+
+
+class DeliveryTimeout(Unavailable):
+    """(Client side.) A ``TableClient`` write was not acknowledged within
+    ``client.writer.delivery-timeout``: its outcome is unknown. The client keeps the batch and
+    delivers it again, under the same writer sequence (applied once), before its next write or on
+    ``flush()``: the caller must not send it again."""
 
 
 class BucketUnavailable(Unavailable):

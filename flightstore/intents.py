@@ -1,11 +1,44 @@
 """Write intents: all-or-nothing writes that span several buckets.
 
-Each bucket applies a write atomically, but a write split over buckets could be cut by a crash
-between two of them. So before a multi-bucket write touches any bucket, the whole batch is recorded
-here with its writer id and batch sequence; once every bucket applied it, the intent is cleared.
-On open, a recorded intent is rolled forward by applying it again: buckets that already hold that
-(writer, sequence) skip it, the others apply it, so the write ends up everywhere or, if its intent
-never reached the disk, nowhere.
+Each bucket applies its part of a write atomically (one log record, one RocksDB WriteBatch), but a
+write split over buckets could be cut between two of them. So a multi-bucket write goes in three
+steps (:mod:`flightstore.table.writes`, :mod:`flightstore.partitioned`):
+
+1. **prepare** every bucket (:meth:`flightstore.kv.tablet.KvTablet.prepare`): merge against the
+   stored rows, derive the changelog, encode. Every failure that depends on values (an aggregate
+   that overflows, a merge engine's refusal) happens here, before anything is written: the write
+   is then refused whole.
+2. **record** the intent here: the prepared per-bucket changelogs (log tables: the per-bucket
+   rows), with the writer id and batch sequence the write goes under.
+3. **commit** every bucket (log append, then RocksDB), fsync their logs, and clear the intent.
+
+A failure in step 3 can only come from storage (a full disk, an I/O error, a crash). The intent
+is then **rolled forward, never back**: it stays recorded, and it is completed before the table's
+next write (or query of a writer's sequence, or undo) and at the next open, by committing the
+recorded changelog to every bucket that lacks the write (a bucket that holds the writer's sequence
+skips it). Until then the table refuses writes with
+:class:`~flightstore.errors.WriteIncomplete` (UNAVAILABLE) and keeps serving reads. Why forward:
+
+* the log is the source of truth: a bucket's changelog record, once appended, may already have
+  been read by a subscriber (and, with replication, fetched by followers); rolling back would
+  mean deleting a record others saw, or appending compensating records that readers would see
+  as two changes;
+* rolling back needs storage too (a log truncation and a RocksDB write per applied bucket), on
+  the very disk that just failed, and a crash during a roll-back needs its own intent;
+* replaying a recorded changelog cannot fail on values: it merges nothing (no overflow, no
+  refusal); it only appends and puts, which succeed once the disk has room again. Nothing else
+  writes the table's buckets in between (every write completes the pending one first), so the
+  recorded changelog still describes them.
+
+A client that retries the failed write with the same writer id and sequence is told it is a
+duplicate once the intent is complete (exactly once); a write without writer id (SQL) that the
+caller sends again is a new write.
+
+An intent that cannot be applied for any other reason (one written by an older version, which
+recorded the input rows and merges them on replay: an overflow there is value-dependent) is
+**set aside**: renamed to ``intent.failed-<ms>`` next to it, with an error logged that names the
+file, the writer and the sequence, and the table opens and serves without it (``flightstore
+verify`` reports the file). A replay never makes a table unreadable.
 
 File format: one record at most (writes of a table are serialized), ``<4sIQ`` (magic, CRC32 of the
 rest, length), a JSON header line, then the batch as an Arrow IPC stream. A torn or corrupt record is
@@ -17,14 +50,17 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["IntentLog"]
+__all__ = ["BUCKET_COLUMN", "FORMAT", "IntentLog"]
 
+FORMAT = 2  # header "format": per-bucket changelogs with a _bucket column (none: input rows, older)
+BUCKET_COLUMN = "_bucket"  # the table-wide bucket of each recorded row
 _MAGIC = b"FSIN"
 _HEADER = struct.Struct("<4sIQ")
 
@@ -66,6 +102,23 @@ class IntentLog:
             os.truncate(self.path, 0)
         except FileNotFoundError:
             pass
+
+    def set_aside(self) -> Path:
+        """Move the recorded intent out of the way (``intent.failed-<ms>`` in the same folder) so
+        the table opens without it; returns the new path."""
+        target = self.path.with_name(f"{self.path.name}.failed-{int(time.time() * 1000)}")
+        os.replace(self.path, target)
+        if self.fsync:
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        return target
+
+    def set_aside_files(self) -> list[Path]:
+        """Intents set aside by :meth:`set_aside`, oldest first."""
+        return sorted(self.path.parent.glob(f"{self.path.name}.failed-*"))
 
     def inspect(self) -> str:
         """``"empty"``, ``"pending"`` (a write to roll forward at the next open) or ``"torn"`` (a

@@ -164,7 +164,13 @@ def verify(data_dir: str | os.PathLike) -> Report:
                 if kept:
                     report.add("note", label, f"{len(kept)} file(s) of bad bytes kept in "
                                               f"{log_dir / QUARANTINE}")
-            state = IntentLog(table.directory / "intent").inspect()
+            intents = IntentLog(table.directory / "intent")
+            for aside in intents.set_aside_files():
+                report.add("note", f"table {table.path}",
+                           f"a write intent that could not be applied was set aside as {aside}: that "
+                           "unacknowledged write stays in the buckets that applied it before (see "
+                           "the server log); delete the file once read")
+            state = intents.inspect()
             if state == "torn":
                 report.add("warning", f"table {table.path}",
                            "the intent log holds a torn record (a multi-bucket write that never "

@@ -227,7 +227,10 @@ class PartitionedTable(Table):
                 if units is not None:
                     result = self._apply_units(table, kinds, target, writer_id, sequence, overwrite,
                                                recovering, units)
+                    written = [(self._log_of(b), self._log_of(b).end_offset) for b in result.touched]
             if units is not None:
+                for log, end in written:  # outside the lock: concurrent writers share fsyncs
+                    log.sync(end)
                 self._notify()  # outside the table lock: subscribers hold _written, then take it
                 return result
             # A partition was dropped (auto-partition retention, DDL) between its creation and the
@@ -252,7 +255,10 @@ class PartitionedTable(Table):
     def _apply_units(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
                      writer_id: str | None, sequence: int | None, overwrite: bool, recovering: bool,
                      units: list) -> WriteResult:
-        """The write, under the table lock, to the partitions' units (one intent across them)."""
+        """The write, under the table lock, to the partitions' units: every bucket of every
+        partition prepared before any commits, one intent across them (see
+        :mod:`flightstore.table.pending`); writer sequences are the table's, checked here."""
+        self._settle_pending()
         result = WriteResult()
         now = self._clock()
         if not recovering:
@@ -261,21 +267,43 @@ class PartitionedTable(Table):
             if sequence is not None and last is not None and sequence <= last:
                 result.duplicate = True  # the whole write landed: partitions apply all or none
                 return result
-        intent = not recovering and self._spans_buckets(table, units)
-        if intent:
-            writer_id, sequence = self._begin_intent(table, kinds, target, writer_id, sequence, overwrite)
-        nb = self.num_buckets
+        several = self._spans_buckets(table, units)
+        if several:
+            writer_id, sequence = self._intent_writer(writer_id, sequence)
+        parts = []
         for partition, unit, mask in units:
-            part = table.filter(pa.array(mask))
-            outcome = unit.apply_routed(part, None if kinds is None else kinds[mask], target,
-                                        writer_id, sequence, overwrite)
-            result.duplicate |= outcome.duplicate
-            for bucket, offset in outcome.items():
-                result[bucket_id(partition.id, bucket, nb)] = offset
-        if intent:
-            self._intents.complete()
+            for part in unit._prepare_buckets(table.filter(pa.array(mask)),
+                                              None if kinds is None else kinds[mask], target,
+                                              writer_id, sequence, overwrite, now):
+                part.partition = partition.id
+                parts.append(part)
+        result.touched = [self._table_bucket(p.partition, p.bucket) for p in parts]
+        if several:
+            self._commit_all_or_nothing(parts, kinds is not None, writer_id, sequence, now, result)
+        else:
+            for part in parts:
+                result.duplicate |= part.duplicate
+                if not part.duplicate:
+                    result[self._table_bucket(part.partition, part.bucket)] = \
+                        self._unit_of(part.partition)._commit_bucket(part, writer_id, sequence, now)
         self._note_sequence(writer_id, sequence, now)
+        for _, unit, _ in units:  # each partition's registry too (its undo and expiry use it)
+            unit._note_sequence(writer_id, sequence, now)
         return result
+
+    # ---- where a bucket lives (hooks of flightstore.table.pending) ----------------------------
+    def _unit_of(self, partition: int | None) -> Table | None:
+        return self.units.get(partition)
+
+    def _table_bucket(self, partition: int | None, bucket: int) -> int:
+        return bucket_id(partition, bucket, self.num_buckets)
+
+    def _split_table_bucket(self, bucket: int) -> tuple[int | None, int]:
+        return split_bucket_id(bucket, self.num_buckets)
+
+    def _log_of(self, bucket: int) -> Any:
+        unit, local = self._locate(bucket)
+        return unit.logs[local]
 
     def _spans_buckets(self, table: pa.Table, units: list) -> bool:
         if len(units) > 1:
@@ -291,6 +319,7 @@ class PartitionedTable(Table):
         from flightstore.kv.undo import undo_writer
         self._require_pk("undo")
         with self._lock:
+            self._settle_pending()
             units = list(self.units.values())
             if writer_id not in self._writers or not units:
                 return 0

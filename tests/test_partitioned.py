@@ -79,7 +79,9 @@ def test_an_interrupted_write_spanning_partitions_completes_on_open(tmp_path):
         record = pa.table({"dt": ["a", "b", "b"], "user": [1, 2, 3], "item": [1, 1, 1], "qty": [1, 1, 1]})
         table._intents.begin({"target": None, "overwrite": False, "kv": False, "writer_id": "w",
                               "sequence": 0}, record)
-        table.units[table.descriptor.partition("a").id].apply_routed(record.slice(0, 1), None, None, "w", 0)
+        unit = table.units[table.descriptor.partition("a").id]
+        unit.logs[int(unit.buckets_of(record.slice(0, 1))[0])].append(record.slice(0, 1), writer_id="w",
+                                                                      sequence=0)
     with Store(tmp_path / "data") as store:
         table = store.table("default.ev")
         assert sorted(r["user"] for r in table.scan_table().to_pylist()) == [0, 0, 1, 2, 3]  # once each

@@ -1,21 +1,17 @@
 """One bucket of a primary-key table: RocksDB rows kept equal to the fold of the bucket's changelog.
 
-Applying a write (``apply``):
+Writes go through two steps (:mod:`flightstore.kv.writes`, mixed in here): :meth:`KvTablet.prepare`
+merges a write against the stored rows and derives its changelog, changing nothing (every
+value-dependent failure happens there), and :meth:`KvTablet.commit` appends that changelog to the
+bucket's log, then writes the rows, the applied log offset, the row count and the writer's batch
+sequence to RocksDB in ONE WriteBatch. What the bucket keeps besides rows is in :mod:`.meta`.
 
-1. encode the keys, group the rows by key (groups in order of first occurrence) and fetch the stored
-   row of every group with ONE multi-get;
-2. let the table's merge engine compute the row each key holds afterwards (partial updates keep the
-   unwritten columns);
-3. derive the changelog (``+I``; ``-U``/``+U``, no ``-U`` with ``table.changelog.image = WAL``;
-   ``-D``) and append it to the bucket's log: the log is durable before the write is acknowledged;
-4. write the new rows to RocksDB in ONE WriteBatch that also stores the applied log offset, the row
-   count and the writer's batch sequence.
-
-A crash between 3 and 4 is repaired by :meth:`recover` (run on open), which replays the changelog
-after the applied offset. :meth:`snapshot` takes a KV snapshot (:mod:`flightstore.kv.snapshot`); a
-missing, unopenable or hopelessly stale KV directory is rebuilt on open from the newest usable
-snapshot plus the log after it (or from the whole log while it starts at offset 0), with a log line
-saying so; :meth:`rebuild` does the same on request.
+A crash (or a failed RocksDB write) between the log append and the WriteBatch is repaired by
+:meth:`recover` (run on open, and by :meth:`catch_up` before the next write), which replays the
+changelog after the applied offset. :meth:`snapshot` takes a KV snapshot
+(:mod:`flightstore.kv.snapshot`); a missing, unopenable or hopelessly stale KV directory is rebuilt
+on open from the newest usable snapshot plus the log after it (or from the whole log while it
+starts at offset 0), with a log line saying so; :meth:`rebuild` does the same on request.
 
 Reads (point lookups, prefix lookups, scans and key ranges) go through :mod:`flightstore.kv.scan`:
 chunked, from one RocksDB snapshot, decoded with the vectorized row codec, and checked so that a
@@ -29,46 +25,45 @@ from __future__ import annotations
 import collections
 import logging
 import shutil
-import struct
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch
 
-from flightstore import changetype
 from flightstore.batches import limited
 from flightstore.errors import CorruptData, DataLoss, FlightstoreError
 from flightstore.expressions import Predicate
-from flightstore.kv.encoding import encode_key_array, encode_keys
-from flightstore.kv.merge import MergeInput, merger_for
-from flightstore.kv.merge.base import take_or_null
+from flightstore.kv.encoding import encode_keys
+from flightstore.kv.merge import merger_for
+from flightstore.kv.meta import (
+    _APPLIED,
+    _INT,
+    _ROWS,
+    _VALUE_FORMAT,
+    _WRITER,
+    _WRITER_STATE,
+    UNDO_FENCE_PREFIX,
+    WRITER_META_PREFIXES,
+    writer_value,
+)
 from flightstore.kv.ranges import KeyRange, encode_range, prefix_successor
 from flightstore.kv.scan import FIRST_CHUNK_ROWS, RangeReader, storage_errors
 from flightstore.kv.snapshot import KvSnapshots, SnapshotInfo
 from flightstore.kv.snapshot_read import read_at
 from flightstore.kv.versions import VersionedRowCodec
+from flightstore.kv.writes import ApplyResult, KvWrites, PreparedWrite, changelog_schema
 from flightstore.log import LogTablet
 from flightstore.log.held import require_held
 from flightstore.schema import TableDescriptor
 
-__all__ = ["UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES", "ApplyResult", "KvTablet", "changelog_schema"]
+__all__ = ["UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES", "ApplyResult", "KvTablet", "PreparedWrite",
+           "changelog_schema"]  # the write path's names are re-exported from kv/writes.py
 
 log = logging.getLogger("flightstore.kv")
 
-_APPLIED = b"applied_offset"
-_ROWS = b"row_count"
-_WRITER = b"writer:"  # + writer id: (last sequence, last write ms); 8-byte values predate the time
-UNDO_FENCE_PREFIX = b"undo:"  # + writer id: its last undo (kv/undo.py)
-WRITER_META_PREFIXES = (_WRITER, UNDO_FENCE_PREFIX)  # what a writer keeps in the meta column family
-_VALUE_FORMAT = b"value_format"  # present: every value leads with its schema version
-_INT = struct.Struct(">q")
-_WRITER_STATE = struct.Struct(">qq")
 _FOUND, _NOT_FOUND = np.ones(1, bool), np.zeros(1, bool)  # found masks of one key (read-only)
 _FOUND.setflags(write=False)
 _NOT_FOUND.setflags(write=False)
@@ -78,27 +73,7 @@ IMAGE_TAIL_FACTOR = 4
 IMAGE_TAIL_MIN_ROWS = 65_536
 
 
-def changelog_schema(schema: pa.Schema) -> pa.Schema:
-    """The schema of a primary-key table's log: the table columns + int8 ``_change_type``."""
-    return schema.append(pa.field(changetype.CHANGE_TYPE_COLUMN, pa.int8(), nullable=False))
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    """What one ``apply`` did: the changelog's first offset (None if nothing changed)."""
-
-    base_offset: int | None
-    changes: int
-    duplicate: bool = False
-
-
-def _null_safe_equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
-    eq = pc.fill_null(pc.equal(a, b), False)
-    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-    return pc.or_(eq, both_null).to_numpy(zero_copy_only=False)
-
-
-class KvTablet:
+class KvTablet(KvWrites):
     """The RocksDB state of one bucket of a primary-key table, fed through its changelog."""
 
     def __init__(self, directory: str | Path, descriptor: TableDescriptor, log: LogTablet, *,
@@ -287,7 +262,7 @@ class KvTablet:
                 raw = self._meta.get(key)
                 last_ms = _WRITER_STATE.unpack(raw)[1] if raw and len(raw) == _WRITER_STATE.size \
                     else None
-                write.put(key, _writer_value(sequence, last_ms), self._meta_cf)
+                write.put(key, writer_value(sequence, last_ms), self._meta_cf)
             self._db.write(write)
 
     def drop_writers(self, writer_ids: Sequence[str]) -> None:
@@ -329,75 +304,6 @@ class KvTablet:
         return self.snapshots.create(checkpoint, self.codec, self.primary_key,
                                      self.descriptor.statistics_columns, stop=stop)
 
-    # ---- writes -------------------------------------------------------------------------------
-    def apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None = None,
-              *, writer_id: str | None = None, sequence: int | None = None,
-              overwrite: bool = False, durable: bool = True, now_ms: int | None = None) -> ApplyResult:
-        """Apply rows (every table column, conformed by the caller) with per-row change types.
-
-        ``overwrite`` bypasses the merge engine: rows replace (+I/+U) or remove (-D) stored rows as
-        they are (used to restore before-images). A batch whose ``sequence`` this writer already
-        applied is skipped and reported as ``duplicate``. With ``durable`` the changelog is on disk
-        when this returns (if the log fsyncs); a caller holding locks passes False and calls
-        ``log.sync()`` after releasing them, so concurrent writers share the fsync. ``now_ms``
-        (default: the wall clock) is the changelog record's timestamp and the writer's last write
-        time.
-        """
-        result = self._apply(batch, kinds, target_columns, writer_id, sequence, overwrite, now_ms)
-        if durable:
-            self.log.sync()
-        return result
-
-    def _apply(self, batch: pa.Table, kinds: np.ndarray, target_columns: tuple[str, ...] | None,
-               writer_id: str | None, sequence: int | None, overwrite: bool,
-               now_ms: int | None) -> ApplyResult:
-        with self._lock:
-            if writer_id is not None and sequence is not None:
-                last = self.writer_sequence(writer_id)
-                if last is not None and sequence <= last:
-                    return ApplyResult(None, 0, duplicate=True)
-            encoded = encode_key_array(batch, self.primary_key).dictionary_encode()
-            group = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-            # RocksDB reads and writes keys faster in key order (about 2x for a batch of 50k
-            # random keys): groups stay numbered by first occurrence, I/O goes in sorted order.
-            order = pc.sort_indices(encoded.dictionary).to_numpy(zero_copy_only=False)
-            sorted_keys = np.array(encoded.dictionary.take(order).to_pylist(), dtype=object)
-            num_groups = len(order)
-            old, found = self._fetch(sorted_keys, order)
-            merger = merger_for_overwrite(self.descriptor) if overwrite else self.merger
-            result = merger.merge(MergeInput(batch, kinds, group, num_groups, old, found,
-                                             None if overwrite else target_columns))
-            new, exists = result.new, result.exists
-            same = np.ones(num_groups, dtype=bool)
-            both = found & exists
-            if both.any():
-                for name in self.schema.names:
-                    same &= _null_safe_equal(old.column(name), new.column(name))
-            inserted = ~found & exists
-            updated = both & ~same
-            deleted = found & ~exists
-            changelog = self._changelog(old, new, inserted, updated, deleted)
-            base_offset = None
-            if changelog.num_rows:
-                base_offset = self.log.append(changelog, writer_id=writer_id, sequence=sequence,
-                                              timestamp_ms=now_ms, durable=False)
-            write = WriteBatch(raw_mode=True)
-            puts = np.flatnonzero((inserted | updated)[order])  # positions in key order
-            if len(puts):
-                values = self.codec.encode(new.take(pa.array(order[puts])))
-                collections.deque(map(write.put, sorted_keys[puts], values), maxlen=0)
-            removed = np.flatnonzero(deleted[order])
-            if len(removed):
-                collections.deque(map(write.delete, sorted_keys[removed]), maxlen=0)
-            write.put(_APPLIED, _INT.pack(self.log.end_offset), self._meta_cf)
-            write.put(_ROWS, _INT.pack(self.row_count + int(inserted.sum()) - int(deleted.sum())),
-                      self._meta_cf)
-            if writer_id is not None and sequence is not None:
-                last_ms = int(time.time() * 1000) if now_ms is None else now_ms
-                write.put(_WRITER + writer_id.encode(), _writer_value(sequence, last_ms), self._meta_cf)
-            self._db.write(write)
-            return ApplyResult(base_offset, changelog.num_rows)
-
     def _multi_get(self, keys: list[bytes] | np.ndarray, columns: Sequence[str] | None = None
                    ) -> tuple[np.ndarray, pa.Table]:
         """One RocksDB multi-get of encoded ``keys``: (found mask, decoded rows of the found ones).
@@ -417,41 +323,6 @@ class KvTablet:
         array = pa.array(values, pa.large_binary())
         found = array.is_valid().to_numpy(zero_copy_only=False)
         return found, self.codec.decode(array.drop_null() if array.null_count else array, columns)
-
-    def _fetch(self, sorted_keys: np.ndarray, order: np.ndarray) -> tuple[pa.Table, np.ndarray]:
-        """Stored rows of the key groups (one multi-get of their keys in key order:
-        ``sorted_keys[i]`` is group ``order[i]``'s key), aligned to group order, with a found mask."""
-        found_sorted, present = self._multi_get(sorted_keys)
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
-        positions = np.cumsum(found_sorted) - 1
-        positions[~found_sorted] = -1
-        positions = positions[rank]
-        columns = [take_or_null(present.column(name), positions) for name in self.schema.names]
-        return pa.Table.from_arrays(columns, schema=self.schema), found_sorted[rank]
-
-    def _changelog(self, old: pa.Table, new: pa.Table, inserted: np.ndarray, updated: np.ndarray,
-                   deleted: np.ndarray) -> pa.Table:
-        """Changelog rows in key-group order: +I new | -U old, +U new | -D old."""
-        num_groups = len(inserted)
-        groups = np.arange(num_groups, dtype=np.int64)
-        parts = [  # (group, position within group, change type, row index into old+new)
-            (groups[inserted], 0, changetype.INSERT, groups[inserted] + num_groups),
-            (groups[updated], 1, changetype.UPDATE_AFTER, groups[updated] + num_groups),
-            (groups[deleted], 0, changetype.DELETE, groups[deleted]),
-        ]
-        if self.full_image:
-            parts.append((groups[updated], 0, changetype.UPDATE_BEFORE, groups[updated]))
-        group_ids = np.concatenate([p[0] for p in parts])
-        sub = np.concatenate([np.full(len(p[0]), p[1], dtype=np.int8) for p in parts])
-        kinds = np.concatenate([np.full(len(p[0]), p[2], dtype=np.int8) for p in parts])
-        rows = np.concatenate([p[3] for p in parts])
-        order = np.lexsort((sub, group_ids))
-        both = pa.concat_tables([old, new])
-        table = both.take(pa.array(rows[order]))
-        return table.append_column(
-            pa.field(changetype.CHANGE_TYPE_COLUMN, pa.int8(), nullable=False),
-            pa.array(kinds[order], pa.int8()))
 
     # ---- recovery -----------------------------------------------------------------------------
     def recover(self) -> int:
@@ -483,23 +354,15 @@ class KvTablet:
 
     def _replay(self, record) -> int:
         batch = pa.Table.from_batches([record.batch])
-        kinds = batch.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
-        rows = batch.drop_columns([changetype.CHANGE_TYPE_COLUMN])
-        keys = np.array(encode_keys(rows, self.primary_key), dtype=object)
-        upsert = (kinds == changetype.INSERT) | (kinds == changetype.UPDATE_AFTER)
+        keys, (puts, values), removed, delta = self._changes(batch)
         write = WriteBatch(raw_mode=True)
-        if upsert.any():  # one change per key and record: puts and deletes do not interleave
-            values = self.codec.encode(rows.filter(pa.array(upsert)))
-            collections.deque(map(write.put, keys[upsert], values), maxlen=0)
-        removed = kinds == changetype.DELETE
-        if removed.any():
-            collections.deque(map(write.delete, keys[removed]), maxlen=0)
-        delta = int((kinds == changetype.INSERT).sum()) - int((kinds == changetype.DELETE).sum())
+        collections.deque(map(write.put, keys[puts], values), maxlen=0)
+        collections.deque(map(write.delete, keys[removed]), maxlen=0)
         write.put(_APPLIED, _INT.pack(record.next_offset), self._meta_cf)
         write.put(_ROWS, _INT.pack(self.row_count + delta), self._meta_cf)
         if record.writer_id is not None and record.sequence is not None:
             write.put(_WRITER + record.writer_id.encode(),
-                      _writer_value(record.sequence, record.timestamp_ms), self._meta_cf)
+                      writer_value(record.sequence, record.timestamp_ms), self._meta_cf)
         self._db.write(write)
         return batch.num_rows
 
@@ -634,13 +497,3 @@ class KvTablet:
                 yield table if needed is wanted else table.select(wanted)
 
         yield from limited(decoded(), limit)
-
-
-def _writer_value(sequence: int, last_ms: int | None) -> bytes:
-    return _INT.pack(sequence) if last_ms is None else _WRITER_STATE.pack(sequence, last_ms)
-
-
-def merger_for_overwrite(descriptor: TableDescriptor):
-    """A last-row merger regardless of the table's engine: overwrite mode restores rows as given."""
-    from flightstore.kv.merge.last_row import LastRowMerger
-    return LastRowMerger(descriptor)

@@ -143,7 +143,8 @@ class ReadRpcs:
         if data in self._cancelled:
             raise flight.FlightCancelledError("this query was cancelled")
         if tickets.is_result(data):  # bound to the user it was issued to
-            return flight.RecordBatchStream(tickets.decode_result(data, self._ticket_key, _CALLER.get()),
+            return flight.RecordBatchStream(_messages(tickets.decode_result(data, self._ticket_key, _CALLER.get()),
+                                                      self.max_batch_rows),
                                             _IPC_OPTIONS)
         if tickets.is_custom(data):
             schema, batches = self._custom_get(tickets.decode_custom(data), context)
@@ -173,8 +174,9 @@ class ReadRpcs:
                 table = self._metadata_table(command, self.session(context))
                 schema, batches = table.schema, table
         if isinstance(batches, pa.Table):  # materialized (lookups, counts, metadata): C++ streams it
-            return flight.RecordBatchStream(_messages(batches), _IPC_OPTIONS)
-        return flight.GeneratorStream(schema, _in_call_context(_guarded(rechunk(batches), self._hidden_paths)))
+            return flight.RecordBatchStream(_messages(batches, self.max_batch_rows), _IPC_OPTIONS)
+        return flight.GeneratorStream(schema, _in_call_context(_guarded(rechunk(batches, self.max_batch_rows),
+                                                                        self._hidden_paths)))
 
     # ---- metadata commands --------------------------------------------------------------------
     def _metadata_schema(self, command: Any) -> pa.Schema | None:

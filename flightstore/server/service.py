@@ -105,6 +105,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, AccessChecks, flight.Flig
         self.authz = Authorizer(store.data_dir, enabled=users is not None, super_users=super_users)
         self.executor = Executor(store)
         self.upload_limits = UploadLimits.from_options(store.options)
+        self.max_batch_rows = server_option(store.options, "server.max-batch-rows")  # see .messages
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # by gRPC peer, least recent first
         self._prepared: dict[bytes, PreparedStatement] = {}
         self._prepare_cache: LruCache[tuple, tuple] = LruCache(server_option(store.options, "sql.cache.entries"))

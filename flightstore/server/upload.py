@@ -7,10 +7,12 @@ as one write before reading on. The server holds about one chunk (plus the messa
 received) whatever the size of the upload, and no lock is held between chunks, so other clients'
 reads and writes of the table go on while a large upload streams in.
 
-What an upload that fails part-way leaves (a client that disconnects, a refused message, a bad
-value): the chunks applied before the failure stay (each was one atomic write and was counted in
-the table), the messages of the unfinished chunk are dropped, and a message is never split
-between two chunks, so a batch the client sent is written whole or not at all. An upload that is
+What an upload that fails part-way leaves (a client that disconnects or cancels, a refused
+message, a bad value): the chunks applied before the failure stay (each was one atomic write and
+was counted in the table), the messages of the unfinished chunk are dropped, and a message is
+never split between two chunks, so a batch the client sent is written whole or not at all. gRPC
+ends the stream of a client that went away as if it had finished: the end of the stream counts
+only when the call is not cancelled, else the unfinished chunk is dropped (Cancelled). An upload that is
 one chunk or less (by default up to 256Ki rows / 16 MiB) is therefore all or nothing. A bulk ingest
 that created its table drops it again on failure, leaving nothing.
 
@@ -21,14 +23,14 @@ gRPC's own receive limit, so the check is on the decoded batch).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from flightstore.config import server_option
-from flightstore.errors import InvalidInput
+from flightstore.errors import Cancelled, InvalidInput
 
 __all__ = ["UploadLimits", "upload_chunks"]
 
@@ -47,13 +49,16 @@ class UploadLimits:
                    server_option(options, "write.max-message-bytes"))
 
 
-def upload_chunks(reader: Any, limits: UploadLimits) -> Iterator[pa.Table]:
+def upload_chunks(reader: Any, limits: UploadLimits,
+                  cancelled: Callable[[], bool] | None = None) -> Iterator[pa.Table]:
     """The tables of ``reader``'s messages, gathered into chunks of about ``limits`` (a chunk
     closes at the first message that reaches either bound; messages are never split).
 
     ``reader`` is a Flight ``MetadataRecordBatchReader`` (anything with ``read_chunk`` and
     ``schema``). Empty messages are skipped; an upload without rows yields nothing. Raises
-    InvalidInput for a message above ``limits.max_message_bytes``.
+    InvalidInput for a message above ``limits.max_message_bytes``, and Cancelled when the stream
+    ends because the call was cancelled (``cancelled()``: the call context's ``is_cancelled``)
+    rather than finished by the client.
     """
     pending: list[pa.RecordBatch] = []
     rows = size = 0
@@ -78,5 +83,8 @@ def upload_chunks(reader: Any, limits: UploadLimits) -> Iterator[pa.Table]:
         if rows >= limits.chunk_rows or size >= limits.chunk_bytes:
             yield pa.Table.from_batches(pending, reader.schema)
             pending, rows, size = [], 0, 0
+    if cancelled is not None and cancelled():
+        raise Cancelled(f"the upload was cancelled (the client went away) before it finished; the "
+                        f"{rows} row(s) of its unfinished chunk were not written")
     if pending:
         yield pa.Table.from_batches(pending, reader.schema)

@@ -13,14 +13,17 @@ from pyarrow import flight
 
 from flightstore import changetype
 from flightstore.acl import Operation, Permission, Resource
-from flightstore.errors import InvalidInput, TableNotFound, Unsupported
+from flightstore.errors import Cancelled, FlightstoreError, InvalidInput, TableNotFound, Unsupported
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import protocol, tickets
 from flightstore.server.rpc import _rpc
 from flightstore.server.session import Session
 from flightstore.server.upload import upload_chunks
 from flightstore.sql import nodes
+from flightstore.sql.dml import parameter_columns
 from flightstore.sql.execute import is_query
+from flightstore.sql.parse import parse_statement
+from flightstore.sql.resolve import resolve_column
 
 __all__ = ["WriteRpcs"]
 
@@ -37,7 +40,7 @@ class WriteRpcs:
             raise InvalidInput("flightstore answers command descriptors only")
         command_bytes = descriptor.command
         if tickets.is_custom(command_bytes):
-            result = self._custom_put(tickets.decode_custom(command_bytes), reader)
+            result = self._custom_put(tickets.decode_custom(command_bytes), reader, context)
             writer.write(pa.py_buffer(tickets.encode_custom(result)))
             return
         command = protocol.unpack_any(command_bytes)
@@ -47,25 +50,30 @@ class WriteRpcs:
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         elif name == "CommandPreparedStatementQuery":
             prepared = self._prepared_statement(command.prepared_statement_handle)
-            prepared.params = [row for chunk in upload_chunks(reader, self.upload_limits)
-                               for row in _param_rows(chunk)]
+            prepared.params = [row for chunk in self._chunks(reader, context) for row in _param_rows(chunk)]
             result = protocol.DoPutPreparedStatementResult(
                 prepared_statement_handle=command.prepared_statement_handle)
             writer.write(pa.py_buffer(result.SerializeToString()))
         elif name == "CommandPreparedStatementUpdate":
             prepared = self._prepared_statement(command.prepared_statement_handle)
             count, bound = 0, False
-            for chunk in upload_chunks(reader, self.upload_limits):  # each chunk: one batch of rows
+            for chunk in self._chunks(reader, context):  # each chunk: one batch of rows
                 count += self._run_updates(prepared.sql, _param_rows(chunk), prepared.database)
                 bound = True
             if not bound:
                 count = self._run_updates(prepared.sql, prepared.params or [None], prepared.database)
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         elif name == "CommandStatementIngest":
-            count = self._ingest(command, reader, self.session(context).database)
+            count = self._ingest(command, reader, self.session(context).database, context)
             writer.write(pa.py_buffer(protocol.DoPutUpdateResult(record_count=count).SerializeToString()))
         else:
             raise Unsupported(f"{name} is not supported by DoPut")
+
+    def _chunks(self, reader: flight.MetadataRecordBatchReader,
+                context: flight.ServerCallContext | None) -> Iterator[pa.Table]:
+        """The upload's chunks (:func:`~flightstore.server.upload.upload_chunks`); an upload whose
+        call was cancelled does not count as finished."""
+        return upload_chunks(reader, self.upload_limits, context.is_cancelled if context is not None else None)
 
     def _run_update(self, sql: str, params: list | None, session: Session) -> int:
         plan = self._plan(sql, params, session.database)
@@ -101,29 +109,41 @@ class WriteRpcs:
     def _bulk_insert(self, sql: str, rows: list, database: str) -> nodes.Insert | None:
         """One Insert of every parameter row when ``sql`` is ``INSERT ... VALUES (?, ?, ...)``.
 
-        The statement is planned once, with the first row; when its single VALUES row is exactly
-        the parameters in order, the other rows become columns of the same batch (cast and
-        validated by the table as one write) instead of being planned one by one.
+        The statement is planned once, with the first row (which validates it and names the
+        table's columns and types); parameter ``i`` of every row then becomes the column the
+        statement's column list puts it in (:func:`~flightstore.sql.dml.parameter_columns`: the
+        list need not follow the table's order), cast and validated by the table as one write,
+        instead of each row being planned on its own.
         """
         if len(rows) < 2 or rows[0] is None:
             return None
-        first = self._plan(sql, rows[0], database)
-        if not isinstance(first, nodes.Insert) or first.data.num_rows != 1 \
-                or first.data.num_columns != len(rows[0]):
-            return None
-        probe = [_probe_value(f.type) for f in first.data.schema]
-        if self._plan(sql, probe, database).data.to_pylist()[0] != \
-                dict(zip(first.data.column_names, probe)):
-            return None  # the VALUES row is not just the parameters in order
         try:
-            columns = [pa.array([row[i] for row in rows]).cast(field.type)
-                       for i, field in enumerate(first.data.schema)]
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, IndexError):
+            targets = parameter_columns(parse_statement(sql))
+        except FlightstoreError:
+            return None  # the per-row planner reports it
+        if targets is None:
+            return None
+        first = self._plan(sql, rows[0], database)
+        if not isinstance(first, nodes.Insert) or first.data.num_rows != 1:
+            return None
+        schema = first.data.schema
+        names = [resolve_column(schema, name, first.table) for name in targets] if targets \
+            else schema.names
+        if len(names) != len(rows[0]) or len(set(names)) != len(names):
+            return None
+        position = {name: i for i, name in enumerate(names)}
+        count = len(rows)
+        try:
+            columns = [pa.array([row[position[field.name]] for row in rows]).cast(field.type)
+                       if field.name in position else pa.nulls(count, field.type)  # a log table's unnamed
+                       for field in schema]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, IndexError, KeyError):
             return None  # let the per-row planner report the offending value
-        return nodes.Insert(table=first.table, data=pa.Table.from_arrays(columns, schema=first.data.schema),
+        return nodes.Insert(table=first.table, data=pa.Table.from_arrays(columns, schema=schema),
                             columns=first.columns)
 
-    def _ingest(self, command: Any, reader: flight.MetadataRecordBatchReader, default_database: str) -> int:
+    def _ingest(self, command: Any, reader: flight.MetadataRecordBatchReader, default_database: str,
+                context: flight.ServerCallContext | None = None) -> int:
         """Bulk ingest, applied chunk by chunk as the upload streams in (see :mod:`.upload`);
         a table the ingest created is dropped again if any chunk fails."""
         options = command.table_definition_options
@@ -149,7 +169,7 @@ class WriteRpcs:
             table, created = self.store.create_table(path, reader.schema), True
         rows = 0
         try:
-            for chunk in upload_chunks(reader, self.upload_limits):
+            for chunk in self._chunks(reader, context):
                 if table.has_primary_key:
                     table.upsert(chunk)
                 else:
@@ -162,7 +182,8 @@ class WriteRpcs:
             raise
         return rows
 
-    def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader) -> dict:
+    def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader,
+                    context: flight.ServerCallContext | None = None) -> dict:
         op = payload["op"]
         table = self._visible_table(payload["table"])
         self._authorize_table(Operation.WRITE, table)
@@ -176,6 +197,8 @@ class WriteRpcs:
             # A part a cluster peer forwarded (at most one of its chunks): one batch, on this
             # server's own buckets only.
             data = reader.read_all()
+            if context is not None and context.is_cancelled():  # the peer went away mid-upload
+                raise Cancelled("the forwarded upload was cancelled before it finished; nothing written")
             table.accept_gap(writer_id, base)
             result = _write_chunk(table.owner_side(data, columns, op), op, data, columns, writer_id, base)
             self.metrics.written(table.path, data)
@@ -184,7 +207,7 @@ class WriteRpcs:
         # Chunk k of a sequenced upload is batch ``base + k`` of its writer: a retried upload is
         # cut the same way, so the chunks applied before a lost acknowledgement are skipped.
         rows, duplicates, chunks, offsets = 0, 0, 0, {}
-        for chunk in _at_least_one(upload_chunks(reader, self.upload_limits), reader.schema):
+        for chunk in _at_least_one(self._chunks(reader, context), reader.schema):
             sequence = None if base is None else base + chunks
             result = _write_chunk(table, op, chunk, columns, writer_id, sequence)
             self.metrics.written(table.path, chunk)

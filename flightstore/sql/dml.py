@@ -19,7 +19,7 @@ from flightstore.sql.nodes import Delete, Insert, InsertSelect, Plan, Residual, 
 from flightstore.sql.predicates import conjuncts, extract_keys, to_predicate
 from flightstore.sql.resolve import CatalogView, ResolvedTable, resolve_column, resolve_table_node
 
-__all__ = ["plan_insert", "plan_delete", "plan_update"]
+__all__ = ["parameter_columns", "plan_insert", "plan_delete", "plan_update"]
 
 
 def _target(catalog: CatalogView, node: exp.Expression, verb: str) -> ResolvedTable:
@@ -85,6 +85,35 @@ def plan_insert(statement: exp.Insert, catalog: CatalogView,
     if source is None:
         raise SqlError("INSERT needs VALUES or a SELECT")
     raise SqlError(f"INSERT needs VALUES or a SELECT, not {source.sql()!r}")
+
+
+def parameter_columns(statement: exp.Expression) -> tuple[str, ...] | None:
+    """The column each parameter of ``INSERT INTO t [(c1, c2, ...)] VALUES (?, ?, ...)`` writes,
+    in parameter order, as the statement spells them; ``()`` when the statement lists no columns
+    (parameter ``i`` writes the table's column ``i``). None for any other shape: not an INSERT of
+    one VALUES row made only of parameters, each used once.
+
+    A bulk bind (``executemany``) turns parameter ``i`` of every row into one column: this says
+    which, since the column list need not follow the table's order.
+    """
+    if not isinstance(statement, exp.Insert) or not isinstance(statement.expression, exp.Values):
+        return None
+    rows = statement.expression.expressions
+    if len(rows) != 1:
+        return None
+    items = rows[0].expressions if isinstance(rows[0], exp.Tuple) else [rows[0]]
+    numbers = [str(item.this) if isinstance(item, exp.Placeholder) else "" for item in items]
+    if not all(n.isdigit() for n in numbers) or sorted(int(n) for n in numbers) != \
+            list(range(1, len(items) + 1)):
+        return None
+    target = statement.this
+    if not isinstance(target, exp.Schema):
+        return () if numbers == [str(i) for i in range(1, len(items) + 1)] else None
+    named = [ident.name for ident in target.expressions]
+    if len(named) != len(items):
+        return None  # the planner reports the mismatch
+    by_parameter = dict(zip((int(n) for n in numbers), named))
+    return tuple(by_parameter[i] for i in range(1, len(items) + 1))
 
 
 def _column_value(table: ResolvedTable, name: str, item: exp.Expression, what: str,

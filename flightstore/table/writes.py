@@ -1,7 +1,11 @@
 """A table's write path: rows split by bucket and applied to the buckets' logs (log tables) or
 KV tablets (primary-key tables), once per writer batch (writer ids and sequences: a retried batch is
-applied once, a gap is refused), behind a write intent so a multi-bucket write completes after a
-crash; the table's delete behaviour; undo of a writer's batches.
+applied once, a gap is refused); the table's delete behaviour; undo of a writer's batches.
+
+A write is all or nothing: every bucket it touches is prepared (merged and checked, nothing
+written: :meth:`TableWrites._prepare_buckets`) before any bucket commits; a write of several buckets
+commits behind a write intent (:mod:`flightstore.table.pending`, :mod:`flightstore.intents`), so
+that a crash or a storage failure between two buckets is completed, never left half applied.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.errors import InvalidInput, SchemaMismatch, Unsupported
 from flightstore.schema import as_table
+from flightstore.table.pending import BucketWrite, PendingWrites
 
 __all__ = ["TABLE_WRITER", "TableWrites", "WriteResult"]
 
@@ -29,7 +34,7 @@ class WriteResult(dict):
     touched: Sequence[int] = ()
 
 
-class TableWrites:
+class TableWrites(PendingWrites):
     """The writes of :class:`~flightstore.store.Table` (mixed into it: ``self`` is the
     table, with its descriptor, logs, KV tablets, writers and locks)."""
 
@@ -55,6 +60,7 @@ class TableWrites:
             raise Unsupported(f"undo needs a primary-key table; {self.path} is a log table")
         check_undoable(self.kvs, writer_id)
         with self._lock:
+            self._settle_pending()
             if writer_id not in self._writers:
                 return 0
             restored = undo_writer(self.kvs, writer_id, after_sequence)
@@ -63,7 +69,11 @@ class TableWrites:
         return restored
 
     def writer_sequence(self, writer_id: str) -> int | None:
-        """The last batch sequence applied for ``writer_id`` (None if it never wrote or expired)."""
+        """The last batch sequence applied for ``writer_id`` (None if it never wrote or expired).
+        A pending write is completed first (WriteIncomplete if it cannot be): its batch counts."""
+        if self._pending is not None:
+            with self._lock:
+                self._settle_pending()
         return self._writers.sequence(writer_id)
 
     def expire_writers(self, now_ms: int | None = None) -> list[str]:
@@ -72,7 +82,8 @@ class TableWrites:
         Returns their ids."""
         now = self._clock() if now_ms is None else now_ms
         with self._lock:
-            expired = self._writers.expired(now)
+            pending = self._pending.writer_id if self._pending is not None else None
+            expired = [w for w in self._writers.expired(now) if w != pending]  # it needs its state
             if expired:
                 self._expire(expired, now)
         return expired
@@ -178,21 +189,13 @@ class TableWrites:
             self.ownership.claim(writer_id, [c for c in target if c not in self.descriptor.primary_key])
         return self._apply_buckets(table, kinds, target, writer_id, sequence, overwrite)
 
-    def apply_routed(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
-                     writer_id: str | None, sequence: int | None, overwrite: bool = False) -> WriteResult:
-        """Apply a write a partitioned table validated, sequenced and recorded as its own intent
-        (see :mod:`flightstore.partitioned`): the buckets skip what they applied already, and
-        this partition keeps no intent or sequence check of its own."""
-        return self._apply_buckets(table, kinds, target, writer_id, sequence, overwrite, recovering=True)
-
     def _apply_buckets(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
                        writer_id: str | None, sequence: int | None, overwrite: bool = False,
                        recovering: bool = False) -> WriteResult:
-        """Apply a validated write to its buckets (KV tablets, or logs when ``kinds`` is None).
+        """Apply a validated write to its buckets (KV tablets, or logs when ``kinds`` is None), all
+        or nothing (see the module doc); ``recovering``: a recorded write replayed on open, whose
+        sequence was checked when it was first sent.
 
-        A write spanning several buckets is first recorded as an intent (see ``intents.py``), with
-        a writer id and sequence (the table's own when the caller gave none), so that a crash
-        between two buckets is completed on the next open instead of leaving it half applied.
         Returns once the write is durable (logs that fsync): the fsync happens after the table lock
         is released, so concurrent writers of the table share it (group commit).
         """
@@ -209,6 +212,7 @@ class TableWrites:
                       recovering: bool) -> WriteResult:
         """The write itself, under the table lock; its logs are synced by the caller, except a
         multi-bucket write's, which must be on disk before its intent is cleared."""
+        self._settle_pending()
         if not recovering:  # a rolled-forward write was checked when it was first sent
             self._check_sequence(writer_id, sequence)
         now = self._clock()
@@ -222,64 +226,75 @@ class TableWrites:
             result.touched = list(range(self.num_buckets))  # acknowledged once durable
             return result
         buckets = self.buckets_of(table)
-        targets = np.unique(buckets)
-        result.touched = [int(b) for b in targets]
-        intent = len(targets) > 1 and not recovering
-        if intent:
-            writer_id, sequence = self._begin_intent(table, kinds, target, writer_id, sequence, overwrite)
-        for bucket in targets:
-            mask = buckets == bucket
-            part = table.filter(pa.array(mask))
-            if kinds is None:
-                last = self.logs[bucket].writer_state().get(writer_id) if writer_id else None
-                if sequence is not None and last is not None and sequence <= last:
-                    result.duplicate = True
-                    continue
-                result[int(bucket)] = self.logs[bucket].append(part, writer_id=writer_id,
-                                                               sequence=sequence, durable=False,
-                                                               timestamp_ms=now)
-            else:
-                outcome = self.kvs[bucket].apply(part, kinds[mask], target, writer_id=writer_id,
-                                                 sequence=sequence, overwrite=overwrite,
-                                                 durable=False, now_ms=now)
-                result.duplicate |= outcome.duplicate
-                result[int(bucket)] = outcome.base_offset
-        if intent:
-            for bucket in targets:  # the intent may go only once every bucket has the write
-                self.logs[bucket].sync()
-            self._intents.complete()
+        several = len(np.unique(buckets)) > 1
+        if several:
+            writer_id, sequence = self._intent_writer(writer_id, sequence)
+        parts = self._prepare_buckets(table, kinds, target, writer_id, sequence, overwrite, now, buckets)
+        result.touched = [p.bucket for p in parts]
+        if several:
+            self._commit_all_or_nothing(parts, kinds is not None, writer_id, sequence, now, result)
+        else:
+            for part in parts:
+                result.duplicate |= part.duplicate
+                if not part.duplicate:
+                    result[part.bucket] = self._commit_bucket(part, writer_id, sequence, now)
         self._note_sequence(writer_id, sequence, now)
         return result
 
-    def _begin_intent(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
-                      writer_id: str | None, sequence: int | None, overwrite: bool) -> tuple[str, int]:
-        """Record the intent of a write that spans buckets (rolled forward after a crash, see
-        :meth:`_complete_pending_write`); a write without writer id and sequence goes under the
-        table writer's next sequence. Returns the writer id and sequence the write goes under."""
-        if writer_id is None or sequence is None:
-            writer_id = TABLE_WRITER
-            last_table = self._writers.sequence(TABLE_WRITER)
-            sequence = 0 if last_table is None else last_table + 1
-        record = table if kinds is None else table.append_column(
-            changetype.CHANGE_TYPE_COLUMN, pa.array(kinds, pa.int8()))
-        self._intents.begin({"target": list(target) if target else None, "overwrite": overwrite,
-                             "kv": kinds is not None, "writer_id": writer_id,
-                             "sequence": sequence}, record)
-        return writer_id, sequence
+    def _prepare_buckets(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
+                         writer_id: str | None, sequence: int | None, overwrite: bool, now_ms: int,
+                         buckets: np.ndarray | None = None) -> list[BucketWrite]:
+        """Every bucket's part of a write, prepared and checked, nothing applied (see
+        :meth:`~flightstore.kv.tablet.KvTablet.prepare`): a value-dependent failure in any bucket
+        raises here, before any bucket commits. ``buckets``: each row's bucket, if computed."""
+        buckets = self.buckets_of(table) if buckets is None else buckets
+        parts = []
+        for bucket in np.unique(buckets):
+            bucket = int(bucket)
+            mask = buckets == bucket
+            part = table.filter(pa.array(mask))
+            if kinds is None:
+                # Without a bucket key a retry may be routed to another bucket than the batch was.
+                logs = [self.logs[bucket]] if self.descriptor.bucket_key else self.logs
+                held = [log.writer_state().get(writer_id) for log in logs] if writer_id else []
+                last = max((h for h in held if h is not None), default=None)
+                duplicate = sequence is not None and last is not None and sequence <= last
+                parts.append(BucketWrite(bucket, part, duplicate=duplicate))
+                continue
+            prepared = self.kvs[bucket].prepare(part, kinds[mask], target, writer_id=writer_id,
+                                                sequence=sequence, overwrite=overwrite, now_ms=now_ms)
+            parts.append(BucketWrite(bucket, prepared.changelog, prepared, prepared.duplicate))
+        return parts
 
-    def _complete_pending_write(self) -> None:
-        """Roll forward a multi-bucket write a crash interrupted (buckets that have it skip it)."""
-        pending = self._intents.pending()
-        if pending is not None:
-            meta, record = pending
-            kinds = None
-            if meta["kv"]:
-                kinds = record.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
-                record = record.drop_columns([changetype.CHANGE_TYPE_COLUMN])
-            target = tuple(meta["target"]) if meta["target"] else None
-            self._apply_buckets(record, kinds, target, meta["writer_id"], meta["sequence"],
-                                meta["overwrite"], recovering=True)
-        self._intents.complete()
+    def _commit_bucket(self, part: BucketWrite, writer_id: str | None, sequence: int | None,
+                       now_ms: int) -> int | None:
+        """Commit one prepared bucket (log append, then RocksDB); returns the first offset written
+        (None: nothing changed). Fails only on storage."""
+        if not self.has_primary_key:
+            return self.logs[part.bucket].append(part.record, writer_id=writer_id, sequence=sequence,
+                                                 durable=False, timestamp_ms=now_ms)
+        kv = self.kvs[part.bucket]
+        prepared = part.prepared if part.prepared is not None else kv.prepare_changelog(
+            part.record, writer_id=writer_id, sequence=sequence, timestamp_ms=now_ms)
+        return kv.commit(prepared).base_offset
+
+    def _bucket_has(self, bucket: int, writer_id: str, sequence: int) -> bool:
+        """Whether ``bucket`` applied the writer's batch ``sequence`` (or a later one)."""
+        if self.has_primary_key:
+            kv = self.kvs[bucket]
+            kv.catch_up()
+            last = kv.writer_sequence(writer_id)
+        else:
+            last = self.logs[bucket].writer_state().get(writer_id)
+        return last is not None and last >= sequence
+
+    def _intent_writer(self, writer_id: str | None, sequence: int | None) -> tuple[str, int]:
+        """The writer id and sequence a multi-bucket write goes under: the caller's, or the table
+        writer's next sequence (a write needs one to be recognized in the buckets that have it)."""
+        if writer_id is not None and sequence is not None:
+            return writer_id, sequence
+        last_table = self._writers.sequence(TABLE_WRITER)
+        return TABLE_WRITER, 0 if last_table is None else last_table + 1
 
     def _apply_delete_behavior(self, table: pa.Table, kinds: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         retracting = (kinds == changetype.DELETE) | (kinds == changetype.UPDATE_BEFORE)

@@ -49,3 +49,61 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---- the server's crash test: kill -9 of a real server under 8 client writers -------------------
+# (tests/kv/test_aggregation_exactly_once.py). Both functions run in processes forked from a
+# multiprocessing fork server that imported flightstore once, so a restart costs no imports.
+
+CLIENT_EVENTS = 12  # events per batch (aggregation table, tests/kv/agg_writer.py) and log rows per batch
+
+
+def client_batch(writer: int, sequence: int) -> tuple[pa.Table, pa.Table]:
+    """Batch ``sequence`` of client writer ``writer``: events of the aggregation table (ids unique
+    to the writer and batch) and log rows tagged with the batch's global id."""
+    from tests.kv import agg_writer
+    first = (writer * 1_000_000 + sequence) * CLIENT_EVENTS
+    events = pa.Table.from_pylist([agg_writer.event(i) for i in range(first, first + CLIENT_EVENTS)],
+                                  schema=agg_writer.SCHEMA)
+    log = pa.table({"seq": pa.array([writer * 1_000_000 + sequence] * CLIENT_EVENTS, pa.int64()),
+                    "i": pa.array(range(CLIENT_EVENTS), pa.int64())}, schema=LOG_SCHEMA)
+    return events, log
+
+
+def serve_process(data_dir: str, port: int) -> None:
+    """`flightstore serve --no-fsync` on ``port`` (kill -9 keeps the page cache, so what was
+    written survives without fsync), its output discarded."""
+    import os
+
+    from flightstore import cli
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    cli.main(["serve", "--data-dir", data_dir, "--port", str(port), "--no-fsync"])
+
+
+def client_writer_process(uri: str, writer: int, acked, stop, failures) -> None:
+    """Writer ``writer`` (writer id ``w<n>`` in both tables): batch after batch into the
+    aggregation table ``stats`` and the log table ``events``, counting in ``acked[writer]`` the
+    batches both tables acknowledged, until ``stop`` is set. A write that raises is sent again, as
+    an application does; only a DeliveryTimeout is reported (in ``failures``)."""
+    from pyarrow import flight
+
+    import flightstore
+    from flightstore.errors import DeliveryTimeout
+    with flightstore.connect(uri) as conn:
+        tables = conn.table("stats", writer_id=f"w{writer}"), conn.table("events", writer_id=f"w{writer}")
+        sequence = 0
+        while not stop.is_set():
+            for table, rows in zip(tables, client_batch(writer, sequence)):
+                while True:
+                    try:
+                        table.upsert(rows) if table.name == "stats" else table.append(rows)
+                        break
+                    except flight.FlightError:
+                        continue  # the application sends the batch again
+                    except DeliveryTimeout as exc:
+                        failures.put(f"writer {writer}: {exc}")
+                        return
+            sequence += 1
+            acked[writer] = sequence
