@@ -21,7 +21,7 @@ from pyarrow import flight
 
 from flightstore import changetype
 from flightstore.acl import Operation
-from flightstore.errors import FlightstoreError, InvalidInput, NotFound, Unsupported
+from flightstore.errors import FlightstoreError, InvalidInput, NotFound, Unavailable, Unsupported
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
@@ -143,8 +143,11 @@ class ReadRpcs:
             raise flight.FlightCancelledError("this query was cancelled")
         if tickets.is_result(data):
             return flight.RecordBatchStream(tickets.decode_result(data), _IPC_OPTIONS)
+        heartbeats = False  # a subscription's empty batches are heartbeats: they are sent
         if tickets.is_custom(data):
-            schema, batches = self._custom_get(tickets.decode_custom(data), context)
+            payload = tickets.decode_custom(data)
+            heartbeats = payload.get("op") == "subscribe"
+            schema, batches = self._custom_get(payload, context)
         else:
             try:
                 command = protocol.unpack_any(data)
@@ -171,7 +174,8 @@ class ReadRpcs:
                 schema, batches = table.schema, table
         if isinstance(batches, pa.Table):  # materialized (lookups, counts, metadata): C++ streams it
             return flight.RecordBatchStream(_messages(batches), _IPC_OPTIONS)
-        return flight.GeneratorStream(schema, _in_call_context(_guarded(rechunk(batches), self._hidden_paths)))
+        return flight.GeneratorStream(schema, _in_call_context(_guarded(rechunk(batches, heartbeats),
+                                                                        self._hidden_paths)))
 
     # ---- metadata commands --------------------------------------------------------------------
     def _metadata_schema(self, command: Any) -> pa.Schema | None:
@@ -338,13 +342,17 @@ class ReadRpcs:
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
             stop = threading.Event() if context is None else _CallStop(context, self._stop)
+            heartbeat_s = payload.get("heartbeat_s", 1.0)
+            if heartbeat_s is None or heartbeat_s <= 0:
+                raise InvalidInput(f"a subscription's heartbeat_s must be a positive number of seconds, "
+                                   f"not {heartbeat_s!r}")
             if not plan_only:
                 self.metrics.mark_subscription(context)
             if forwarded:
                 table = table.local
-            return schema, self.metrics.metered(str(table.path), table.subscribe(
+            return schema, self.metrics.metered(str(table.path), _unless_shut_down(table.subscribe(
                 payload.get("start", "earliest"), columns=columns, stop=stop,
-                heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until")))
+                heartbeat_s=heartbeat_s, until=payload.get("until")), self._stop))
         if op == "changelog":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
@@ -416,6 +424,16 @@ class _CallStop:
         return self.server_stop.is_set() or self.context.is_cancelled()
 
 
+
+
+def _unless_shut_down(batches: Iterator[pa.RecordBatch], server_stop: threading.Event) -> Iterator[pa.RecordBatch]:
+    """A subscription's batches; when the server's shutdown ended it, an UNAVAILABLE error rather
+    than a normal end of stream, so a consumer does not take a stopped server for the end of the
+    data (a subscription with ``until`` that reached its offsets before the shutdown ends normally)."""
+    yield from batches
+    if server_stop.is_set():
+        raise Unavailable("the server is shutting down: the subscription ended; subscribe again from "
+                          "the offsets you have read, once the server is back (or on another server)")
 
 
 def _result_label(plan: nodes.PlanNode) -> str:
