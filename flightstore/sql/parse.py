@@ -266,8 +266,10 @@ def parse_statement(sql: str) -> Statement:
         if not inner:
             raise SqlError("EXPLAIN needs a statement to explain")
         return Explain(parse_statement(inner))
-    if toks[0].token_type == TokenType.VAR:  # a word no statement starts with: SELEC, INSRT...
-        raise _not_a_statement(toks[0])
+    if toks[0].token_type == TokenType.VAR:  # a word no statement of ours starts with
+        if head in _OTHER_STATEMENTS:  # well-formed elsewhere (START TRANSACTION, ATTACH...)
+            raise Unsupported(f"unsupported statement: {head}")
+        raise _not_a_statement(toks[0])  # a misspelling: SELEC, INSRT...
     text = _number_question_marks(text, toks)
     try:
         parsed = sqlglot.parse(text, read=FlinkSql)
@@ -286,6 +288,11 @@ def parse_statement(sql: str) -> Statement:
     return _normalize_placeholders(dates.normalize(statement))
 
 
+# Statements of other SQL dialects that flightstore does not run (UNIMPLEMENTED, not a syntax error).
+_OTHER_STATEMENTS = frozenset({
+    "ATTACH", "CHECKPOINT", "CLOSE", "COMMENT", "DEALLOCATE", "DECLARE", "DETACH", "EXECUTE", "EXPORT",
+    "FETCH", "IMPORT", "INSTALL", "LIST", "LOCK", "MSCK", "OPEN", "PREPARE", "REFRESH", "RELEASE", "RENAME",
+    "RESET", "SAVEPOINT", "START", "SUMMARIZE", "UNLOCK", "UPSERT"})
 _STATEMENT_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "DROP", "ALTER", "USE", "SHOW",
                     "DESCRIBE", "EXPLAIN", "GRANT", "REVOKE", "WITH", "VALUES")
 
@@ -293,7 +300,7 @@ _STATEMENT_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "DROP", "A
 def _not_a_statement(first: tokens.Token) -> SqlError:
     """The syntax error of a statement that does not start with a statement keyword."""
     column = first.col - len(first.text) + 1  # sqlglot's col is where the token ends
-    guess = difflib.get_close_matches(first.text.upper(), _STATEMENT_WORDS, n=1)
+    guess = difflib.get_close_matches(first.text.upper(), _STATEMENT_WORDS, n=1, cutoff=0.75)
     hint = f" (did you mean {guess[0]}?)" if guess else ""
     return SqlError(f"syntax error at line {first.line}, column {column} near {first.text!r}: a statement "
                     f"starts with {', '.join(_STATEMENT_WORDS[:-1])} or {_STATEMENT_WORDS[-1]}{hint}")

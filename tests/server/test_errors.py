@@ -84,6 +84,8 @@ SQL_CASES = [
     ("CREATE DATABASE default", INVALID, ["default", "already exists"]),
     ("GRANT SELECT ON t TO bob", INVALID, ["GRANT", "unknown operation", "SELECT"]),
     ("CALL sys.add_acl('cluster')", UNIMPLEMENTED, ["unsupported", "CALL"]),
+    ("START TRANSACTION", UNIMPLEMENTED, ["unsupported statement: START"]),
+    ("SELEC oops", INVALID, ["syntax error at line 1, column 1 near 'SELEC'"]),
     ("ALTER TABLE t DROP COLUMN score", UNIMPLEMENTED, ["DROP COLUMN score", "not supported"]),
     ("ALTER TABLE t MODIFY score INT", UNIMPLEMENTED, ["score", "not a lossless widening"]),
     ("ALTER TABLE t SET ('bucket.num' = '8')", UNIMPLEMENTED, ["bucket.num", "cannot change"]),
