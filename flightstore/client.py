@@ -40,6 +40,7 @@ from flightstore.streams import read_batches
 __all__ = ["Connection", "Subscription", "TableClient", "connect"]
 
 MAX_SEND_BYTES = 4 * 1024 * 1024  # per Flight message, far below gRPC's 16 MiB limit
+_CLOSED_POLL_S = 0.1  # how soon a subscription closed from another thread stops its consumer
 T = TypeVar("T")
 Pem = bytes | str | os.PathLike  # PEM bytes, or the path of a PEM file
 
@@ -268,6 +269,7 @@ class Subscription:
         self._timeout_s = timeout_s
         self._messages: queue.Queue = queue.Queue(maxsize=2)  # (kind, value) from the reading thread
         self._closed = threading.Event()
+        self._failure: BaseException | None = None  # what ended the reading thread, if not the end
         self._thread: threading.Thread | None = None
 
     def _read(self) -> None:
@@ -279,6 +281,7 @@ class Subscription:
         except StopIteration:
             self._put(("end", None))
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer's thread, raised there
+            self._failure = exc
             self._put(("error", exc))
 
     def _put(self, message: tuple) -> None:
@@ -299,15 +302,24 @@ class Subscription:
                 if chunk.data is not None and chunk.data.num_rows:
                     yield chunk.data
         if self._thread is None:
-            self._thread = threading.Thread(target=self._read, name="flightstore-subscription", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._read, name="flightstore-subscription", daemon=True)
+            thread.start()
+            self._thread = thread  # set once started: close() from another thread joins it
+        deadline = time.monotonic() + self._timeout_s
         while True:
             try:
-                kind, value = self._messages.get(timeout=self._timeout_s)
+                kind, value = self._messages.get(timeout=_CLOSED_POLL_S)
             except queue.Empty:
+                if self._closed.is_set():  # close() from another thread: end as the reader ended
+                    if self._failure is not None:
+                        raise self._failure from None
+                    return
+                if time.monotonic() < deadline:
+                    continue
                 self.close()
                 raise Unavailable(f"no data and no heartbeat from the server for {self._timeout_s:g} s: it "
                                   "is stopped or unreachable; subscribe again from the offsets read") from None
+            deadline = time.monotonic() + self._timeout_s
             if kind == "end":
                 return
             if kind == "error":

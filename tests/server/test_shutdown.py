@@ -228,3 +228,28 @@ def test_subscription_options_are_checked(server) -> None:
         with pytest.raises(pa.ArrowInvalid, match="heartbeat_s must be a positive number"):
             client.get_flight_info(flight.FlightDescriptor.for_command(tickets.encode_custom(payload)))
         client.close()
+
+
+def test_closing_a_subscription_from_another_thread_ends_its_consumer_at_once(server) -> None:
+    with flightstore.connect(server.uri) as conn:
+        conn.sql("CREATE TABLE quiet (id BIGINT)")
+        subscription = conn.table("quiet").subscribe("earliest", heartbeat_s=0.1, timeout_s=30)
+        ended: list = []
+
+        def consume() -> None:
+            try:
+                for _ in subscription:
+                    pass
+                ended.append("end")
+            except Exception as exc:  # noqa: BLE001 - the test reads it
+                ended.append(exc)
+
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        wait_until(lambda: subscription._thread is not None, "the subscription reading")
+        closed = time.monotonic()
+        subscription.close()
+        consumer.join(timeout=60)
+        assert not consumer.is_alive() and len(ended) == 1
+        assert ended == ["end"] or isinstance(ended[0], flight.FlightCancelledError), ended
+        assert time.monotonic() - closed < 20  # not the 30 s of timeout_s
