@@ -131,18 +131,27 @@ def prepare(python: Path, home: Path, flightstore_uri: str, *, settings: Mapping
     _config(home, settings or {})
     run_env = environment(home)
     run_env.update(env or {})
-    superset = str(python.parent / "superset")
     username, password = ADMIN
-    for args in (["db", "upgrade"],
-                 ["fab", "create-admin", "--username", username, "--firstname", "Ada", "--lastname", "Admin",
-                  "--email", "admin@example.invalid", "--password", password],
-                 ["init"],
-                 ["set-database-uri", "--database_name", DATABASE_NAME, "--uri", flightstore_uri]):
-        done = subprocess.run([superset, *args], env=run_env, cwd=home, capture_output=True, text=True,
-                              timeout=900)
-        if done.returncode != 0:
-            raise RuntimeError(f"superset {' '.join(args[:2])} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    steps = [["db", "upgrade"],
+             ["fab", "create-admin", "--username", username, "--firstname", "Ada", "--lastname", "Admin",
+              "--email", "admin@example.invalid", "--password", password],
+             ["init"],
+             ["set-database-uri", "--database_name", DATABASE_NAME, "--uri", flightstore_uri]]
+    done = subprocess.run([str(python), "-c", _SUPERSET_COMMANDS, json.dumps(steps)], env=run_env, cwd=home,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing Superset in {home} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return run_env
+
+
+# `superset <args>` for each step, in one process: importing Superset takes most of a minute.
+_SUPERSET_COMMANDS = r"""
+import json, sys
+from superset.cli.main import superset
+for args in json.loads(sys.argv[1]):
+    print("superset", *args[:2], flush=True)
+    superset.main(args=args, prog_name="superset", standalone_mode=False)
+"""
 
 
 def free_port() -> int:

@@ -175,6 +175,7 @@ def _assert_same(got: list[tuple[str, float]], expected: list[tuple[str, float]]
     assert [total for _, total in got] == pytest.approx([total for _, total in expected])
 
 
+@pytest.mark.timeout(1500)  # Superset's imports alone take minutes on a loaded 2-core machine
 def test_superset_time_series_chart_and_dashboard(server, tmp_path) -> None:
     python = superset_launch.superset_python()
     _chromium()
