@@ -5,20 +5,28 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: run cluster test fuzz bench lint clean
+.PHONY: run cluster superset test fuzz bench lint clean
 
+# pip shows what it fetches and installs (no -q): the first install takes a minute or more.
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	@echo "Installing flightstore's runtime into $(VENV) (pyarrow, DuckDB, RocksDB, ADBC: ~400 MB; once)"
+	$(PY) -m pip install --disable-pip-version-check -e .
 	touch $(RUNTIME)
 
 $(TESTING): $(RUNTIME)
-	$(PY) -m pip install -q -e '.[test,sqlalchemy]'
+	@echo "Installing the test stack into $(VENV) (PySpark, pandas, polars, SQLAlchemy; once)"
+	$(PY) -m pip install --disable-pip-version-check -e '.[test,sqlalchemy]'
 	touch $(TESTING)
 
 run: $(RUNTIME)
 	$(PY) -m flightstore serve --data-dir ./data --host 127.0.0.1 --port 8815
+
+# Superset against the server `make run` started: its own cached venv, then the URL and login.
+SUPERSET_HOME ?= ./superset-home
+superset: $(RUNTIME)
+	$(PY) -m flightstore_sqlalchemy.superset_launch --flightstore grpc://127.0.0.1:8815 --home $(SUPERSET_HOME)
 
 cluster: $(RUNTIME)
 	$(PY) -m flightstore cluster --servers 3 --data-dir ./cluster-data
@@ -39,4 +47,4 @@ lint: $(TESTING)
 	$(PY) -m pip install -q 'ruff==0.17.6' && $(VENV)/bin/ruff check flightstore flightstore_sqlalchemy connectors tests bench
 
 clean:
-	rm -rf $(VENV) data cluster-data
+	rm -rf $(VENV) data cluster-data superset-home

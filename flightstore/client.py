@@ -28,6 +28,8 @@ names the unavailable bucket and server), and the locations are asked again next
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,7 +40,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from flightstore.config import validate_client_options
-from flightstore.errors import DeliveryTimeout, InvalidOption
+from flightstore.errors import DeliveryTimeout, InvalidOption, Unavailable
 from flightstore.expressions import Predicate
 from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
@@ -54,6 +56,7 @@ FIRST_BACKOFF_S = 0.05  # the first wait between two attempts of a write; it dou
 _RETRYABLE = (flight.FlightUnavailableError, flight.FlightTimedOutError, flight.FlightCancelledError)
 _TRANSPORT = ("socket closed", "connection reset", "rst_stream", "goaway", "broken pipe",
               "failed to connect", "stream removed", "end of tcp stream")
+_CLOSED_POLL_S = 0.1  # how soon a subscription closed from another thread stops its consumer
 T = TypeVar("T")
 Pem = bytes | str | os.PathLike  # PEM bytes, or the path of a PEM file
 
@@ -288,22 +291,87 @@ def _retryable(exc: BaseException) -> bool:
 
 
 class Subscription:
-    """An iterator over changelog batches as they are written; :meth:`close` ends it."""
+    """An iterator over changelog batches as they are written; :meth:`close` ends it.
 
-    def __init__(self, reader: flight.FlightStreamReader) -> None:
+    The server sends an empty batch (a heartbeat) after each ``heartbeat_s`` without data, so a
+    quiet server and a dead one look different: when neither data nor a heartbeat arrives within
+    ``timeout_s`` (a server stopped, frozen or cut off), iterating raises
+    :class:`~flightstore.errors.Unavailable` and the subscription is closed. ``timeout_s=None``
+    waits forever. A server that shuts down ends the subscription with UNAVAILABLE too (a
+    ``pyarrow.flight.FlightUnavailableError``), never as a normal end of stream; a subscription
+    with ``until`` ends normally when it reached those offsets.
+    """
+
+    def __init__(self, reader: flight.FlightStreamReader, timeout_s: float | None = None) -> None:
+        if timeout_s is not None and timeout_s <= 0:
+            raise InvalidOption(f"a subscription's timeout_s must be a positive number of seconds, not {timeout_s!r}")
         self._reader = reader
+        self._timeout_s = timeout_s
+        self._messages: queue.Queue = queue.Queue(maxsize=2)  # (kind, value) from the reading thread
+        self._closed = threading.Event()
+        self._failure: BaseException | None = None  # what ended the reading thread, if not the end
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> None:
+        """The reading thread: every message (heartbeats included) into the queue, then the end."""
+        try:
+            while not self._closed.is_set():
+                chunk = self._reader.read_chunk()
+                self._put(("batch", chunk.data))
+        except StopIteration:
+            self._put(("end", None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer's thread, raised there
+            self._failure = exc
+            self._put(("error", exc))
+
+    def _put(self, message: tuple) -> None:
+        while not self._closed.is_set():
+            try:
+                self._messages.put(message, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        if self._timeout_s is None:
+            while True:
+                try:
+                    chunk = self._reader.read_chunk()
+                except StopIteration:
+                    return
+                if chunk.data is not None and chunk.data.num_rows:
+                    yield chunk.data
+        if self._thread is None:
+            thread = threading.Thread(target=self._read, name="flightstore-subscription", daemon=True)
+            thread.start()
+            self._thread = thread  # set once started: close() from another thread joins it
+        deadline = time.monotonic() + self._timeout_s
         while True:
             try:
-                chunk = self._reader.read_chunk()
-            except StopIteration:
+                kind, value = self._messages.get(timeout=_CLOSED_POLL_S)
+            except queue.Empty:
+                if self._closed.is_set():  # close() from another thread: end as the reader ended
+                    if self._failure is not None:
+                        raise self._failure from None
+                    return
+                if time.monotonic() < deadline:
+                    continue
+                self.close()
+                raise Unavailable(f"no data and no heartbeat from the server for {self._timeout_s:g} s: it "
+                                  "is stopped or unreachable; subscribe again from the offsets read") from None
+            deadline = time.monotonic() + self._timeout_s
+            if kind == "end":
                 return
-            if chunk.data is not None and chunk.data.num_rows:
-                yield chunk.data
+            if kind == "error":
+                raise value
+            if value is not None and value.num_rows:
+                yield value
 
     def close(self) -> None:
+        self._closed.set()
         self._reader.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
 
     def __enter__(self) -> Subscription:
         return self
@@ -618,10 +686,18 @@ class TableClient:
         return {int(k): v for k, v in answer["offsets"].items()}
 
     def subscribe(self, start: Any = "earliest", columns: Sequence[str] | None = None,
-                  until: Mapping[int, int] | None = None) -> Subscription:
+                  until: Mapping[int, int] | None = None, *, heartbeat_s: float = 1.0,
+                  timeout_s: float | None = 30.0) -> Subscription:
         """Follow the changelog from ``start`` (earliest, latest, {"timestamp": ms} or
-        {bucket: offset}); with ``until`` ({bucket: end offset}) the stream ends there."""
+        {bucket: offset}); with ``until`` ({bucket: end offset}) the stream ends there. The server
+        sends a heartbeat after ``heartbeat_s`` without data; iterating raises
+        :class:`~flightstore.errors.Unavailable` when nothing arrives for ``timeout_s`` (None: wait
+        forever). See :class:`Subscription`."""
+        if timeout_s is not None and timeout_s <= heartbeat_s:
+            raise InvalidOption(f"timeout_s ({timeout_s:g}) must be longer than heartbeat_s ({heartbeat_s:g}): "
+                                "a quiet server sends only a heartbeat every heartbeat_s")
         payload = {"op": "subscribe", "table": self.name, "columns": list(columns) if columns else None,
                    "start": start if not isinstance(start, Mapping) else {str(k): v for k, v in start.items()},
-                   "until": None if until is None else {str(k): v for k, v in until.items()}}
-        return Subscription(self.connection._get_planned(payload))
+                   "until": None if until is None else {str(k): v for k, v in until.items()},
+                   "heartbeat_s": heartbeat_s}
+        return Subscription(self.connection._get_planned(payload), timeout_s)

@@ -262,7 +262,7 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "RESOURCE_EXHAUSTED (`0`: no cap).", minimum=0),
     ConfigOption("server.shutdown-grace", "duration", 10_000,
                  "On SIGTERM/SIGINT the server stops accepting calls and waits this long for running "
-                 "ones, then stops them (CANCELLED) and exits.", minimum=0),
+                 "ones, then stops them (UNAVAILABLE: server shutting down) and exits.", minimum=0),
     ConfigOption("sql.cache.entries", "int", 1024,
                  "Entries each SQL cache keeps (query plans, point-lookup templates, residual result "
                  "schemas, prepared statements' schemas), least recently used forgotten first. "

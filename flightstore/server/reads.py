@@ -21,7 +21,7 @@ from pyarrow import flight
 
 from flightstore import changetype
 from flightstore.acl import Operation, Permission
-from flightstore.errors import FlightstoreError, InvalidInput, NotFound, Unsupported
+from flightstore.errors import FlightstoreError, InvalidInput, NotFound, Unavailable, Unsupported
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
@@ -146,8 +146,11 @@ class ReadRpcs:
             return flight.RecordBatchStream(_messages(tickets.decode_result(data, self._ticket_key, _CALLER.get()),
                                                       self.max_batch_rows),
                                             _IPC_OPTIONS)
+        heartbeats = False  # a subscription's empty batches are heartbeats: they are sent
         if tickets.is_custom(data):
-            schema, batches = self._custom_get(tickets.decode_custom(data), context)
+            payload = tickets.decode_custom(data)
+            heartbeats = payload.get("op") == "subscribe"
+            schema, batches = self._custom_get(payload, context)
         else:
             try:
                 command = protocol.unpack_any(data)
@@ -175,7 +178,8 @@ class ReadRpcs:
                 schema, batches = table.schema, table
         if isinstance(batches, pa.Table):  # materialized (lookups, counts, metadata): C++ streams it
             return flight.RecordBatchStream(_messages(batches, self.max_batch_rows), _IPC_OPTIONS)
-        return flight.GeneratorStream(schema, _in_call_context(_guarded(rechunk(batches, self.max_batch_rows),
+        return flight.GeneratorStream(schema, _in_call_context(_guarded(rechunk(batches, self.max_batch_rows,
+                                                                                heartbeats),
                                                                         self._hidden_paths)))
 
     # ---- metadata commands --------------------------------------------------------------------
@@ -344,12 +348,17 @@ class ReadRpcs:
             # again at every batch and every idle poll (heartbeats included).
             recheck = self._stream_recheck([Permission(Operation.READ, table_resource(table.path))])
             stop = threading.Event() if context is None else _CallStop(context, self._stop, recheck)
+            heartbeat_s = payload.get("heartbeat_s", 1.0)
+            if heartbeat_s is None or heartbeat_s <= 0:
+                raise InvalidInput(f"a subscription's heartbeat_s must be a positive number of seconds, "
+                                   f"not {heartbeat_s!r}")
             if not plan_only:
                 self.metrics.mark_subscription(context)
             if forwarded:
                 table = table.local
-            rows = table.subscribe(payload.get("start", "earliest"), columns=columns, stop=stop,
-                                   heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until"))
+            rows = _unless_shut_down(table.subscribe(payload.get("start", "earliest"), columns=columns, stop=stop,
+                                                     heartbeat_s=heartbeat_s, until=payload.get("until")),
+                                     self._stop)
             return schema, self.metrics.metered(str(table.path), rows if recheck is None else recheck.guard(rows))
         if op == "changelog":
             full = changetype.changelog_schema(table.schema)
@@ -433,6 +442,16 @@ class _CallStop:
         return self.server_stop.is_set() or self.context.is_cancelled()
 
 
+
+
+def _unless_shut_down(batches: Iterator[pa.RecordBatch], server_stop: threading.Event) -> Iterator[pa.RecordBatch]:
+    """A subscription's batches; when the server's shutdown ended it, an UNAVAILABLE error rather
+    than a normal end of stream, so a consumer does not take a stopped server for the end of the
+    data (a subscription with ``until`` that reached its offsets before the shutdown ends normally)."""
+    yield from batches
+    if server_stop.is_set():
+        raise Unavailable("the server is shutting down: the subscription ended; subscribe again from "
+                          "the offsets you have read, once the server is back (or on another server)")
 
 
 def _result_label(plan: nodes.PlanNode) -> str:

@@ -10,9 +10,11 @@ translated in exactly one place, :func:`.rpc._translate`; results are cut into F
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -255,6 +257,28 @@ def _exit_unless(finished: threading.Event, seconds: float) -> None:
     os._exit(1)
 
 
+def _listen_failure(host: str, port: int, tls: TlsConfig | None, exc: BaseException) -> str:
+    """Why the server could not start listening, as far as it can be told: gRPC says only "Server
+    did not start properly". A port another socket holds is found by binding it; otherwise the
+    address, or with TLS the certificate and key gRPC refused, is named."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        return f"cannot listen on {host}:{port}: the host does not resolve ({error.strerror})"
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind(address)
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    return f"cannot listen on {host}:{port}: the port is in use by another process"
+                return f"cannot listen on {host}:{port}: {error.strerror}"
+    if tls is not None:
+        return (f"cannot listen on {host}:{port} with TLS: gRPC refused the certificate or key ({exc}); "
+                "check that they are PEM, that the key is unencrypted and belongs to the certificate")
+    return f"cannot listen on {host}:{port} ({exc})"
+
+
 def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
           fsync: bool = SERVER_OPTIONS["log.fsync"].default,
           users: UserStore | dict[str, str] | None = None, cluster: Any = None,
@@ -291,7 +315,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
                                      options, "log.retention.check-interval") / 1000)
     except pa.ArrowException as exc:
         store.close()
-        raise SystemExit(f"flightstore: cannot listen on {host}:{port} ({exc}); is the port in use?")
+        raise SystemExit(f"flightstore: {_listen_failure(host, port, tls, exc)}") from None
     if cluster is not None:
         from flightstore.cluster.member import join
         try:

@@ -2,13 +2,16 @@
 
 With :class:`TlsConfig` the server listens on ``grpc+tls://`` only. With ``client_ca`` set, gRPC
 asks every client for a certificate and refuses the connection of a client without one signed by
-that CA (mutual TLS). Certificates are PEM; :meth:`TlsConfig.from_files` reads them at start-up so
-a bad path fails before the server listens.
+that CA (mutual TLS). Certificates are PEM; :meth:`TlsConfig.from_files` reads and checks them at
+start-up (with Python's OpenSSL, :func:`_check_pair`) so a bad path, a file that is not a
+certificate, an encrypted key or a key of another certificate fails before the server listens, with
+a message saying which (gRPC itself only says "Server did not start properly").
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,29 @@ def _read_pem(path: str | os.PathLike, what: str) -> bytes:
     return data
 
 
+def _check_certificates(path: str | os.PathLike, what: str) -> None:
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=os.fspath(path))
+    except (ssl.SSLError, ValueError) as exc:
+        raise InvalidInput(f"the {what} {path} holds no readable certificate ({exc})") from None
+
+
+def _check_pair(cert: str | os.PathLike, key: str | os.PathLike, key_pem: bytes) -> None:
+    """Refuse a certificate and key that cannot serve TLS together, saying why."""
+    _check_certificates(cert, "TLS certificate")
+    if b"ENCRYPTED" in key_pem:
+        raise InvalidInput(f"the TLS key {key} is encrypted with a passphrase; give the key unencrypted "
+                           "(e.g. openssl pkey -in key.pem -out plain.pem)")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(os.fspath(cert), os.fspath(key),
+                                                                password=lambda: b"")
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise InvalidInput(f"the TLS key {key} does not belong to the TLS certificate {cert} (it is the "
+                               "key of another certificate)") from None
+        raise InvalidInput(f"the TLS key {key} holds no readable private key ({exc})") from None
+
+
 @dataclass(frozen=True)
 class TlsConfig:
     """PEM bytes of the server's certificate chain and key, and of the client CA for mTLS."""
@@ -41,8 +67,14 @@ class TlsConfig:
     @classmethod
     def from_files(cls, cert: str | os.PathLike, key: str | os.PathLike,
                    client_ca: str | os.PathLike | None = None) -> TlsConfig:
-        return cls(_read_pem(cert, "TLS certificate"), _read_pem(key, "TLS key"),
-                   _read_pem(client_ca, "client CA") if client_ca else None)
+        """Read the PEM files, checked: the key must belong to the certificate, the client CA must
+        hold certificates; InvalidInput says what is wrong with which file."""
+        config = cls(_read_pem(cert, "TLS certificate"), _read_pem(key, "TLS key"),
+                     _read_pem(client_ca, "client CA") if client_ca else None)
+        _check_pair(cert, key, config.key)
+        if client_ca:
+            _check_certificates(client_ca, "client CA")
+        return config
 
     def server_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``pyarrow.flight.FlightServerBase`` for this configuration."""

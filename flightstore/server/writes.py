@@ -20,6 +20,7 @@ from flightstore.server.rpc import _rpc
 from flightstore.server.session import Session
 from flightstore.server.upload import upload_chunks
 from flightstore.sql import nodes
+from flightstore.sql.ddl import TEMPORARY_REFUSED
 from flightstore.sql.dml import parameter_columns
 from flightstore.sql.execute import is_query
 from flightstore.sql.parse import parse_statement
@@ -147,6 +148,8 @@ class WriteRpcs:
         """Bulk ingest, applied chunk by chunk as the upload streams in (see :mod:`.upload`);
         a table the ingest created is dropped again if any chunk fails."""
         options = command.table_definition_options
+        if command.temporary:  # ADBC adbc_ingest(..., temporary=True)
+            raise Unsupported(f"bulk ingest with temporary=True: {TEMPORARY_REFUSED}")
         database = command.schema if command.HasField("schema") and command.schema else default_database
         path = TablePath.checked(database, command.table)  # before anything is looked up or made
         create = options.if_not_exist  # 0 unspecified, 1 CREATE, 2 FAIL
