@@ -2,10 +2,11 @@
 
 :class:`FlightSqlServer` holds the server's state (store, executor, authorizer, sessions, metrics,
 background work) and its lifecycle; its RPCs live in modules named for what they hold, mixed into
-it: :mod:`.reads` (GetFlightInfo, DoGet, metadata and read commands), :mod:`.writes` (DoPut) and
-:mod:`.actions` (DoAction, ListActions). Every RPC goes through :func:`.rpc._rpc`, so errors are
-translated in exactly one place, :func:`.rpc._translate`; results are cut into Flight messages by
-:mod:`.messages`. :func:`serve` runs a server until SIGTERM/SIGINT.
+it: :mod:`.reads` (GetFlightInfo, DoGet, metadata and read commands), :mod:`.writes` (DoPut),
+:mod:`.actions` (DoAction, ListActions) and :mod:`.exchange` (DoExchange: the lookup stream).
+Every RPC goes through :func:`.rpc._rpc`, so errors are translated in exactly one place,
+:func:`.rpc._translate`; results are cut into Flight messages by :mod:`.messages`. :func:`serve`
+runs a server until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from flightstore.server import status
 from flightstore.server.actions import ActionRpcs, PreparedStatement
 from flightstore.server.auth import AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler
 from flightstore.server.authz import Authorizer
+from flightstore.server.exchange import LookupStreamRpcs, LookupStreams
 from flightstore.server.expiring import ExpiringSet
 from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.messages import MAX_BATCH_BYTES, rechunk
@@ -55,7 +57,7 @@ HARD_EXIT_MARGIN_S = 5.0  # after the shutdown grace: stopped queries end, then 
 MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 
 
-class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
+class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, flight.FlightServerBase):
     """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
@@ -101,6 +103,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
         self._results: dict[str, tuple[float, pa.Table, str | None]] = {}  # (kept at, rows, owner)
         self._cancelled = ExpiringSet()  # cancelled query tickets: bounded (size cap, time to live)
         self.queries = RunningQueries()  # DoGet streams of queries: CancelFlightInfo / shutdown stop them
+        self.lookup_streams = LookupStreams()  # DoExchange lookup streams: shutdown sends them GOAWAY
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
@@ -141,7 +144,8 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
     def shutdown(self, grace_s: float | None = None) -> None:
         """Stop accepting calls and wait for the running ones; past ``grace_s`` (default: the
         ``server.shutdown-grace`` option) stop every running query (its client gets CANCELLED).
-        Subscriptions end at once."""
+        Subscriptions end at once; lookup streams are told to go away (GOAWAY): their clients
+        half-close them once the lookups already sent are answered."""
         if grace_s is None:
             grace_s = server_option(self.store.options, "server.shutdown-grace") / 1000
         self._stop.set()
@@ -150,6 +154,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
             status.loud_tracebacks()
         self.partition_manager.stop()
         self.housekeeping.stop()
+        self.lookup_streams.go_away()
         finished = threading.Event()
 
         def abort_after_grace() -> None:
@@ -187,11 +192,6 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
     def get_schema(self, context: flight.ServerCallContext,
                    descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
         raise Unsupported("GetSchema is not supported by flightstore; GetFlightInfo answers the schema")
-
-    @_rpc
-    def do_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
-                    reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter) -> None:
-        raise Unsupported("DoExchange is not supported by flightstore")
 
 
 def _wait_for_signal(grace_s: float) -> None:
