@@ -32,6 +32,7 @@ from pyarrow import flight
 from flightstore.errors import InvalidOption
 from flightstore.expressions import Predicate
 from flightstore.lookup_stream import KeysDoNotFit, LookupStream, LookupStreams
+from flightstore.lookuper import Lookuper
 from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
 from flightstore.streams import read_batches
@@ -436,11 +437,13 @@ class TableClient:
         the keys do not fit the key columns (the server then says what is wrong)."""
         if self._locations() is not None:
             return None
-        table = as_table(keys)
-        spec = HandleSpec(self.name, kind, tuple(columns) if columns else None,
-                          tuple(table.column_names) if kind == "prefix" else None)
+        if not isinstance(keys, dict):
+            keys = as_table(keys)
+        key_columns = (tuple(keys) if isinstance(keys, dict) else tuple(keys.column_names)) \
+            if kind == "prefix" else None
+        spec = HandleSpec(self.name, kind, tuple(columns) if columns else None, key_columns)
         try:
-            return self.connection._lookups.call(spec, table, limit)
+            return self.connection._lookups.call(spec, keys, limit)
         except KeysDoNotFit:
             return None
 
@@ -462,6 +465,14 @@ class TableClient:
         payload = {"op": "prefix_lookup", "table": self.name, "keys": self._keys(prefix),
                    "columns": list(columns) if columns else None, "limit": limit}
         return self._read_one(prefix, payload)
+
+    def lookuper(self, *, columns: Sequence[str] | None = None, prefix: Sequence[str] | None = None,
+                 options: Mapping[str, Any] | None = None) -> Lookuper:
+        """Batched asynchronous lookups of this table (Fluss's ``Lookuper``): ``lookup_async(key)``
+        returns a Future, ``await lookup(key)`` is the asyncio flavour; concurrent keys travel
+        together, bounded by the ``client.lookup.*`` ``options`` (:mod:`flightstore.lookuper`).
+        ``prefix``: leading primary-key columns, for prefix lookups. Close it (or use ``with``)."""
+        return Lookuper(self, columns=columns, prefix=prefix, options=options)
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None) -> pa.Table:

@@ -20,6 +20,7 @@ __all__ = [
     "TABLE_OPTIONS",
     "SERVER_OPTIONS",
     "SESSION_OPTIONS",
+    "CLIENT_OPTIONS",
     "FIELD_OPTION_PATTERN",
     "ICEBERG_TABLE_PREFIX",
     "ICEBERG_CATALOG_PREFIX",
@@ -29,6 +30,7 @@ __all__ = [
     "validate_table_options",
     "table_option",
     "server_option",
+    "validate_client_options",
     "options_markdown",
 ]
 
@@ -378,6 +380,34 @@ SESSION_OPTIONS: dict[str, ConfigOption] = _registry(
 )
 
 
+# Options of the Python client's batched lookuper (``TableClient.lookuper(options=...)``): Apache
+# Fluss's client options of the same names and defaults (fluss-common ConfigOptions).
+CLIENT_OPTIONS: dict[str, ConfigOption] = _registry(
+    ConfigOption("client.lookup.queue-size", "int", 25_600,
+                 "Most lookups a lookuper holds before sending them; `lookup_async` blocks (the "
+                 "asyncio `lookup` waits) while it is full.", minimum=1),
+    ConfigOption("client.lookup.max-batch-size", "int", 128,
+                 "Most lookups merged into one lookup request.", minimum=1),
+    ConfigOption("client.lookup.max-inflight-requests", "int", 128,
+                 "Most lookup requests of a lookuper sent and not yet answered.", minimum=1),
+    ConfigOption("client.lookup.batch-timeout", "duration", 100,
+                 "Longest a lookup waits for its batch to fill before the batch is sent anyway.",
+                 minimum=0),
+)
+
+
+def validate_client_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Every client option of :data:`CLIENT_OPTIONS`, typed (``options`` given, else the default);
+    raises :class:`InvalidOption` naming the first unknown or ill-typed one."""
+    typed = {key: option.default for key, option in CLIENT_OPTIONS.items()}
+    for key, raw in options.items():
+        option = CLIENT_OPTIONS.get(str(key))
+        if option is None:
+            raise InvalidOption(f"unknown client option '{key}' (known: {', '.join(CLIENT_OPTIONS)})")
+        typed[option.key] = option.parse(raw)
+    return typed
+
+
 def validate_table_options(options: Mapping[str, Any]) -> dict[str, str]:
     """Check every table option; return them normalized as strings (the persisted form).
 
@@ -438,7 +468,7 @@ def options_markdown() -> str:
     """The README option table, generated from the registry."""
     lines = ["| option | scope | type | default | description |", "|---|---|---|---|---|"]
     for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS),
-                            ("session", SESSION_OPTIONS)):
+                            ("session", SESSION_OPTIONS), ("client", CLIENT_OPTIONS)):
         for option in registry.values():
             default = ",".join(option.default) if isinstance(option.default, tuple) else option.default
             kind = "|".join(option.choices) if option.choices else option.type

@@ -100,12 +100,11 @@ class LookupStream:
             self._write(message, request_id)
         return opening.result(timeout)
 
-    def submit(self, spec: wire.HandleSpec, keys: pa.RecordBatch, limit: int | None = None,
-               timeout: float | None = None) -> Future:
-        """Send ``keys`` (a batch of the handle's key schema) on the handle of ``spec``; the future
-        answers a Table of the handle's row schema, or raises the server's error, StaleHandle or
-        StreamBroken. ``timeout`` bounds only the handle's opening."""
-        opened = self.opened(spec, timeout)
+    def submit(self, opened: _Opened, spec: wire.HandleSpec, keys: pa.RecordBatch,
+               limit: int | None = None) -> Future:
+        """Send ``keys`` (a batch of the key schema of ``opened``, the handle of ``spec``); the
+        future answers a Table of the handle's row schema, or raises the server's error,
+        StaleHandle or StreamBroken."""
         future: Future = Future()
         with self._lock:
             request_id = next(self._ids)
@@ -229,8 +228,22 @@ class LookupStreams:
                 stream = self._stream = self._open_stream()
             return stream
 
+    def key_schema(self, spec: wire.HandleSpec) -> pa.Schema:
+        """The key schema of ``spec``'s handle (opening it on the current stream; retried once on
+        a new stream when the stream broke)."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return self.current().opened(spec, self.timeout).key_schema
+            except StreamBroken as exc:
+                if attempt == ATTEMPTS:
+                    raise unanswered(spec.table, exc) from exc
+            except TimeoutError:
+                raise flight.FlightTimedOutError(f"no answer to opening a lookup in {spec.table} "
+                                                 f"within {self.timeout} s") from None
+        raise AssertionError("unreachable")
+
     def call(self, spec: wire.HandleSpec, keys: Any, limit: int | None = None) -> pa.Table:
-        """The answer to one lookup request (``keys``: a table or batch holding the key columns),
+        """The answer to one lookup request (``keys``: see :func:`key_batch`),
         retried once on a new stream when its stream broke. Raises the server's error as DoGet
         would, ``FlightUnavailableError`` when the lookup could not be answered, or
         ``FlightTimedOutError`` past the connection's timeout."""
@@ -244,7 +257,7 @@ class LookupStreams:
                     batch = key_batch(keys, opened.key_schema)
                 except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
                     raise KeysDoNotFit(str(exc)) from exc
-                future = stream.submit(spec, batch, limit)
+                future = stream.submit(opened, spec, batch, limit)
                 return future.result(self.timeout)
             except StaleHandle:
                 stale += 1
@@ -270,9 +283,15 @@ class LookupStreams:
 
 
 def key_batch(keys: Any, key_schema: pa.Schema) -> pa.RecordBatch:
-    """``keys`` (a Table or RecordBatch holding the key columns, others ignored) as one batch of
-    ``key_schema``: the server decodes it as it is. KeyError (a key column missing), ValueError
-    or ``pa.ArrowException`` (a null, a value that does not convert) say the keys do not fit."""
+    """``keys`` (a dict of columns, a Table or a RecordBatch holding the key columns; others are
+    ignored) as one batch of ``key_schema``: the server decodes it as it is. KeyError (a key
+    column missing), ValueError, TypeError or ``pa.ArrowException`` (a null, a value that does not
+    convert) say the keys do not fit."""
+    if isinstance(keys, dict):  # the common case: built straight in the key types, no cast
+        arrays = [pa.array(keys[f.name], f.type) for f in key_schema]
+        if any(a.null_count for a in arrays):
+            raise ValueError("a key column holds a null")
+        return pa.RecordBatch.from_arrays(arrays, schema=key_schema)
     table = keys if isinstance(keys, pa.Table) else pa.Table.from_batches([keys])
     table = table.select(key_schema.names)
     if not table.schema.equals(key_schema):
