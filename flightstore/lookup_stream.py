@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from flightstore.wire import lookups as wire
 __all__ = ["KeysDoNotFit", "LookupStream", "LookupStreams", "StaleHandle", "StreamBroken"]
 
 ATTEMPTS = 2  # a request whose stream broke is sent once more, on a new stream
+RETRY_PAUSE_S = 0.2  # ... after this pause (a restarting server, a connection being re-established)
 
 
 class StreamBroken(Exception):
@@ -221,11 +223,17 @@ class LookupStreams:
         self._lock = threading.Lock()
 
     def current(self) -> LookupStream:
-        """The open stream (a new one when there is none, or it broke or is going away)."""
+        """The open stream (a new one when there is none, or it broke or is going away);
+        StreamBroken when none can be opened."""
         with self._lock:
             stream = self._stream
             if stream is None or stream.broken is not None or not stream._writable:
-                stream = self._stream = self._open_stream()
+                self._stream = None
+                try:
+                    stream = self._open_stream()
+                except (pa.ArrowException, OSError) as exc:  # the server cannot be reached
+                    raise StreamBroken(f"no lookup stream could be opened: {exc}", exc) from exc
+                self._stream = stream
             return stream
 
     def key_schema(self, spec: wire.HandleSpec) -> pa.Schema:
@@ -250,8 +258,9 @@ class LookupStreams:
         stale = 0
         attempt = 0
         while True:
-            stream = self.current()
+            stream = None
             try:
+                stream = self.current()
                 opened = stream.opened(spec, self.timeout)
                 try:
                     batch = key_batch(keys, opened.key_schema)
@@ -274,6 +283,8 @@ class LookupStreams:
                     self._reauthenticate()
                 elif attempt >= ATTEMPTS:
                     raise unanswered(spec.table, exc) from exc
+                else:
+                    time.sleep(RETRY_PAUSE_S)
 
     def close(self) -> None:
         with self._lock:

@@ -33,7 +33,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from flightstore.config import validate_client_options
-from flightstore.lookup_stream import ATTEMPTS, StaleHandle, StreamBroken, unanswered
+from flightstore.lookup_stream import ATTEMPTS, RETRY_PAUSE_S, StaleHandle, StreamBroken, unanswered
 from flightstore.wire.lookups import KEY_INDEX_COLUMN, HandleSpec
 
 __all__ = ["Lookuper"]
@@ -215,6 +215,8 @@ class Lookuper:
 
     def _send(self, batch: _Batch, retried: bool = False) -> None:
         """Send ``batch`` as one request on the current stream; its answer completes it."""
+        if retried:
+            time.sleep(RETRY_PAUSE_S)
         batch.attempts += 1
         try:
             try:
