@@ -150,14 +150,35 @@ def decode_query_handle(handle: bytes) -> Command:
 
 def result_ticket(table: pa.Table) -> bytes | None:
     """A ticket carrying ``table`` itself, or None when its IPC stream exceeds
-    :data:`INLINE_RESULT_BYTES`."""
-    sink = pa.BufferOutputStream()
-    sink.write(RESULT_PREFIX + os.urandom(_NONCE_BYTES))
-    with pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
-        writer.write_table(table)
-    if sink.tell() > len(RESULT_PREFIX) + _NONCE_BYTES + INLINE_RESULT_BYTES:
-        return None
-    return sink.getvalue().to_pybytes()
+    :data:`INLINE_RESULT_BYTES`. The stream is assembled from its messages (the schema's
+    serialized once per schema, then each batch, then the end-of-stream marker): a point
+    lookup's answer is built without a stream writer."""
+    schema = _schema_message(table.schema)
+    parts = [RESULT_PREFIX, os.urandom(_NONCE_BYTES), schema]
+    size = len(schema) + len(_END_OF_STREAM)
+    for batch in table.to_batches():
+        message = batch.serialize()
+        size += message.size
+        if size > INLINE_RESULT_BYTES:
+            return None
+        parts.append(message)
+    parts.append(_END_OF_STREAM)
+    return b"".join(parts)
+
+
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_SCHEMA_MESSAGES: dict[tuple, bytes] = {}  # a few result schemas (lookups ask for the same few)
+
+
+def _schema_message(schema: pa.Schema) -> bytes:
+    key = (schema, tuple(sorted(schema.metadata.items())) if schema.metadata else None)  # == ignores metadata
+    message = _SCHEMA_MESSAGES.get(key)
+    if message is None:
+        message = schema.serialize().to_pybytes()
+        if len(_SCHEMA_MESSAGES) >= 256:
+            _SCHEMA_MESSAGES.clear()
+        _SCHEMA_MESSAGES[key] = message
+    return message
 
 
 def is_result(data: bytes) -> bool:
