@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import flight
@@ -28,6 +29,7 @@ from pyarrow import flight
 from flightstore.acl import Operation, Permission
 from flightstore.errors import InvalidInput, Unavailable, Unsupported
 from flightstore.kv.encoding import encode_key_array
+from flightstore.server.coalesce import LookupCoalescer
 from flightstore.server.messages import MAX_BATCH_BYTES, MAX_BATCH_ROWS, rechunk
 from flightstore.server.rpc import _CALLER, _rpc, _translate
 from flightstore.sql.privileges import table_resource
@@ -60,11 +62,13 @@ class LookupStreamRpcs:
 
 
 class LookupStreams:
-    """The open lookup streams of a server, so that shutdown can send each GOAWAY."""
+    """The open lookup streams of a server, so that shutdown can send each GOAWAY, and the queue
+    their point lookups run together in (:mod:`.coalesce`)."""
 
     def __init__(self) -> None:
         self._streams: set[ServedLookupStream] = set()
         self._lock = threading.Lock()
+        self.coalescer = LookupCoalescer()
 
     def add(self, stream: ServedLookupStream) -> None:
         with self._lock:
@@ -225,13 +229,17 @@ class ServedLookupStream:
             raise InvalidInput(f"malformed lookup keys: {exc}") from None
         table = self.store.table(handle.path)
         keys = pa.Table.from_batches([keys])
-        if handle.spec.kind == "lookup":
-            found = table.lookup(keys, handle.fetch)
+        positions = None
+        if handle.spec.kind == "lookup":  # with the point lookups of other streams (.coalesce)
+            found, positions = self.server.lookup_streams.coalescer.lookup(
+                table, handle.key_columns, handle.fetch, keys)
         else:
             found = table.prefix_lookup(keys, handle.fetch, limit)
         if handle.spec.key_index:
-            positions = pc.index_in(encode_key_array(found, handle.key_columns),
-                                    value_set=encode_key_array(keys, handle.key_columns))
+            if positions is None:
+                positions = pc.index_in(encode_key_array(found, handle.key_columns),
+                                        value_set=encode_key_array(keys, handle.key_columns))
+            positions = pa.array(positions) if isinstance(positions, np.ndarray) else positions
             found = found.select(list(handle.columns)).append_column(
                 handle.row_schema.field(wire.KEY_INDEX_COLUMN), positions.cast(pa.int32()))
         if not found.schema.equals(handle.row_schema):
