@@ -180,6 +180,11 @@ class LookupStream:
         with self._write_lock:
             self._writable = False
             self.broken = broken
+            if cause is not None:
+                try:  # closed here, it reports nothing more (left to its destructor, it logs)
+                    self._writer.close()
+                except (pa.ArrowException, OSError):
+                    pass
         with self._lock:
             pending, self._pending = self._pending, {}
         for request in pending.values():

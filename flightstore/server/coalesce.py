@@ -39,7 +39,7 @@ class _Request:
         self.error: BaseException | None = None
         self.answered = False
         self.lead = False  # woken to lead the next round
-        self.wake = threading.Event()
+        self.wake: threading.Event | None = None  # made for a request that waits (not a leader's)
 
     def outcome(self) -> tuple[pa.Table, np.ndarray]:
         if self.error is not None:
@@ -70,6 +70,8 @@ class LookupCoalescer:
             self._queue.append(request)
             lead = not self._running
             self._running = True
+            if not lead:
+                request.wake = threading.Event()
         if not lead:
             request.wake.wait()
             if request.answered:
@@ -91,7 +93,8 @@ class LookupCoalescer:
                 if request.rows is None and request.error is None:
                     request.error = failure or RuntimeError("the lookup round ended early")
                 request.answered = True
-                request.wake.set()
+                if request.wake is not None:
+                    request.wake.set()
             with self._lock:
                 successor = self._queue[0] if self._queue else None
                 if successor is None:
@@ -99,7 +102,7 @@ class LookupCoalescer:
                 else:
                     successor.lead = True
             if successor is not None:
-                successor.wake.set()  # it leads the next round (its own request included)
+                successor.wake.set()  # it waits (it queued while a round ran): it leads the next one
 
     def _run(self, batch: list[_Request]) -> None:
         self.rounds += 1

@@ -246,7 +246,8 @@ class ServedLookupStream:
             found = found.cast(handle.row_schema)
         self.server.metrics.sent(str(handle.path), found)
         parts = found.to_batches()
-        if len(parts) != 1 or found.num_rows > MAX_BATCH_ROWS or found.nbytes > MAX_BATCH_BYTES:
+        if len(parts) != 1 or found.num_rows > MAX_BATCH_ROWS or \
+                found.get_total_buffer_size() > MAX_BATCH_BYTES:
             parts = [batch for part in rechunk(iter([found])) for batch in part.to_batches()] or \
                 [pa.RecordBatch.from_arrays([pa.array([], f.type) for f in handle.row_schema],
                                             schema=handle.row_schema)]
