@@ -42,9 +42,12 @@ from pyarrow import flight
 from flightstore.config import validate_client_options
 from flightstore.errors import DeliveryTimeout, InvalidOption, Unavailable
 from flightstore.expressions import Predicate
+from flightstore.lookup_stream import KeysDoNotFit, LookupStream, LookupStreams
+from flightstore.lookuper import Lookuper
 from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
 from flightstore.streams import read_batches
+from flightstore.wire.lookups import HandleSpec
 
 __all__ = ["Connection", "Subscription", "TableClient", "connect"]
 
@@ -109,12 +112,18 @@ class Connection:
         self._credentials = (username, password or "") if username is not None else None
         self._options = flight.FlightCallOptions(timeout=timeout)
         self._per_bucket_endpoints = False  # the session option: read each bucket at its endpoint
+        self._headers: list[tuple[bytes, bytes]] = []  # the bearer token, once authenticated
         if self._credentials is not None:
             self._authenticate()
+        # Lookups: one long-lived stream (no deadline: each lookup has the timeout), see lookup_stream.
+        self._lookups = LookupStreams(
+            lambda: LookupStream(self._client, flight.FlightCallOptions(headers=self._headers), self.uri),
+            self._authenticate if self._credentials is not None else None, timeout)
 
     def _authenticate(self) -> None:
         header = self._client.authenticate_basic_token(*self._credentials,
                                                        flight.FlightCallOptions(timeout=self._timeout))
+        self._headers = [header]
         self._options = flight.FlightCallOptions(timeout=self._timeout, headers=[header])
 
     def _retrying(self, call: Callable[[], T]) -> T:
@@ -137,6 +146,7 @@ class Connection:
         for peer in self._peers.values():
             peer.close()
         self._peers.clear()
+        self._lookups.close()
         self._client.close()
 
     def _peer(self, uri: str) -> Connection:
@@ -586,9 +596,31 @@ class TableClient:
         return {name: table.column(name).to_pylist() for name in table.column_names}
 
     def lookup(self, keys: Any, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows with the given primary keys, in key order (missing keys answer no row). On one
+        server: one message each way on the connection's lookup stream."""
+        found = self._streamed("lookup", keys, columns, None)
+        if found is not None:
+            return found
         payload = {"op": "lookup", "table": self.name, "keys": self._keys(keys),
                    "columns": list(columns) if columns else None}
         return self._read_one(keys, payload)
+
+    def _streamed(self, kind: str, keys: Any, columns: Sequence[str] | None, limit: int | None
+                  ) -> pa.Table | None:
+        """A lookup on the connection's lookup stream (:mod:`flightstore.lookup_stream`), or None
+        when it takes the DoGet way: in a cluster (the lookup goes to the keys' leader), or when
+        the keys do not fit the key columns (the server then says what is wrong)."""
+        if self._locations() is not None:
+            return None
+        if not isinstance(keys, dict):
+            keys = as_table(keys)
+        key_columns = (tuple(keys) if isinstance(keys, dict) else tuple(keys.column_names)) \
+            if kind == "prefix" else None
+        spec = HandleSpec(self.name, kind, tuple(columns) if columns else None, key_columns)
+        try:
+            return self.connection._lookups.call(spec, keys, limit)
+        except KeysDoNotFit:
+            return None
 
     def _read_one(self, keys: Any, payload: dict) -> pa.Table:
         """A lookup from the leader of its keys when they share one (the connected server
@@ -601,9 +633,21 @@ class TableClient:
 
     def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
+        """Rows whose leading primary-key columns equal a row of ``prefix`` (at most ``limit``)."""
+        found = self._streamed("prefix", prefix, columns, limit)
+        if found is not None:
+            return found
         payload = {"op": "prefix_lookup", "table": self.name, "keys": self._keys(prefix),
                    "columns": list(columns) if columns else None, "limit": limit}
         return self._read_one(prefix, payload)
+
+    def lookuper(self, *, columns: Sequence[str] | None = None, prefix: Sequence[str] | None = None,
+                 options: Mapping[str, Any] | None = None) -> Lookuper:
+        """Batched asynchronous lookups of this table (Fluss's ``Lookuper``): ``lookup_async(key)``
+        returns a Future, ``await lookup(key)`` is the asyncio flavour; concurrent keys travel
+        together, bounded by the ``client.lookup.*`` ``options`` (:mod:`flightstore.lookuper`).
+        ``prefix``: leading primary-key columns, for prefix lookups. Close it (or use ``with``)."""
+        return Lookuper(self, columns=columns, prefix=prefix, options=options)
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None) -> pa.Table:

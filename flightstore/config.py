@@ -31,6 +31,7 @@ __all__ = [
     "validate_table_options",
     "table_option",
     "server_option",
+    "validate_client_options",
     "options_markdown",
 ]
 
@@ -437,7 +438,9 @@ SESSION_OPTIONS: dict[str, ConfigOption] = _registry(
 )
 
 
-# Options of the Python client (``flightstore.connect(uri, options={...})``), held per connection.
+# Options of the Python client (``flightstore.connect(uri, options={...})`` for writes, and
+# ``TableClient.lookuper(options=...)`` for batched lookups: Apache Fluss's client options of the
+# same names and defaults).
 CLIENT_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("client.writer.delivery-timeout", "duration", 120_000,
                  "How long a `TableClient` write keeps retrying a batch the server did not "
@@ -449,18 +452,30 @@ CLIENT_OPTIONS: dict[str, ConfigOption] = _registry(
                  "Longest wait between two retries of a write (the wait doubles from 50 ms up to "
                  "this); also the longest the connection waits before reconnecting to a server that "
                  "went away.", minimum=10),
+    ConfigOption("client.lookup.queue-size", "int", 25_600,
+                 "Most lookups a lookuper holds before sending them; `lookup_async` blocks (the "
+                 "asyncio `lookup` waits) while it is full.", minimum=1),
+    ConfigOption("client.lookup.max-batch-size", "int", 128,
+                 "Most lookups merged into one lookup request.", minimum=1),
+    ConfigOption("client.lookup.max-inflight-requests", "int", 128,
+                 "Most lookup requests of a lookuper sent and not yet answered.", minimum=1),
+    ConfigOption("client.lookup.batch-timeout", "duration", 100,
+                 "Longest a lookup waits for its batch to fill before the batch is sent anyway.",
+                 minimum=0),
 )
 
 
 def validate_client_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Every client option, typed (defaults for the ones not given); InvalidOption names an
-    unknown or ill-typed one."""
-    given = dict(options or {})
-    unknown = [key for key in given if key not in CLIENT_OPTIONS]
-    if unknown:
-        raise InvalidOption(f"unknown client option '{unknown[0]}'; known: {', '.join(CLIENT_OPTIONS)}")
-    return {key: option.parse(given[key]) if given.get(key) is not None else option.default
-            for key, option in CLIENT_OPTIONS.items()}
+    """Every client option of :data:`CLIENT_OPTIONS`, typed (``options`` given, else the default);
+    raises :class:`InvalidOption` naming the first unknown or ill-typed one."""
+    typed = {key: option.default for key, option in CLIENT_OPTIONS.items()}
+    for key, raw in (options or {}).items():
+        option = CLIENT_OPTIONS.get(str(key))
+        if option is None:
+            raise InvalidOption(f"unknown client option '{key}' (known: {', '.join(CLIENT_OPTIONS)})")
+        if raw is not None:
+            typed[option.key] = option.parse(raw)
+    return typed
 
 
 def validate_table_options(options: Mapping[str, Any]) -> dict[str, str]:

@@ -29,7 +29,7 @@ def _block(marker: str) -> str:
 
 def test_tour_and_client_snippets_run_twice(server, capsys) -> None:
     snippets = [_block("CREATE TABLE IF NOT EXISTS shop.orders"), _block("cur.fetch_arrow_table()"),
-                _block("sa.create_engine")]
+                _block("sa.create_engine"), _block("orders.lookuper(")]
     address = server.uri.split("//")[1]
     for _ in range(2):
         for code in snippets:
@@ -38,6 +38,7 @@ def test_tour_and_client_snippets_run_twice(server, capsys) -> None:
                          "README.md", "exec"), {})
     printed = capsys.readouterr().out
     assert "'_change_type': '+I'" in printed
+    assert "[1, 1, 0]\n[{'status': 'shipped'}]" in printed  # the lookuper snippet
     orders = server.store.table("shop.orders").scan_table().sort_by("order_id").to_pylist()
     assert [(r["order_id"], r["status"]) for r in orders] == [(1, "paid"), (2, "shipped")]
     assert server.store.table("people").row_count() == 2

@@ -2,10 +2,11 @@
 
 :class:`FlightSqlServer` holds the server's state (store, executor, authorizer, sessions, metrics,
 background work) and its lifecycle; its RPCs live in modules named for what they hold, mixed into
-it: :mod:`.reads` (GetFlightInfo, DoGet, metadata and read commands), :mod:`.writes` (DoPut) and
-:mod:`.actions` (DoAction, ListActions). Every RPC goes through :func:`.rpc._rpc`, so errors are
-translated in exactly one place, :func:`.rpc._translate`; results are cut into Flight messages by
-:mod:`.messages`. :func:`serve` runs a server until SIGTERM/SIGINT.
+it: :mod:`.reads` (GetFlightInfo, DoGet, metadata and read commands), :mod:`.writes` (DoPut),
+:mod:`.actions` (DoAction, ListActions) and :mod:`.exchange` (DoExchange: the lookup stream).
+Every RPC goes through :func:`.rpc._rpc`, so errors are translated in exactly one place,
+:func:`.rpc._translate`; results are cut into Flight messages by :mod:`.messages`. :func:`serve`
+runs a server until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from flightstore.server.access import AccessChecks
 from flightstore.server.actions import ActionRpcs, PreparedStatement
 from flightstore.server.auth import AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler
 from flightstore.server.authz import Authorizer
+from flightstore.server.exchange import LookupStreamRpcs, LookupStreams
 from flightstore.server.expiring import ExpiringSet
 from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.logins import LoginGate
@@ -65,7 +67,7 @@ HARD_EXIT_MARGIN_S = 5.0  # after the shutdown grace: stopped queries end, then 
 MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 
 
-class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, AccessChecks, flight.FlightServerBase):
+class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, AccessChecks, flight.FlightServerBase):
     """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
@@ -115,6 +117,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, AccessChecks, flight.Flig
         self._ticket_key = os.urandom(32)  # binds inline result tickets to their user (tickets.py)
         self._cancelled = ExpiringSet()  # cancelled query tickets: bounded (size cap, time to live)
         self.queries = RunningQueries()  # DoGet streams of queries: CancelFlightInfo / shutdown stop them
+        self.lookup_streams = LookupStreams()  # DoExchange lookup streams: shutdown sends them GOAWAY
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
@@ -159,7 +162,8 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, AccessChecks, flight.Flig
     def shutdown(self, grace_s: float | None = None) -> None:
         """Stop accepting calls and wait for the running ones; past ``grace_s`` (default: the
         ``server.shutdown-grace`` option) stop every running query (its client gets CANCELLED).
-        Subscriptions end at once."""
+        Subscriptions end at once; lookup streams are told to go away (GOAWAY): their clients
+        half-close them once the lookups already sent are answered."""
         if grace_s is None:
             grace_s = server_option(self.store.options, "server.shutdown-grace") / 1000
         self._stop.set()
@@ -170,6 +174,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, AccessChecks, flight.Flig
         self.housekeeping.stop()
         if self.remote_log is not None:
             self.remote_log.stop()
+        self.lookup_streams.go_away()
         finished = threading.Event()
 
         def abort_after_grace() -> None:
@@ -222,11 +227,6 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, AccessChecks, flight.Flig
     def get_schema(self, context: flight.ServerCallContext,
                    descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
         raise Unsupported("GetSchema is not supported by flightstore; GetFlightInfo answers the schema")
-
-    @_rpc
-    def do_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
-                    reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter) -> None:
-        raise Unsupported("DoExchange is not supported by flightstore")
 
 
 def _wait_for_signal(grace_s: float) -> None:
