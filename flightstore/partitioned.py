@@ -56,6 +56,7 @@ from flightstore.partitioning import (
     row_partition_names,
     split_bucket_id,
 )
+from flightstore.replica.replica import SOLO, Leadership
 from flightstore.schema import Projections, TableDescriptor, as_table
 from flightstore.store import Table, WriteResult
 from flightstore.writers import WriterRegistry, system_clock_ms
@@ -87,8 +88,9 @@ class PartitionedTable(Table):
 
     def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
                  clock: Callable[[], int] = system_clock_ms,
-                 create_partitions: CreatePartitions | None = None) -> None:
+                 create_partitions: CreatePartitions | None = None, leadership: Leadership = SOLO) -> None:
         # Not Table.__init__: the buckets live in the partition units.
+        self._leadership = leadership
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
@@ -122,7 +124,7 @@ class PartitionedTable(Table):
     # ---- units --------------------------------------------------------------------------------
     def _open_unit(self, partition: Partition) -> Table:
         return Table(self.descriptor, partition_directory(self.directory, partition.id), fsync=self.fsync,
-                     clock=self._clock)
+                     clock=self._clock, leadership=self._leadership)
 
     @staticmethod
     def _new_merger(descriptor: TableDescriptor) -> Any:
@@ -400,6 +402,9 @@ class PartitionedTable(Table):
         """Maintained counts of the (named) partitions: no scan."""
         return sum(unit.row_count() for _, unit in self._pruned(None, partitions))
 
+    def row_count_of(self, numbers: Sequence[int], partitions: Sequence[str] | None = None) -> int:
+        return sum(unit.row_count_of(numbers) for _, unit in self._pruned(None, partitions))
+
     def enforce_retention(self, now_ms: int | None = None) -> int:
         return sum(unit.enforce_retention(now_ms) for unit in list(self.units.values()))
 
@@ -439,7 +444,7 @@ class PartitionedTable(Table):
                     for b, tablets in unit.tablets().items()}
 
     def end_offsets(self) -> dict[int, int]:
-        return {b: log.end_offset for b, log in self._logs().items()}
+        return {b: log.high_watermark for b, log in self._logs().items()}
 
     def start_offsets(self) -> dict[int, int]:
         return {b: log.start_offset for b, log in self._logs().items()}
@@ -481,11 +486,14 @@ class PartitionedTable(Table):
 
     def subscribe(self, start: Any = "earliest", *, columns: Sequence[str] | None = None,
                   stop: Any = None, heartbeat_s: float | None = 1.0,
-                  until: Mapping | None = None) -> Iterator[pa.RecordBatch]:
+                  until: Mapping | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
         """Changelog batches of every partition, including partitions created while the stream
         runs (read from their first offset); otherwise as :meth:`Table.subscribe`."""
         import time
         offsets = self.resolve_start(start)
+        numbers = None if buckets is None else {int(b) for b in buckets}
+        if numbers is not None:
+            offsets = {b: o for b, o in offsets.items() if b % self.num_buckets in numbers}
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
         out_schema = changetype.changelog_schema(self.schema)
         columns = list(columns or out_schema.names)
@@ -496,6 +504,8 @@ class PartitionedTable(Table):
             with self._written:
                 before = self.end_offsets()
             logs = self._logs()
+            if numbers is not None:
+                logs = {b: log for b, log in logs.items() if b % self.num_buckets in numbers}
             progressed = False
             for bucket in sorted(logs):
                 log = logs[bucket]

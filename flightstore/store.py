@@ -38,7 +38,9 @@ from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.snapshot import SnapshotInfo
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogTablet
+from flightstore.replica.replica import SOLO, Leadership, Replica
 from flightstore.schema import Projections, TableDescriptor, TablePath
+from flightstore.table.api import TableApi
 from flightstore.table.changelog import TableChangelog
 from flightstore.table.reads import TableReads
 from flightstore.table.validation import TableValidation
@@ -52,12 +54,14 @@ __all__ = ["Store", "Table", "WriteResult", "new_table_descriptor"]
 _logger = logging.getLogger("flightstore.store")
 
 
-class Table(TableValidation, TableWrites, TableReads, TableChangelog):
-    """A handle on one table: writes, lookups, scans and changelog reads."""
+class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
+    """A handle on one table of this server: writes, lookups, scans and changelog reads."""
 
     def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
-                 clock: Callable[[], int] = system_clock_ms) -> None:
-        """Open the table's buckets; ``clock`` (milliseconds) times writes for writer expiry."""
+                 clock: Callable[[], int] = system_clock_ms, leadership: Leadership = SOLO) -> None:
+        """Open the table's buckets; ``clock`` (milliseconds) times writes for writer expiry.
+        ``leadership``: every bucket's replica role until a replica manager sets it (a single
+        server's buckets are solo leaders; a cluster member's wait for the cluster's decision)."""
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
@@ -67,7 +71,7 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog):
         self._written = threading.Condition()
         self._round_robin = itertools.count()
         # The buckets a batch without bucket key may go to (None: all); in a cluster, those this
-        # server leads (flightstore.cluster.routing).
+        # server leads (flightstore.cluster.table).
         self.round_robin_buckets: Sequence[int] | None = None
         log_schemas = _log_schemas(descriptor)
         self.logs: list[LogTablet] = []
@@ -85,6 +89,9 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog):
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
                                          fsync=fsync, bucket=bucket))
+        # One replica per bucket: its log and KV, its role and high watermark (flightstore.replica).
+        self.replicas = [Replica(log, self.kvs[b] if self.kvs else None, b, fsync=fsync, leadership=leadership)
+                         for b, log in enumerate(self.logs)]
         self.upkeep = TableUpkeep(directory, self.logs, self.kvs, descriptor.option("kv.snapshot.interval"))
         # Per-bucket offsets below which the lake holds the log's records (set by the lake's
         # tierer from its last committed snapshot); see enforce_retention.
@@ -169,6 +176,15 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog):
         """Bytes on disk: ``kv``, ``snapshots``, ``log`` and ``total`` (see :mod:`flightstore.upkeep`)."""
         return self.upkeep.disk_usage()
 
+
+    def release(self, writer_id: str) -> None:
+        self.ownership.release(writer_id)
+
+    def partition_stats(self) -> list[tuple[Any, int]]:
+        return []
+
+    def partial_aggregates(self, buckets: Sequence[int], local: Any, remote: Mapping[str, Any]) -> list[pa.Table]:
+        return [local(self, list(buckets))] if buckets else []
 
     def _require_pk(self, what: str) -> None:
         if not self.has_primary_key:
@@ -258,6 +274,8 @@ class Store:
         self._gates: dict[TablePath, threading.Lock] = {}  # one per table: its open or drop
         self._lock = threading.RLock()  # the two dicts above; never held while a table opens
         self._closed = False
+        # The replica role of a bucket of a table opened here, until a replica manager sets it.
+        self.initial_leadership: Leadership = SOLO
 
     def __enter__(self) -> "Store":
         return self
@@ -408,9 +426,11 @@ class Store:
             if descriptor.is_partitioned:
                 from flightstore.partitioned import PartitionedTable
                 table = PartitionedTable(descriptor, directory, fsync=self.fsync, clock=self.clock,
-                                         create_partitions=self._create_partitions)
+                                         create_partitions=self._create_partitions,
+                                         leadership=self.initial_leadership)
             else:
-                table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock)
+                table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock,
+                              leadership=self.initial_leadership)
             with self._lock:
                 closed = self._closed
                 if not closed:
@@ -419,6 +439,11 @@ class Store:
                 table.close()
                 self._check_open()
             return table
+
+    def local_table(self, path: TablePath | str) -> Table:
+        """This data directory's own table (its storage: logs, KVs, replicas); on a single server
+        the same as :meth:`table`."""
+        return Store.table(self, path)
 
     def list_databases(self) -> list[str]:
         return self.catalog.list_databases()
@@ -436,7 +461,7 @@ class Store:
         dropped = 0
         for path in self.catalog.all_tables():
             try:
-                table = self.table(path)
+                table = self.local_table(path)
                 dropped += table.enforce_retention(now_ms)
                 table.expire_writers(now_ms)
             except FlightstoreError:

@@ -192,6 +192,18 @@ class KvSnapshots:
         with self._lock:
             return self._snapshots[0].offset if self._snapshots else 0
 
+    def drop_after(self, offset: int) -> list[int]:
+        """Delete the snapshots of offsets above ``offset`` (the log was cut there: they hold changes
+        it no longer has); returns their ids."""
+        with self._lock:
+            doomed = [s for s in self._snapshots if s.offset > offset]
+            self._snapshots = [s for s in self._snapshots if s.offset <= offset]
+            for snapshot in doomed:
+                self._images.pop(snapshot.id, None)
+        for snapshot in doomed:
+            self._remove(snapshot.directory)
+        return [s.id for s in doomed]
+
     # ---- images -------------------------------------------------------------------------------
     def image(self, snapshot: SnapshotInfo, schema) -> Image | None:
         """The opened image of ``snapshot`` (cached), or None when it fails its checks (logged

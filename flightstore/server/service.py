@@ -23,9 +23,11 @@ from pyarrow import flight
 
 from flightstore.acl import Operation, Permission
 from flightstore.cache import LruCache
+from flightstore.cluster.identity import PEER_MIDDLEWARE, PeerMiddlewareFactory, peer_of
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
-from flightstore.errors import DataDirectoryInUse, FlightstoreError, Unsupported
-from flightstore.server import status
+from flightstore.errors import DataDirectoryInUse, FlightstoreError, Unauthorized, Unsupported
+from flightstore.replica.protocol import FETCH_OP
+from flightstore.server import status, tickets
 from flightstore.server.actions import ActionRpcs, PreparedStatement
 from flightstore.server.auth import AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler
 from flightstore.server.authz import Authorizer
@@ -34,6 +36,7 @@ from flightstore.server.housekeeping import Housekeeping
 from flightstore.server.messages import MAX_BATCH_BYTES, rechunk
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
 from flightstore.server.partition_manager import AutoPartitionManager
+from flightstore.server.peer import PeerRpcs
 from flightstore.server.queries import RunningQueries
 from flightstore.server.reads import ReadRpcs
 from flightstore.server.rpc import _CALLER, _peer, _rpc
@@ -55,7 +58,7 @@ HARD_EXIT_MARGIN_S = 5.0  # after the shutdown grace: stopped queries end, then 
 MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 
 
-class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
+class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, flight.FlightServerBase):
     """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
@@ -74,6 +77,8 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
         self.metrics = ServerMetrics(store)
         middleware = kwargs.setdefault("middleware", {})
         middleware[METRICS_MIDDLEWARE] = self.metrics.middleware()  # first: it times every call
+        self.peers = PeerMiddlewareFactory()  # cluster mode: which calls come from peer servers
+        middleware[PEER_MIDDLEWARE] = self.peers
         if isinstance(users, dict):
             users = UserStore.from_passwords(users)
         self.authenticator = None
@@ -191,6 +196,14 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
     @_rpc
     def do_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
                     reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter) -> None:
+        command = descriptor.command if descriptor.descriptor_type == flight.DescriptorType.CMD else b""
+        payload = tickets.decode_custom(command) if tickets.is_custom(command) else {}
+        if payload.get("op") == FETCH_OP:
+            peer = peer_of(context)
+            if peer is None or self.cluster is None or peer != payload.get("follower"):
+                raise Unauthorized("replication streams are open to the cluster's servers only")
+            self.cluster.replicas.serve_fetch(peer, reader, writer, context.is_cancelled)
+            return
         raise Unsupported("DoExchange is not supported by flightstore")
 
 
@@ -261,8 +274,10 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         from flightstore.cluster.member import join
         try:
             server.cluster = join(cluster, store, host, server.port)
+            server.peers.identity = server.cluster.identity
             if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
                 server.authenticator.secret = server.cluster.secret
+                server.authenticator.peer_identity = server.cluster.identity
         except FlightstoreError as exc:
             server.shutdown()
             store.close()

@@ -568,36 +568,20 @@ class Executor:
     def _partial_data(self, item: n.ResidualInput) -> pa.Table:
         """``item.partial`` run where the rows are: once per server over a stream of the buckets
         it holds (pruned, skipped by statistics), never materialized. (Measured: a partial per
-        bucket costs DuckDB ~30% more at 100k groups than one over the same buckets' stream.)"""
+        bucket costs DuckDB ~30% more at 100k groups than one over the same buckets' stream.)
+        In a cluster each leader runs it over the buckets it leads (the table's
+        ``partial_aggregates``); only partial rows travel."""
         schema = self._partial_schema(item)
         table = self.store.table(item.table)
-        if _routed(table):
-            return self._cluster_partial(table, item, schema)
-        batches = list(self.engine.run(item.partial, {item.name: self._local_rows(item, stream=True)}))
-        return _cast(pa.Table.from_batches(batches, schema=batches[0].schema) if batches
-                     else schema.empty_table(), schema)
-
-    def _cluster_partial(self, table, item: n.ResidualInput, schema: pa.Schema) -> pa.Table:
-        """In a cluster: each leader runs ``item.partial`` over the buckets it leads (a forwarded
-        ``partial`` call, :meth:`partial_rows`), this server over its own; only partial rows travel."""
-        from flightstore.server.auth import CALLER_TOKEN
-        mine: list[int] = []
-        theirs: dict[int, tuple] = {}
-        places = table.locations()
-        for bucket in table.bucket_ids(item.partitions):
-            place = places[int(bucket) % len(places)] if places else None
-            if place is None or place.leader == table.server_id:
-                mine.append(int(bucket))
-            else:
-                place.require()
-                theirs.setdefault(place.leader, (place, []))[1].append(int(bucket))
-        token = CALLER_TOKEN.get()
-        parts = [self.partial_rows(table.local, item, mine)] if mine else []
-        for place, buckets in theirs.values():
-            parts.append(table.peers.get_table(place, {
-                "op": "partial", "table": str(item.table), "columns": list(item.columns),
-                "filter": item.filter.to_dict() if item.filter is not None else None,
-                "buckets": buckets, "partial": item.partial, "name": item.name}, token))
+        if is_union(table.descriptor):  # its lake part is read here
+            batches = list(self.engine.run(item.partial, {item.name: self._local_rows(item, stream=True)}))
+            return _cast(pa.Table.from_batches(batches, schema=batches[0].schema) if batches
+                         else schema.empty_table(), schema)
+        remote = {"op": "partial", "columns": list(item.columns),
+                  "filter": item.filter.to_dict() if item.filter is not None else None,
+                  "partial": item.partial, "name": item.name}
+        parts = table.partial_aggregates(table.bucket_ids(item.partitions),
+                                         lambda local, buckets: self.partial_rows(local, item, buckets), remote)
         return pa.concat_tables([_cast(p, schema) for p in parts]) if parts else schema.empty_table()
 
     def partial_rows(self, table, item: n.ResidualInput, buckets: Sequence[int]) -> pa.Table:
@@ -738,7 +722,7 @@ class Executor:
         twice (the plan scans a table reference more than once) before the first batch came out,
         run it again on materialized inputs."""
         fused = len(plan.inputs) == 1 and plan.inputs[0].partial is not None and \
-            not _routed(self.store.table(plan.inputs[0].table))  # a cluster: partials run on leaders
+            not self.store.table(plan.inputs[0].table).distributed  # a cluster: partials run on leaders
         sql = fused_sql(plan.inputs[0].name, plan.inputs[0].partial, plan.sql) if fused else plan.sql
         inputs = self._fused_inputs(plan, stream=True) if fused else \
             {item.name: self._input_data(item, stream=True) for item in plan.inputs}
@@ -764,12 +748,6 @@ class Executor:
             raise ResourceExhausted(f"the query returns more than {self.max_result_rows:,} rows "
                                     "(server option query.max-result-rows); it was stopped")
         return rows
-
-
-def _routed(table) -> bool:
-    """Whether ``table`` is a cluster table whose buckets other servers lead (not a union table:
-    its lake part is read here)."""
-    return hasattr(table, "peers") and hasattr(table, "local") and not is_union(table.descriptor)
 
 
 def _small_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -6,6 +6,7 @@ crash; the table's delete behaviour; undo of a writer's batches.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, Sequence
 
 import numpy as np
@@ -16,9 +17,15 @@ from flightstore.bucketing import bucket_ids
 from flightstore.errors import InvalidInput, SchemaMismatch, Unsupported
 from flightstore.schema import as_table
 
-__all__ = ["TABLE_WRITER", "TableWrites", "WriteResult"]
+__all__ = ["PINNED_BUCKET", "REPLAYING_INTENT", "TABLE_WRITER", "TableWrites", "WriteResult"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
+# Set while a table rolls a pending write intent forward on open: its buckets' replicas have no
+# role yet (what it writes is truncated later if this server turns out not to lead).
+REPLAYING_INTENT: ContextVar[bool] = ContextVar("replaying_intent", default=False)
+# The bucket a batch of a log table without bucket key goes to, when the cluster chose it (from
+# the batch's writer id and sequence, so a retry lands in the same bucket); None: round robin.
+PINNED_BUCKET: ContextVar[int | None] = ContextVar("pinned_bucket", default=None)
 
 
 class WriteResult(dict):
@@ -99,6 +106,9 @@ class TableWrites:
         key = self.descriptor.bucket_key
         if key:
             return bucket_ids(data, key, self.num_buckets)
+        pinned = PINNED_BUCKET.get()
+        if pinned is not None:
+            return np.full(data.num_rows, int(pinned) % self.num_buckets, dtype=np.int32)
         choices = self.round_robin_buckets
         if choices:
             return np.full(data.num_rows, choices[next(self._round_robin) % len(choices)], dtype=np.int32)
@@ -198,9 +208,14 @@ class TableWrites:
         """
         with self._lock:
             result = self._apply_locked(table, kinds, target, writer_id, sequence, overwrite, recovering)
-            written = {int(b): self.logs[b].end_offset for b in result.touched}
+            written = {int(b): self.logs[b].end_offset for b in result.touched
+                       if self.replicas[b].leadership.is_leader}
+        for bucket in written:  # followers fetch while this server syncs
+            self.replicas[bucket].appended()
         for bucket, end in written.items():  # outside the lock: concurrent writers share fsyncs
             self.logs[bucket].sync(end)
+        for bucket, end in written.items():  # acks = all: every in-sync replica has it
+            self.replicas[bucket].await_commit(end)
         self._notify()
         return result
 
@@ -223,6 +238,9 @@ class TableWrites:
             return result
         buckets = self.buckets_of(table)
         targets = np.unique(buckets)
+        if not REPLAYING_INTENT.get():  # a replica that does not lead (or lacks in-sync copies) writes nothing
+            for bucket in targets:
+                self.replicas[bucket].check_writable()
         result.touched = [int(b) for b in targets]
         intent = len(targets) > 1 and not recovering
         if intent:
@@ -277,8 +295,12 @@ class TableWrites:
                 kinds = record.column(changetype.CHANGE_TYPE_COLUMN).to_numpy(zero_copy_only=False)
                 record = record.drop_columns([changetype.CHANGE_TYPE_COLUMN])
             target = tuple(meta["target"]) if meta["target"] else None
-            self._apply_buckets(record, kinds, target, meta["writer_id"], meta["sequence"],
-                                meta["overwrite"], recovering=True)
+            token = REPLAYING_INTENT.set(True)
+            try:
+                self._apply_buckets(record, kinds, target, meta["writer_id"], meta["sequence"],
+                                    meta["overwrite"], recovering=True)
+            finally:
+                REPLAYING_INTENT.reset(token)
         self._intents.complete()
 
     def _apply_delete_behavior(self, table: pa.Table, kinds: np.ndarray) -> tuple[pa.Table, np.ndarray]:
