@@ -525,6 +525,12 @@ class KvTablet:
         self._committed()
         return found
 
+    def committed_row_count(self) -> int:
+        """:attr:`row_count` once the changes it counts are committed (see :meth:`_committed`)."""
+        count = self.row_count
+        self._committed()
+        return count
+
     def _committed(self) -> None:
         """Return once what a read just saw is committed: a replicated leader's RocksDB may hold
         changes its in-sync replicas do not have yet; they are at most what its log holds, so the

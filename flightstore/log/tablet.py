@@ -153,6 +153,9 @@ class LogTablet:
         # A follower replica's log takes records (and their schema versions) from its leader only.
         self.following = False
         self.commit_timeout_s = 30.0  # reads waiting for the high watermark (set by the replica)
+        # A new leader answers reads only once its high watermark covers the log it took office
+        # with: before that, what it would answer may be shorter than what was acknowledged.
+        self.read_floor = 0
         self._open_io = {key: sum(s.io[key] for s in self._segments)
                          for key in ("headers_parsed", "bytes_read")}
 
@@ -399,6 +402,8 @@ class LogTablet:
         if unknown:
             raise InvalidInput(f"unknown column(s) {', '.join(unknown)}; the log has "
                                f"{', '.join(self.schema.names)}")
+        if not uncommitted and self.high_watermark < self.read_floor:
+            self.await_committed(self.read_floor)
         with self._lock:
             segments = self._segments
             end = self._end_offset if uncommitted else self.high_watermark
@@ -604,6 +609,25 @@ class LogTablet:
             self._appended.notify_all()
         if durable:
             self.sync(header.next_offset)
+
+    def reset(self, offset: int) -> None:
+        """Drop every record and continue at ``offset``: a follower far behind a leader whose log
+        no longer starts at its end restarts from the leader's start (nothing is a hole: the
+        offsets before it are not held anywhere any more)."""
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                segment.close()
+                segment.delete()
+            Segment.create(self.directory, offset, self.label, self.fsync)
+            self._segments = self._open_segments()
+            self._end_offset = offset
+            self._writers = {}
+            self._epochs.truncate_from(offset)
+            self._group.reset(offset)
+            if self._hw is not None:
+                self._hw = offset
+            self._appended.notify_all()
 
     def truncate_to(self, offset: int) -> int:
         """Cut every record at or after ``offset`` (a record boundary); returns the new end offset.

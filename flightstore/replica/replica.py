@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from flightstore.errors import NotEnoughReplicas, NotLeader
@@ -201,6 +201,27 @@ class Replica:
             if self.kv is not None and self.leadership.leader != self.leadership.me:
                 self.kv.recover()
 
+    def restart_from(self, start: int, snapshot: Callable[[], tuple[int, Iterable[tuple[str, bytes]]]]) -> None:
+        """The leader's log no longer reaches back to this follower's end: start over from the
+        leader's log start (a log table), or from a copy of the leader's newest KV snapshot (a
+        primary-key table: its KV needs the rows the deleted changelog made)."""
+        with self.lock:
+            if self.kv is None:
+                log.warning("%s: the leader's log starts at %d, after this replica's end %d: restarting "
+                            "the replica there", self.label, start, self.log.end_offset)
+                self.log.reset(start)
+                self.epochs.truncate_from(start)
+                return
+            offset, files = snapshot()
+            info = self.kv.snapshots.install(files)
+            log.warning("%s: the leader's log starts at %d, after this replica's end %d: restarting the "
+                        "replica from the leader's KV snapshot %d (log offset %d)", self.label, start,
+                        self.log.end_offset, info.id, offset)
+            self.kv.snapshots.drop_after(offset)
+            self.log.reset(offset)
+            self.epochs.truncate_from(offset)
+            self.kv.rebuild()
+
     def truncation_point(self, leader_epoch: int | None, leader_end: int) -> int:
         return divergence(self.epochs, self.log.end_offset, leader_epoch, leader_end)
 
@@ -228,6 +249,7 @@ class Replica:
             self.log.following = False
             if leadership.replicated:
                 self.epochs.assign(leadership.epoch, self.log.end_offset)
+                self.log.read_floor = self.log.end_offset  # no answer shorter than what was acknowledged
                 if not self.log.replicated:
                     # What the in-sync replicas hold is not known yet (a restart): nothing is
                     # readable until they say so with their first fetch.

@@ -225,6 +225,12 @@ class ActionRpcs:
                 "op": "locations", "num_buckets": descriptor.num_buckets,
                 "bucket_key": list(descriptor.bucket_key), "partitioned": descriptor.is_partitioned,
                 "primary_key": list(descriptor.primary_key), "leaders": leaders})
+        if kind == "flightstore.decommission":
+            self._authorize([Permission(Operation.ALTER, CLUSTER)])
+            if self.cluster is None:
+                raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
+            self.cluster.decommission(int(payload["server_id"]))
+            return tickets.encode_custom({"op": "decommission", "server_id": int(payload["server_id"])})
         if kind == "flightstore.cluster":
             self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.cluster is None:

@@ -275,6 +275,8 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         try:
             server.cluster = join(cluster, store, host, server.port)
             server.peers.identity = server.cluster.identity
+            server.metrics.watch_replicas(server.cluster.replicas)
+            server.cluster.on_decommissioned = lambda: os.kill(os.getpid(), signal.SIGTERM)
             if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
                 server.authenticator.secret = server.cluster.secret
                 server.authenticator.peer_identity = server.cluster.identity
