@@ -384,12 +384,39 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "again (flightstore's Python client does so by itself).", minimum=1000),
     ConfigOption("auth.max-tokens", "int", 10_000,
                  "Most bearer tokens held at once; minting one more forgets the oldest.", minimum=1),
+    ConfigOption("auth.max-concurrent-checks", "int", 2,
+                 "Most password checks run at once (each is an Argon2id computation: about 64 MiB "
+                 "and tens of milliseconds of CPU with the users file's profile), on threads of "
+                 "their own at a lower CPU priority.", minimum=1),
+    ConfigOption("auth.max-waiting-checks", "int", 16,
+                 "Password checks that may wait for a free slot; more are refused at once "
+                 "(UNAVAILABLE).", minimum=0),
+    ConfigOption("auth.check-wait", "duration", 10_000,
+                 "How long a password check waits for a free slot before it is refused "
+                 "(UNAVAILABLE).", minimum=0),
+    ConfigOption("auth.failed-logins.burst", "int", 5,
+                 "Consecutive failed logins of one user name before further attempts wait: each "
+                 "further failure doubles the wait (from 0.5 s); attempts within it are refused "
+                 "(UNAVAILABLE) without a check. A successful login clears it.", minimum=1),
+    ConfigOption("auth.failed-logins.max-delay", "duration", 30_000,
+                 "Longest wait between login attempts of a user name that keeps failing.", minimum=0),
     ConfigOption("authorizer.super-users", "list", (),
                  "Users allowed every operation on every resource, grants or not (they run the "
                  "first GRANTs)."),
     ConfigOption("metrics.port", "int", None,
                  "Port of the Prometheus metrics endpoint (`http://HOST:PORT/metrics`); unset, no "
                  "endpoint.", minimum=0),
+    ConfigOption("metrics.auth", "str", "auto",
+                 "Who may scrape the metrics endpoint: `basic` asks HTTP Basic credentials of the "
+                 "users file and admits users allowed DESCRIBE on the cluster (super users "
+                 "included); `none` admits anyone; `auto` is `basic` when the server has a users "
+                 "file.", choices=("auto", "basic", "none")),
+    ConfigOption("metrics.tls", "bool", False,
+                 "Serve the metrics endpoint over HTTPS with the server's `tls.cert` / `tls.key` "
+                 "(and, with `tls.client-ca`, require a client certificate signed by it)."),
+    ConfigOption("metrics.table-labels", "bool", True,
+                 "Label row and byte counters with their table and export per-bucket offsets; "
+                 "`false` exports table-wide totals only and no series names a table."),
 )
 
 # Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.
