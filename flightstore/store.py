@@ -81,11 +81,13 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         self.logs: list[LogTablet] = []
         self.kvs: list[KvTablet] = []
         ttl = descriptor.option("table.log.ttl")
+        rebuilt: dict[int, Any] = {}  # buckets rebuilt from remote storage (their directory was gone)
         for bucket in range(descriptor.num_buckets):
             label = f"table {self.path} bucket {bucket}"
             tier = None if remote is None else remote.bucket(bucket, label, directory / f"bucket-{bucket}")
             if tier is not None and not remote.fresh:
-                restore_missing_bucket(tier, descriptor, directory / f"bucket-{bucket}", fsync=fsync)
+                rebuilt[bucket] = restore_missing_bucket(tier, descriptor, directory / f"bucket-{bucket}",
+                                                         fsync=fsync)
             log = LogTablet(
                 directory / f"bucket-{bucket}" / "log", log_schemas[descriptor.version],
                 compression=descriptor.option("table.log.arrow.compression.type"),
@@ -101,6 +103,8 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         # One replica per bucket: its log and KV, its role and high watermark (flightstore.replica).
         self.replicas = [Replica(log, self.kvs[b] if self.kvs else None, b, fsync=fsync, leadership=leadership)
                          for b, log in enumerate(self.logs)]
+        for bucket, restored in rebuilt.items():
+            self.replicas[bucket].rebuilt = restored
         self.upkeep = TableUpkeep(directory, self.logs, self.kvs, descriptor.option("kv.snapshot.interval"))
         # Per-bucket offsets below which the lake holds the log's records (set by the lake's
         # tierer from its last committed snapshot); see enforce_retention.
@@ -452,8 +456,8 @@ class Store:
             with self._lock:
                 fresh = path in self._created
                 self._created.discard(path)
-            remote = None if self.remote is None else self.remote.table(descriptor, directory.name,
-                                                                        fresh=fresh)
+            remote = None if self.remote is None else self.remote.table(
+                descriptor, self._remote_table_id(path, directory), fresh=fresh)
             if descriptor.is_partitioned:
                 from flightstore.partitioned import PartitionedTable
                 table = PartitionedTable(descriptor, directory, fsync=self.fsync, clock=self.clock,
@@ -470,6 +474,11 @@ class Store:
                 table.close()
                 self._check_open()
             return table
+
+    def _remote_table_id(self, path: TablePath, directory: Path) -> str:
+        """The id of a table's data in remote storage: its directory's (a cluster: the cluster's
+        table id, the same on every replica)."""
+        return directory.name
 
     def local_table(self, path: TablePath | str) -> Table:
         """This data directory's own table (its storage: logs, KVs, replicas); on a single server

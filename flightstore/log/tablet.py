@@ -156,6 +156,8 @@ class LogTablet:
         self._hw: int | None = None
         # A follower replica's log takes records (and their schema versions) from its leader only.
         self.following = False
+        # Whether this replica leads its bucket (uploads to remote storage are the leader's).
+        self.leading = True
         self.commit_timeout_s = 30.0  # reads waiting for the high watermark (set by the replica)
         # A new leader answers reads only once its high watermark covers the log it took office
         # with: before that, what it would answer may be shorter than what was acknowledged.
