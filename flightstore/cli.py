@@ -146,6 +146,14 @@ def _cluster_config(args: argparse.Namespace):
 
 
 def _cluster(args: argparse.Namespace) -> int:
+    if args.action != "run":
+        from flightstore.cluster.admin import decommission, status
+        password = _password(args, confirm=False) if args.user else None
+        if args.action == "status":
+            return status(args.uri, args.table, username=args.user, password=password)
+        if args.server_id is None:
+            raise SystemExit("flightstore cluster decommission needs --server-id N")
+        return decommission(args.uri, args.server_id, args.timeout, username=args.user, password=password)
     import signal
     import threading
 
@@ -307,7 +315,19 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--ddl-timeout", default=f'{SERVER_OPTIONS["cluster.ddl-timeout"].default}ms',
                        help=SERVER_OPTIONS["cluster.ddl-timeout"].doc)
     serve.set_defaults(func=_serve)
-    cluster = commands.add_parser("cluster", help="run ZooKeeper and N servers on this machine")
+    cluster = commands.add_parser(
+        "cluster", help="`cluster [run]`: ZooKeeper and N servers on this machine; `cluster status`: "
+        "leaders, in-sync replicas and lag per bucket; `cluster decommission --server-id N`: move a "
+        "server's replicas away, then let it stop")
+    cluster.add_argument("action", nargs="?", choices=("run", "status", "decommission"), default="run")
+    cluster.add_argument("--uri", default="grpc://127.0.0.1:8815",
+                         help="status, decommission: any server of the cluster")
+    cluster.add_argument("--server-id", type=int, help="decommission: the server whose replicas move away")
+    cluster.add_argument("--user", metavar="NAME",
+                         help=f"status, decommission: authenticate as NAME (password from ${PASSWORD_ENV})")
+    cluster.add_argument("--table", help="status: only this table (db.table)")
+    cluster.add_argument("--timeout", type=float, default=600.0,
+                         help="decommission: seconds to wait for the replicas to move (default 600)")
     cluster.add_argument("--servers", type=int, default=3, help="number of servers (ids 1..N)")
     cluster.add_argument("--data-dir", default="./cluster-data",
                          help="holds zookeeper/ and server-<id>/ (and their logs)")

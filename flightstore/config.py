@@ -158,6 +158,10 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
                  "changed since its last one (a RocksDB checkpoint plus a columnar image of the rows, at "
                  "one log offset). The log below the oldest retained snapshot may then be deleted by "
                  "`table.log.ttl`.", minimum=1),
+    ConfigOption("table.replication.factor", "int", None,
+                 "How many servers hold a copy of each bucket (cluster mode): one leader and "
+                 "followers that fetch its log; default the server option "
+                 "`default.replication.factor`. At most the number of live servers.", minimum=1),
     ConfigOption("kv.snapshot.num-retained", "int", 2,
                  "KV snapshots kept per bucket; older ones are deleted once a newer one is complete.",
                  minimum=1),
@@ -290,6 +294,32 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("zookeeper.session-timeout", "duration", 10_000,
                  "How long ZooKeeper keeps a silent server registered: a killed server's buckets are "
                  "reported unavailable, and a killed coordinator replaced, after about this long.",
+                 minimum=1000),
+    ConfigOption("default.replication.factor", "int", 1,
+                 "Replication factor of a new table that sets no `table.replication.factor` "
+                 "(cluster mode; the coordinator's value counts).", minimum=1),
+    ConfigOption("log.replica.min-in-sync-replicas-number", "int", 1,
+                 "A write to a replicated bucket is refused (UNAVAILABLE, nothing acknowledged) while "
+                 "fewer replicas than this are in sync; with replication factor 3 set it to 2 so "
+                 "that every acknowledged write is on two servers.", minimum=1),
+    ConfigOption("log.replica.max-lag-time", "duration", 30_000,
+                 "A follower that has not fetched, or not caught up with its leader's log end, for "
+                 "this long leaves the in-sync replica set; it rejoins once caught up.", minimum=100),
+    ConfigOption("log.replica.write-timeout", "duration", 30_000,
+                 "How long a leader waits for its in-sync replicas to confirm a write before "
+                 "answering UNAVAILABLE (not acknowledged; a retry with the same writer id and "
+                 "sequence is applied once).", minimum=100),
+    ConfigOption("log.replica.fetch-backoff-interval", "duration", 1_000,
+                 "How long a follower waits before fetching again after a fetch failed.", minimum=10),
+    ConfigOption("log.fetch.max-bytes", "size", 16 * 1024 * 1024,
+                 "At most about this many bytes of records per replication fetch answer (at least "
+                 "one record).", minimum=1024),
+    ConfigOption("unclean.leader.election.enable", "bool", False,
+                 "Elect a leader that is not in the in-sync replica set when none of them is alive "
+                 "(writes acknowledged by the lost replicas may be lost; off by default)."),
+    ConfigOption("cluster.replica.dead-timeout", "duration", 300_000,
+                 "A server down for longer than this has its replicas recreated on live servers "
+                 "(copied from the leader) so every bucket gets back to its replication factor.",
                  minimum=1000),
     ConfigOption("cluster.ddl-timeout", "duration", 30_000,
                  "How long a server waits for the coordinator to answer a DDL statement before "

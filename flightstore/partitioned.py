@@ -56,6 +56,7 @@ from flightstore.partitioning import (
     row_partition_names,
     split_bucket_id,
 )
+from flightstore.replica.replica import SOLO, Leadership
 from flightstore.schema import Projections, TableDescriptor, as_table
 from flightstore.store import Table, WriteResult
 from flightstore.writers import WriterRegistry, system_clock_ms
@@ -87,8 +88,10 @@ class PartitionedTable(Table):
 
     def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
                  clock: Callable[[], int] = system_clock_ms,
-                 create_partitions: CreatePartitions | None = None, remote: Any = None) -> None:
+                 create_partitions: CreatePartitions | None = None, remote: Any = None,
+                 leadership: Leadership = SOLO) -> None:
         # Not Table.__init__: the buckets live in the partition units.
+        self._leadership = leadership
         self._remote = remote  # the table in remote storage (flightstore.remote.RemoteTable)
         self.descriptor = descriptor
         self.path = descriptor.path
@@ -126,7 +129,7 @@ class PartitionedTable(Table):
         storage yet)."""
         remote = None if self._remote is None else self._remote.partition(partition.id, fresh)
         return Table(self.descriptor, partition_directory(self.directory, partition.id), fsync=self.fsync,
-                     clock=self._clock, remote=remote)
+                     clock=self._clock, remote=remote, leadership=self._leadership)
 
     @staticmethod
     def _new_merger(descriptor: TableDescriptor) -> Any:
@@ -227,10 +230,15 @@ class PartitionedTable(Table):
                 if units is not None:
                     result = self._apply_units(table, kinds, target, writer_id, sequence, overwrite,
                                                recovering, units)
-                    written = [(self._log_of(b), self._log_of(b).end_offset) for b in result.touched]
+                    written = [(self._replica_of(b), self._log_of(b).end_offset) for b in result.touched]
+                    written = [(r, end) for r, end in written if r.leadership.is_leader]
             if units is not None:
-                for log, end in written:  # outside the lock: concurrent writers share fsyncs
-                    log.sync(end)
+                for replica, _ in written:  # followers fetch while this server syncs
+                    replica.appended()
+                for replica, end in written:  # outside the lock: concurrent writers share fsyncs
+                    replica.log.sync(end)
+                for replica, end in written:  # acks = all: every in-sync replica has it
+                    replica.await_commit(end)
                 self._notify()  # outside the table lock: subscribers hold _written, then take it
                 return result
             # A partition was dropped (auto-partition retention, DDL) between its creation and the
@@ -304,6 +312,10 @@ class PartitionedTable(Table):
     def _log_of(self, bucket: int) -> Any:
         unit, local = self._locate(bucket)
         return unit.logs[local]
+
+    def _replica_of(self, bucket: int) -> Any:
+        unit, local = self._locate(bucket)
+        return unit.replicas[local]
 
     def _spans_buckets(self, table: pa.Table, units: list) -> bool:
         if len(units) > 1:
@@ -433,6 +445,9 @@ class PartitionedTable(Table):
         """Maintained counts of the (named) partitions: no scan."""
         return sum(unit.row_count() for _, unit in self._pruned(None, partitions))
 
+    def row_count_of(self, numbers: Sequence[int], partitions: Sequence[str] | None = None) -> int:
+        return sum(unit.row_count_of(numbers) for _, unit in self._pruned(None, partitions))
+
     def enforce_retention(self, now_ms: int | None = None) -> int:
         return sum(unit.enforce_retention(now_ms) for unit in list(self.units.values()))
 
@@ -472,7 +487,7 @@ class PartitionedTable(Table):
                     for b, tablets in unit.tablets().items()}
 
     def end_offsets(self) -> dict[int, int]:
-        return {b: log.end_offset for b, log in self._logs().items()}
+        return {b: log.high_watermark for b, log in self._logs().items()}
 
     def start_offsets(self) -> dict[int, int]:
         return {b: log.start_offset for b, log in self._logs().items()}
@@ -514,11 +529,14 @@ class PartitionedTable(Table):
 
     def subscribe(self, start: Any = "earliest", *, columns: Sequence[str] | None = None,
                   stop: Any = None, heartbeat_s: float | None = 1.0,
-                  until: Mapping | None = None) -> Iterator[pa.RecordBatch]:
+                  until: Mapping | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
         """Changelog batches of every partition, including partitions created while the stream
         runs (read from their first offset); otherwise as :meth:`Table.subscribe`."""
         import time
         offsets = self.resolve_start(start)
+        numbers = None if buckets is None else {int(b) for b in buckets}
+        if numbers is not None:
+            offsets = {b: o for b, o in offsets.items() if b % self.num_buckets in numbers}
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
         out_schema = changetype.changelog_schema(self.schema)
         columns = list(columns or out_schema.names)
@@ -529,6 +547,8 @@ class PartitionedTable(Table):
             with self._written:
                 before = self.end_offsets()
             logs = self._logs()
+            if numbers is not None:
+                logs = {b: log for b, log in logs.items() if b % self.num_buckets in numbers}
             progressed = False
             for bucket in sorted(logs):
                 log = logs[bucket]

@@ -13,8 +13,13 @@ or ``/flightstore`` without one, so several clusters (and tests) share one ZooKe
     <root>/metadata/version                  persistent  {"version", "assigned"}: bumped by each DDL
     <root>/metadata/databases/<db>           persistent  {}
     <root>/metadata/databases/<db>/<table>   persistent  {"table_id", "descriptor"}
-    <root>/metadata/assignments/<table_id>   persistent  {"path", "buckets": [{leader, leader_epoch,
-                                                          replicas}], "coordinator_epoch"}
+    <root>/metadata/assignments/<table_id>   persistent  {"path", "replication_factor", "buckets":
+                                                          [{leader, leader_epoch, replicas, isr}],
+                                                          "coordinator_epoch"}: each bucket's
+                                                          LeaderAndIsr, changed by compare-and-set
+                                                          (coordinator: elections, moves; leader:
+                                                          its ISR), without a catalog version bump
+    <root>/decommissioned/<id>               persistent  a server whose replicas move away
     <root>/ddl/requests/r-<seq>              persistent sequential: a DDL request
     <root>/ddl/responses/r-<seq>             persistent  its answer, read and deleted by the requester
 
@@ -112,6 +117,13 @@ class ZkPaths:
         return f"{self.assignments}/{table_id}"
 
     @property
+    def decommissioned(self) -> str:
+        return f"{self.root}/decommissioned"
+
+    def decommission(self, server_id: int) -> str:
+        return f"{self.decommissioned}/{server_id}"
+
+    @property
     def requests(self) -> str:
         return f"{self.root}/ddl/requests"
 
@@ -125,7 +137,7 @@ class ZkPaths:
     def persistent_parents(self) -> list[str]:
         """The parents every member makes sure exist before using the layout."""
         return [self.servers, self.election, self.databases, self.assignments, self.requests,
-                self.responses]
+                self.responses, self.decommissioned]
 
 
 def encode(value: dict[str, Any]) -> bytes:

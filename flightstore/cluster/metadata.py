@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
@@ -31,7 +32,7 @@ __all__ = ["MetadataCache"]
 
 log = logging.getLogger("flightstore.cluster")
 
-_PARTS = frozenset({"servers", "coordinator", "catalog"})
+_PARTS = frozenset({"servers", "coordinator", "catalog", "assignments"})
 _ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 
@@ -160,6 +161,8 @@ class MetadataCache:
             version, cluster_id, databases, tables = self._read_catalog()
         else:
             version, cluster_id, databases, tables = old.version, old.cluster_id, old.databases, old.tables
+            if "assignments" in parts:
+                tables = self._read_assignments(tables)
         return ClusterView(version=version, cluster_id=cluster_id, servers=servers,
                            coordinator=coordinator, databases=databases, tables=tables)
 
@@ -215,7 +218,9 @@ class MetadataCache:
                 entry = decode(pending.get()[0])
             except NoNodeError:
                 continue
-            assignments[path] = (entry, client.get_async(paths.assignment(entry["table_id"])))
+            assignments[path] = (entry, client.get_async(paths.assignment(entry["table_id"]),
+                                                          watch=self._watchers["assignments"]))
+        client.get_children(paths.assignments, watch=self._watchers["assignments"])
         for path, (entry, pending) in assignments.items():
             try:
                 assignment = decode(pending.get()[0])
@@ -225,3 +230,20 @@ class MetadataCache:
                 table_id=entry["table_id"], descriptor=TableDescriptor.from_json(entry["descriptor"]),
                 buckets=tuple(BucketAssignment.from_json(b) for b in assignment["buckets"]))
         return version, cluster_id, frozenset(databases), tables
+
+    def _read_assignments(self, tables: dict[TablePath, TableRecord]) -> dict[TablePath, TableRecord]:
+        """The tables with their buckets' LeaderAndIsr re-read (elections and ISR changes move
+        them without a catalog version), re-arming the data watches."""
+        client, paths, watch = self._client, self._paths, self._watchers["assignments"]
+        client.get_children(paths.assignments, watch=watch)
+        pending = {path: client.get_async(paths.assignment(record.table_id), watch=watch)
+                   for path, record in tables.items()}
+        out = dict(tables)
+        for path, result in pending.items():
+            try:
+                assignment = decode(result.get()[0])
+            except NoNodeError:
+                continue  # dropped: the catalog version watch brings that
+            out[path] = replace(tables[path], buckets=tuple(BucketAssignment.from_json(b)
+                                                            for b in assignment["buckets"]))
+        return out

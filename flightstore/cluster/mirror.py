@@ -61,11 +61,14 @@ class CatalogMirror:
         self.last_error: str | None = None
         self._cond = threading.Condition()
         self.on_applied: Callable[[int], None] | None = None
+        self.after_reconcile: Callable[[ClusterView], None] | None = None
 
     # ---- guards -------------------------------------------------------------------------------
-    def check(self, cluster_id: str | None) -> None:
+    def check(self, cluster_id: str | None) -> bool:
         """Refuse to join when this directory belongs elsewhere (see the module docstring).
-        ``cluster_id`` is the cluster's id in ZooKeeper (None before its first coordinator)."""
+        ``cluster_id`` is the cluster's id in ZooKeeper (None before its first coordinator).
+        True when the directory is new to the cluster: whatever replicas the cluster thinks this
+        server holds are empty here (see ``ClusterMember._resign_lost_replicas``)."""
         where = self.store.data_dir
         if self._identity is not None:
             owner = int(self._identity["server_id"])
@@ -78,7 +81,7 @@ class CatalogMirror:
                     f"data directory {where} belongs to cluster {self._identity['cluster_id']} but "
                     f"ZooKeeper holds {found} there (wrong --zookeeper address or chroot?); refusing "
                     "to join, which would drop the directory's tables")
-            return
+            return False
         foreign = [str(p) for p in self.store.catalog.all_tables()]
         foreign += [db for db in self.store.list_databases() if db != DEFAULT_DATABASE]
         if foreign:
@@ -86,6 +89,7 @@ class CatalogMirror:
                 f"data directory {where} holds databases or tables made outside a cluster "
                 f"({', '.join(sorted(foreign)[:5])}); serve it without --zookeeper, or give this "
                 "server an empty --data-dir")
+        return True
 
     # ---- applying -----------------------------------------------------------------------------
     def apply(self, view: ClusterView) -> None:
@@ -94,6 +98,8 @@ class CatalogMirror:
             return
         try:
             self._reconcile(view)
+            if self.after_reconcile is not None:  # replica roles, before anyone is told "applied"
+                self.after_reconcile(view)
         except Exception as exc:  # report it; the next change (or a restart) retries
             log.exception("could not apply catalog version %d locally", view.version)
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -112,6 +118,9 @@ class CatalogMirror:
 
     def _reconcile(self, view: ClusterView) -> None:
         store = self.store
+        if view.cluster_id is not None:
+            store.join_remote(view.cluster_id)
+        store.table_ids.update({str(path): record.table_id for path, record in view.tables.items()})
         identity = self._identity or {"server_id": self.server_id, "cluster_id": view.cluster_id,
                                       "tables": {}}
         known: dict[str, str] = dict(identity["tables"])

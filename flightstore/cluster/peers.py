@@ -2,8 +2,9 @@
 
 One :class:`pyarrow.flight.FlightClient` per server URI, reused by every forwarded call. Each call
 carries the caller's bearer token (every server accepts it: tokens are signed with the cluster
-secret) and ``"local": true`` (the receiver serves it from its own buckets only, see
-:mod:`flightstore.cluster.routing`). Errors come back as flightstore errors: a leader that does not
+secret), this server's peer credential (:mod:`flightstore.cluster.identity`) and ``"peer": true``
+(the receiver serves it from the buckets it leads only, see :mod:`flightstore.cluster.table` and
+:mod:`flightstore.server.peer`). Errors come back as flightstore errors: a leader that does not
 answer is UNAVAILABLE naming the bucket and the server.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 from pyarrow import flight
@@ -33,12 +35,23 @@ class Peers:
     def __init__(self) -> None:
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
+        self.identity: Any = None  # this server's PeerIdentity, once it joined its cluster
 
     def close(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             client.close()
+
+    def client(self, uri: str) -> flight.FlightClient:
+        """The shared client of the server at ``uri``."""
+        return self._client(uri)
+
+    def stream_options(self) -> flight.FlightCallOptions:
+        """Options of this server's own long-lived calls (replication): its peer credential, no
+        deadline (a watchdog cancels a stream whose answer is overdue)."""
+        identity = self.identity
+        return flight.FlightCallOptions(headers=identity.headers() if identity is not None else [])
 
     def _client(self, uri: str) -> flight.FlightClient:
         with self._lock:
@@ -47,28 +60,29 @@ class Peers:
                 client = self._clients[uri] = flight.FlightClient(uri)
             return client
 
-    @staticmethod
-    def options(token: str | None) -> flight.FlightCallOptions:
+    def options(self, token: str | None) -> flight.FlightCallOptions:
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        if self.identity is not None:
+            headers += self.identity.headers()
         return flight.FlightCallOptions(timeout=FORWARD_TIMEOUT_S, headers=headers)
 
     def get(self, target: BucketLocation, payload: dict, token: str | None) -> Iterator[pa.RecordBatch]:
         """The batches of the read command ``payload`` served by ``target``'s leader."""
         uri = target.require().uri
-        ticket = flight.Ticket(tickets.encode_custom({**payload, "local": True}))
+        ticket = flight.Ticket(tickets.encode_custom({**payload, "peer": True}))
         with _remote_errors(target):
             reader = self._client(uri).do_get(ticket, self.options(token))
         return read_batches(reader, keep_empty=True, map_error=lambda exc: _mapped(exc, target))
 
     def get_table(self, target: BucketLocation, payload: dict, token: str | None) -> pa.Table:
         uri = target.require().uri
-        ticket = flight.Ticket(tickets.encode_custom({**payload, "local": True}))
+        ticket = flight.Ticket(tickets.encode_custom({**payload, "peer": True}))
         with _remote_errors(target):
             return self._client(uri).do_get(ticket, self.options(token)).read_all()
 
     def put(self, target: BucketLocation, payload: dict, data: pa.Table, token: str | None) -> dict:
         uri = target.require().uri
-        descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom({**payload, "local": True}))
+        descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom({**payload, "peer": True}))
         with _remote_errors(target):
             writer, reader = self._client(uri).do_put(descriptor, data.schema, self.options(token))
             writer.write_table(data, max_chunksize=65_536)
@@ -79,7 +93,7 @@ class Peers:
 
     def action(self, target: BucketLocation, kind: str, payload: dict, token: str | None) -> dict:
         uri = target.require().uri
-        body = tickets.encode_custom({"op": kind, **payload, "local": True})
+        body = tickets.encode_custom({"op": kind, **payload, "peer": True})
         with _remote_errors(target):
             results = list(self._client(uri).do_action(flight.Action(kind, body), self.options(token)))
         return tickets.decode_custom(results[0].body.to_pybytes())

@@ -41,19 +41,23 @@ class ServerInfo:
 
 @dataclass(frozen=True)
 class BucketAssignment:
-    """Who leads a bucket, since which leader epoch, and which servers hold replicas."""
+    """A bucket's LeaderAndIsr: the servers holding replicas (in preference order), the leader
+    (-1: none alive in sync), its leader epoch, and the in-sync replica set."""
 
     leader: int
     leader_epoch: int = 0
     replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas)}
+        return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas),
+                "isr": list(self.isr)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BucketAssignment:
+        replicas = tuple(int(r) for r in data.get("replicas", [data["leader"]]))
         return cls(leader=int(data["leader"]), leader_epoch=int(data.get("leader_epoch", 0)),
-                   replicas=tuple(int(r) for r in data.get("replicas", [data["leader"]])))
+                   replicas=replicas, isr=tuple(int(r) for r in data.get("isr", replicas)))
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ class BucketLocation:
     leader: int
     leader_epoch: int
     server: ServerInfo | None
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
 
     @property
     def available(self) -> bool:
@@ -88,6 +94,9 @@ class BucketLocation:
         """Why the bucket cannot be served ("" when it can)."""
         if self.server is not None:
             return ""
+        if self.leader < 0:
+            return (f"bucket {self.bucket} of table {self.table} is unavailable: no in-sync replica "
+                    f"({', '.join(map(str, self.isr)) or 'none'}) is alive to lead it")
         return (f"bucket {self.bucket} of table {self.table} is unavailable: its leader, server "
                 f"{self.leader}, is down")
 
@@ -99,6 +108,7 @@ class BucketLocation:
 
     def to_json(self) -> dict[str, Any]:
         return {"bucket": self.bucket, "leader": self.leader, "leader_epoch": self.leader_epoch,
+                "replicas": list(self.replicas), "isr": list(self.isr),
                 "uri": self.server.uri if self.server else None, "available": self.available,
                 "reason": self.reason}
 
@@ -125,7 +135,8 @@ class ClusterView:
     def locations(self, path: TablePath) -> list[BucketLocation]:
         """Every bucket of ``path`` with its leader and whether that leader is live."""
         record = self.table(path)
-        return [BucketLocation(path, bucket, a.leader, a.leader_epoch, self.servers.get(a.leader))
+        return [BucketLocation(path, bucket, a.leader, a.leader_epoch, self.servers.get(a.leader),
+                               a.replicas, a.isr)
                 for bucket, a in enumerate(record.buckets)]
 
     def bucket(self, path: TablePath, bucket: int) -> BucketLocation:

@@ -298,6 +298,9 @@ class KvTablet(KvWrites):
                 newest = self.snapshots.newest
                 if not force and (applied == 0 or (newest is not None and newest.offset == applied)):
                     return None
+                if self.log.replicated and applied > 0 and not self.log.wait_for(
+                        applied - 1, self.log.commit_timeout_s):
+                    return None  # a snapshot holds committed changes only: the next round tries again
                 Checkpoint(self._db).create_checkpoint(str(path))
                 return applied, self.row_count
 
@@ -325,8 +328,11 @@ class KvTablet(KvWrites):
         return found, self.codec.decode(array.drop_null() if array.null_count else array, columns)
 
     # ---- recovery -----------------------------------------------------------------------------
-    def recover(self) -> int:
+    def recover(self, uncommitted: bool = False) -> int:
         """Replay the changelog after the applied offset into RocksDB; returns rows replayed.
+
+        A replicated log is replayed up to its high watermark (a follower's KV holds committed
+        changes only); ``uncommitted`` replays to its end (a new leader takes its whole log).
 
         A KV that applied more than the log holds (the log lost its tail) is still the table's
         state: it keeps serving, the log continues at the applied offset (new changes never reuse
@@ -348,7 +354,7 @@ class KvTablet(KvWrites):
                 raise CorruptData(f"{self.log.label}: the log no longer holds offsets {applied}.."
                                   f"{self.log.start_offset}; cannot catch up the KV")
             replayed = 0
-            for record in self.log.read(applied):
+            for record in self.log.read(applied, uncommitted=uncommitted):
                 replayed += self._replay(record)
             return replayed
 
@@ -379,7 +385,24 @@ class KvTablet(KvWrites):
     # ---- reads --------------------------------------------------------------------------------
     def lookup(self, keys: pa.Table, columns: Sequence[str] | None = None) -> tuple[np.ndarray, pa.Table]:
         """Rows of ``keys`` (PK columns) with one multi-get: (found mask, rows of the found keys)."""
-        return self._multi_get(encode_keys(keys, self.primary_key), columns)
+        found = self._multi_get(encode_keys(keys, self.primary_key), columns)
+        self._committed()
+        return found
+
+    def committed_row_count(self) -> int:
+        """:attr:`row_count` once the changes it counts are committed (see :meth:`_committed`)."""
+        count = self.row_count
+        self._committed()
+        return count
+
+    def _committed(self) -> None:
+        """Return once what a read just saw is committed: a replicated leader's RocksDB may hold
+        changes its in-sync replicas do not have yet; they are at most what its log holds, so the
+        read waits (normally one replication round trip) until the high watermark covers the log
+        end read *after* the data. Never an uncommitted row: NotEnoughReplicas past the timeout."""
+        log_ = self.log
+        if log_.replicated:
+            log_.await_committed(log_.end_offset)
 
     def prefix_lookup(self, prefixes: Sequence[bytes], columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
@@ -394,6 +417,7 @@ class KvTablet(KvWrites):
                     remaining -= table.num_rows
             if remaining is not None and remaining <= 0:
                 break
+        self._committed()
         if not parts:
             return self.codec.decode([], wanted)
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -411,7 +435,7 @@ class KvTablet(KvWrites):
         empty) when the log still starts at 0, has no declared-lost range and is not much longer
         than the bucket: columnar reads instead of a RocksDB iteration."""
         snapshot = self.snapshots.newest
-        at = self.log.end_offset
+        at = self.log.high_watermark
         wanted = columns or self.schema.names
         try:  # read_at reads the changelog part before it returns: damage found there is found here
             if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows) \
@@ -482,6 +506,7 @@ class KvTablet(KvWrites):
         with self._lock:  # the snapshot and the row count that goes with it
             snapshot = self._db.snapshot()
             expected = self.row_count if lower is None and upper is None else None
+        self._committed()
         reader = RangeReader(snapshot, lower, upper, where=self.where, directory=str(self.directory),
                              expected_rows=expected)
 

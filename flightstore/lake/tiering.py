@@ -185,7 +185,7 @@ class StoreSource:
 
     def offsets(self) -> tuple[dict[int, int], dict[int, int]]:
         return ({b: log.start_offset for b, log in self._logs.items()},
-                {b: log.end_offset for b, log in self._logs.items()})
+                {b: log.high_watermark for b, log in self._logs.items()})
 
     def read_changes(self, start: Mapping[int, int], end: Mapping[int, int], max_rows: int | None
                      ) -> tuple[pa.Table, np.ndarray | None, dict[int, int]]:

@@ -201,7 +201,7 @@ def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | N
     split = union_split(catalog, table) if split is None else split
     logs = _logs(table)
     wanted = table.bucket_ids(partitions) if _partitioned(table) else sorted(logs)
-    tail = sum(max(0, logs[b].end_offset - split.offsets.get(b, logs[b].end_offset))
+    tail = sum(max(0, logs[b].high_watermark - split.offsets.get(b, logs[b].high_watermark))
                for b in wanted if b in logs)
     if split.snapshot is None or not _partitioned(table):
         return split.lake_rows + tail

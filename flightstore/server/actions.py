@@ -14,7 +14,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from flightstore.acl import CLUSTER, Operation, Permission
-from flightstore.errors import FlightstoreError, InvalidInput, Unsupported
+from flightstore.errors import FlightstoreError, InvalidInput, Unavailable, Unsupported
 from flightstore.expressions import from_json
 from flightstore.server import protocol, tickets
 from flightstore.server.rpc import _CALLER, _peer, _rpc
@@ -38,7 +38,10 @@ class ActionRpcs:
         kind = action.type
         body = action.body.to_pybytes() if action.body is not None else b""
         if kind.startswith("flightstore."):
-            return iter([self._custom_action(kind, tickets.decode_custom(body))])
+            payload = tickets.decode_custom(body)
+            if payload.get("peer"):  # a part of a call another server of the cluster split by leader
+                return iter([self._peer_action(kind, payload, context)])
+            return iter([self._custom_action(kind, payload)])
         request = protocol.decode_action(kind, body)
         if kind == protocol.CREATE_PREPARED_STATEMENT:
             result = self._prepare(request.query, self.session(context).database)
@@ -137,8 +140,6 @@ class ActionRpcs:
         if kind == "flightstore.offsets":
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)  # as Fluss's LIST_OFFSETS
-            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
-                table = table.local
             which = payload.get("which", "end")
             if which not in ("end", "start", "timestamp"):
                 raise InvalidInput(f"unknown offsets {which!r}: use end, start or timestamp")
@@ -173,7 +174,7 @@ class ActionRpcs:
         if kind == "flightstore.release":
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.WRITE, table)
-            table.ownership.release(payload["writer_id"])
+            table.release(payload["writer_id"])
             return tickets.encode_custom({"op": "released"})
         if kind == "flightstore.snapshot":
             table = self._visible_table(payload["table"])
@@ -202,8 +203,6 @@ class ActionRpcs:
         if kind == "flightstore.writer":
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
-            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
-                table = table.local
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
         if kind == "flightstore.lake-status":
@@ -220,12 +219,23 @@ class ActionRpcs:
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)
             descriptor = table.descriptor
-            places = table.locations() if hasattr(table, "locations") else []
+            leaders = []
+            if table.distributed:
+                for bucket in range(descriptor.num_buckets):
+                    try:
+                        leaders.append(table.leader_uri(bucket))
+                    except Unavailable:
+                        leaders.append(None)
             return tickets.encode_custom({
                 "op": "locations", "num_buckets": descriptor.num_buckets,
                 "bucket_key": list(descriptor.bucket_key), "partitioned": descriptor.is_partitioned,
-                "primary_key": list(descriptor.primary_key),
-                "leaders": [p.server.uri if p.server is not None else None for p in places]})
+                "primary_key": list(descriptor.primary_key), "leaders": leaders})
+        if kind == "flightstore.decommission":
+            self._authorize([Permission(Operation.ALTER, CLUSTER)])
+            if self.cluster is None:
+                raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
+            self.cluster.decommission(int(payload["server_id"]))
+            return tickets.encode_custom({"op": "decommission", "server_id": int(payload["server_id"])})
         if kind == "flightstore.cluster":
             self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.cluster is None:

@@ -40,9 +40,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from pyarrow import flight
 
+from flightstore.cluster.identity import PEER_HEADER
 from flightstore.config import SERVER_OPTIONS
 from flightstore.errors import Unavailable
 from flightstore.server.logins import LoginGate
@@ -119,6 +121,7 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
         self._tokens: OrderedDict[str, tuple[str, float, str]] = OrderedDict()
         self._lock = threading.Lock()
         self.secret: bytes | None = None  # the cluster secret: tokens are signed, not remembered
+        self.peer_identity: Any = None  # cluster mode: checks the peer credential of internal calls
 
     def live_tokens(self) -> int:
         """How many tokens are held (expired ones are dropped as new ones are minted)."""
@@ -139,6 +142,12 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
         return self.gate.check(user, lambda: self.users.authenticate(user, password))
 
     def _authenticate(self, headers: dict[str, list[str]]) -> Authenticated:
+        peer = headers.get(PEER_HEADER) or []
+        if peer and not headers.get("authorization"):  # a cluster peer's own call (replication)
+            server_id = self.peer_identity.verify(peer[0]) if self.peer_identity is not None else None
+            if server_id is None:
+                raise flight.FlightUnauthenticatedError("invalid or expired peer credential")
+            return Authenticated(f"<server {server_id}>", None)
         values = headers.get("authorization") or headers.get("Authorization") or []
         if not values:
             raise flight.FlightUnauthenticatedError("authentication required: send Basic credentials")

@@ -31,7 +31,7 @@ from flightstore.errors import InvalidInput, Unavailable, Unsupported
 from flightstore.kv.encoding import encode_key_array
 from flightstore.server.coalesce import LookupCoalescer
 from flightstore.server.messages import MAX_BATCH_BYTES, MAX_BATCH_ROWS, rechunk
-from flightstore.server.rpc import _CALLER, _rpc, _translate
+from flightstore.server.rpc import _CALLER, _translate
 from flightstore.sql.privileges import table_resource
 from flightstore.wire import lookups as wire
 
@@ -44,9 +44,9 @@ class LookupStreamRpcs:
     """DoExchange of :class:`~flightstore.server.service.FlightSqlServer` (mixed into it: ``self``
     is the server, with its store, authorizer, metrics and :attr:`lookup_streams`)."""
 
-    @_rpc
-    def do_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
-                    reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter) -> None:
+    def _lookup_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+                         reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter) -> None:
+        """A client's lookup stream (the server's ``do_exchange`` dispatches here)."""
         if descriptor.descriptor_type != flight.DescriptorType.CMD or \
                 descriptor.command != wire.STREAM_COMMAND:
             raise Unsupported("DoExchange serves flightstore's lookup stream only (command "

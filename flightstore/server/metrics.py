@@ -32,7 +32,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -147,8 +147,55 @@ class _StoreCollector:
         yield applied
 
 
+class _ReplicaCollector:
+    """Per bucket held by this cluster member: role, in-sync replicas, high watermark and (on the
+    leader) each follower's lag, read from the replica manager at each scrape."""
+
+    def __init__(self, replicas: Any) -> None:
+        self.replicas = replicas
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["table", "bucket"]
+        leader = GaugeMetricFamily("flightstore_replica_leader", "1 when this server leads the bucket",
+                                   labels=labels)
+        epoch = GaugeMetricFamily("flightstore_replica_leader_epoch", "The bucket's leader epoch", labels=labels)
+        isr = GaugeMetricFamily("flightstore_replica_in_sync", "In-sync replicas of the bucket", labels=labels)
+        replicas = GaugeMetricFamily("flightstore_replica_count", "Replicas of the bucket", labels=labels)
+        under = GaugeMetricFamily("flightstore_replica_under_replicated",
+                                  "1 when the bucket (led here) has fewer in-sync replicas than replicas",
+                                  labels=labels)
+        hw = GaugeMetricFamily("flightstore_replica_high_watermark",
+                               "High watermark of the bucket here (summed over partitions)", labels=labels)
+        lag = GaugeMetricFamily("flightstore_replica_follower_lag",
+                                "Records a follower lacks of the bucket's log (reported by the leader)",
+                                labels=[*labels, "follower"])
+        try:
+            buckets = self.replicas.status()["buckets"]
+        except Exception:  # noqa: BLE001 - a scrape never fails the server
+            _log.debug("metrics: replica status failed", exc_info=True)
+            buckets = []
+        for entry in buckets:
+            key = [entry["table"], str(entry["bucket"])]
+            leading = entry["role"] == "leader"
+            leader.add_metric(key, 1 if leading else 0)
+            epoch.add_metric(key, entry["epoch"])
+            isr.add_metric(key, len(entry["isr"]))
+            replicas.add_metric(key, len(entry["replicas"]))
+            hw.add_metric(key, entry["high_watermark"])
+            if leading:
+                under.add_metric(key, 1 if len(entry["isr"]) < len(entry["replicas"]) else 0)
+                for follower, behind in entry.get("lag", {}).items():
+                    if behind is not None:
+                        lag.add_metric([*key, follower], behind)
+        yield from (leader, epoch, isr, replicas, under, hw, lag)
+
+
 class ServerMetrics:
     """The metrics of one server and, once :meth:`serve` ran, its HTTP endpoint."""
+
+    def watch_replicas(self, replicas: Any) -> None:
+        """Export the replica manager's per-bucket state (cluster mode)."""
+        self.registry.register(_ReplicaCollector(replicas))
 
     def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry()

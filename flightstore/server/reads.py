@@ -102,11 +102,8 @@ class ReadRpcs:
         (UNAVAILABLE naming it when it is down: no client gets a partial answer)."""
         if partition is None or self.cluster is None:
             return []
-        routed = self.store.table(plan.table)
-        place = routed.location(partition) if hasattr(routed, "location") else None
-        if place is None:
-            return [self.cluster.config.advertised_uri]
-        return [place.require().uri]
+        uri = self.store.table(plan.table).leader_uri(partition)
+        return [uri if uri is not None else self.cluster.config.advertised_uri]
 
     def _answer_now(self, plan: nodes.PlanNode, schema: pa.Schema) -> pa.Table:
         """The whole result of a small query (GetFlightInfo ships it in the ticket): grants come
@@ -273,6 +270,8 @@ class ReadRpcs:
             if entry is None or entry[2] != _CALLER.get():  # absent, or bound to another user
                 raise InvalidInput("this result expired or was already read")
             return entry[1].schema, entry[1]
+        if payload.get("peer"):  # a part of a call another server of the cluster split by leader
+            return self._peer_get(payload, context)
         table = self._visible_table(payload["table"])
         self._authorize_table(Operation.READ, table)
         columns = payload.get("columns")
@@ -284,7 +283,6 @@ class ReadRpcs:
             unknown = [c for c in columns if c not in known]
             if unknown:
                 raise InvalidInput(f"table {table.path} has no column {unknown[0]!r}")
-        forwarded = bool(payload.get("local")) and hasattr(table, "check_owned")  # from a cluster peer
         if op in ("lookup", "prefix_lookup"):
             if payload.get("keys_ipc") is not None:
                 keys = tickets.decode_table(payload["keys_ipc"])
@@ -295,27 +293,10 @@ class ReadRpcs:
             schema = table.projection(columns or table.schema.names)
             if plan_only:
                 return schema, iter(())
-            if forwarded:
-                table = table.owner_side_keys(keys)
             found = table.lookup(keys, columns) if op == "lookup" else \
                 table.prefix_lookup(keys, columns, payload.get("limit"))
             self.metrics.sent(str(table.path), found)
             return schema, found
-        if op == "partial":  # a cluster peer's partial aggregate over the buckets this server leads
-            if not forwarded or not isinstance(payload.get("buckets"), list) or \
-                    not isinstance(payload.get("partial"), str) or not isinstance(payload.get("name"), str):
-                raise InvalidInput("a partial aggregate is a forwarded call naming its buckets, "
-                                   "partial SQL and input name")
-            filter = from_json(payload["filter"]) if payload.get("filter") else None
-            item = nodes.ResidualInput(payload["name"], table.path, "table", tuple(columns or table.schema.names),
-                                 filter.bind(table.schema) if filter is not None else None,
-                                 partial=payload["partial"])
-            schema = self.executor.partial_schema(item)
-            if plan_only:
-                return schema, iter(())
-            rows = self.executor.partial_rows(table.check_owned(payload["buckets"]), item, payload["buckets"])
-            self.metrics.partials.inc()
-            return schema, self.metrics.metered(str(table.path), iter([rows]))
         if op == "scan":
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = table.projection(columns or table.schema.names)
@@ -323,10 +304,6 @@ class ReadRpcs:
             if buckets is not None and not set(buckets) <= set(table.bucket_ids()):
                 raise InvalidInput(f"table {table.path} has no bucket "
                                    f"{min(set(buckets) - set(table.bucket_ids()))}")
-            if forwarded:
-                if buckets is None:
-                    raise InvalidInput("a forwarded scan names its buckets")
-                table = table.check_owned(buckets)
             if is_union(table.descriptor):  # the lake below the tiered offsets, then the log
                 from flightstore.lake.union import UnionSplit, read_union
                 split = None
@@ -354,8 +331,6 @@ class ReadRpcs:
                                    f"not {heartbeat_s!r}")
             if not plan_only:
                 self.metrics.mark_subscription(context)
-            if forwarded:
-                table = table.local
             rows = _unless_shut_down(table.subscribe(payload.get("start", "earliest"), columns=columns, stop=stop,
                                                      heartbeat_s=heartbeat_s, until=payload.get("until")),
                                      self._stop)
@@ -368,8 +343,6 @@ class ReadRpcs:
             bucket = int(payload["bucket"])
             if bucket not in table.bucket_ids():
                 raise InvalidInput(f"table {table.path} has no bucket {bucket}")
-            if forwarded:
-                table = table.check_owned([bucket])
             return schema, self.metrics.metered(str(table.path), table.read_changelog(
                 bucket, payload.get("from_offset"), columns=columns, to_offset=payload.get("to_offset"),
                 max_rows=payload.get("max_rows")))
@@ -378,14 +351,10 @@ class ReadRpcs:
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
             if plan_only:
                 return schema, iter(())
-            if forwarded:
-                table = table.check_owned([int(payload["bucket"])])
             return schema, self.metrics.metered(str(table.path), table.read_snapshot(
                 int(payload["bucket"]), int(payload["at"]), columns))
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
-            if forwarded:
-                table = table.local
             if is_union(table.descriptor):
                 from flightstore.lake.union import union_count
                 return schema, pa.table({"count": [union_count(self.executor.lake, table)]}, schema=schema)

@@ -26,16 +26,19 @@ from pyarrow import flight
 
 from flightstore.acl import CLUSTER, Operation, Permission
 from flightstore.cache import LruCache
+from flightstore.cluster.identity import PEER_MIDDLEWARE, PeerMiddlewareFactory, peer_of
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
 from flightstore.errors import (
     DataDirectoryInUse,
     FlightstoreError,
     InvalidOption,
     Unauthenticated,
+    Unauthorized,
     Unsupported,
 )
 from flightstore.remote import RemoteLogManager
-from flightstore.server import status
+from flightstore.replica.protocol import FETCH_OP
+from flightstore.server import status, tickets
 from flightstore.server.access import AccessChecks
 from flightstore.server.actions import ActionRpcs, PreparedStatement
 from flightstore.server.auth import AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler
@@ -48,6 +51,7 @@ from flightstore.server.messages import MAX_BATCH_BYTES, rechunk
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
 from flightstore.server.metrics_http import ssl_context
 from flightstore.server.partition_manager import AutoPartitionManager
+from flightstore.server.peer import PeerRpcs
 from flightstore.server.queries import RunningQueries
 from flightstore.server.reads import ReadRpcs
 from flightstore.server.rpc import _peer, _rpc
@@ -67,7 +71,8 @@ HARD_EXIT_MARGIN_S = 5.0  # after the shutdown grace: stopped queries end, then 
 MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 
 
-class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, AccessChecks, flight.FlightServerBase):
+class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpcs, AccessChecks,
+                      flight.FlightServerBase):
     """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
@@ -86,6 +91,8 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, AccessC
         self.metrics = ServerMetrics(store)
         middleware = kwargs.setdefault("middleware", {})
         middleware[METRICS_MIDDLEWARE] = self.metrics.middleware()  # first: it times every call
+        self.peers = PeerMiddlewareFactory()  # cluster mode: which calls come from peer servers
+        middleware[PEER_MIDDLEWARE] = self.peers
         if isinstance(users, dict):
             users = UserStore.from_passwords(users)
         self.authenticator = None
@@ -228,6 +235,21 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, AccessC
                    descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
         raise Unsupported("GetSchema is not supported by flightstore; GetFlightInfo answers the schema")
 
+    @_rpc
+    def do_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+                    reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter) -> None:
+        """Two long-lived streams: a client's lookup stream (:mod:`.exchange`) and, in a
+        cluster, a follower's replication fetch stream (peers only)."""
+        command = descriptor.command if descriptor.descriptor_type == flight.DescriptorType.CMD else b""
+        payload = tickets.decode_custom(command) if tickets.is_custom(command) else {}
+        if payload.get("op") == FETCH_OP:
+            peer = peer_of(context)
+            if peer is None or self.cluster is None or peer != payload.get("follower"):
+                raise Unauthorized("replication streams are open to the cluster's servers only")
+            self.cluster.replicas.serve_fetch(peer, reader, writer, context.is_cancelled)
+            return
+        self._lookup_exchange(context, descriptor, reader, writer)
+
 
 def _wait_for_signal(grace_s: float) -> None:
     """Return at SIGTERM/SIGINT. The server listens from its construction: the main thread waits
@@ -320,8 +342,12 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         from flightstore.cluster.member import join
         try:
             server.cluster = join(cluster, store, host, server.port)
+            server.peers.identity = server.cluster.identity
+            server.metrics.watch_replicas(server.cluster.replicas)
+            server.cluster.on_decommissioned = lambda: os.kill(os.getpid(), signal.SIGTERM)
             if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
                 server.authenticator.secret = server.cluster.secret
+                server.authenticator.peer_identity = server.cluster.identity
         except FlightstoreError as exc:
             server.shutdown()
             store.close()

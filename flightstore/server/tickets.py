@@ -94,7 +94,8 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "after_sequence": _INT, "keys": (dict,), "filter": (dict, str), "limit": _INT, "buckets": (list,),
     "bucket": _INT, "at": _INT, "start": (str, int, dict), "until": (dict,), "log_from": (dict,),
     "heartbeat_s": _NUMBER, "which": (str,), "timestamp_ms": _INT, "force": (bool,), "exact": (bool,),
-    "local": (bool,), "keys_ipc": (str,), "from_offset": _INT, "to_offset": _INT, "max_rows": _INT,
+    "peer": (bool,), "keys_ipc": (str,), "from_offset": _INT, "to_offset": _INT, "max_rows": _INT,
+    "table_id": (str,), "epochs": (dict,), "server_id": _INT,
 }
 
 

@@ -13,7 +13,7 @@ from pyarrow import flight
 
 from flightstore import changetype
 from flightstore.acl import Operation, Permission, Resource
-from flightstore.errors import Cancelled, FlightstoreError, InvalidInput, TableNotFound, Unsupported
+from flightstore.errors import FlightstoreError, InvalidInput, TableNotFound, Unsupported
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import protocol, tickets
 from flightstore.server.rpc import _rpc
@@ -41,7 +41,9 @@ class WriteRpcs:
             raise InvalidInput("flightstore answers command descriptors only")
         command_bytes = descriptor.command
         if tickets.is_custom(command_bytes):
-            result = self._custom_put(tickets.decode_custom(command_bytes), reader, context)
+            payload = tickets.decode_custom(command_bytes)
+            result = (self._peer_put(payload, reader, context) if payload.get("peer")
+                      else self._custom_put(payload, reader, context))
             writer.write(pa.py_buffer(tickets.encode_custom(result)))
             return
         command = protocol.unpack_any(command_bytes)
@@ -196,17 +198,6 @@ class WriteRpcs:
             raise InvalidInput("a changelog write needs a _change_type column")
         writer_id, base = payload.get("writer_id"), payload.get("sequence")
         columns = payload.get("columns")
-        if payload.get("local") and hasattr(table, "owner_side"):
-            # A part a cluster peer forwarded (at most one of its chunks): one batch, on this
-            # server's own buckets only.
-            data = reader.read_all()
-            if context is not None and context.is_cancelled():  # the peer went away mid-upload
-                raise Cancelled("the forwarded upload was cancelled before it finished; nothing written")
-            table.accept_gap(writer_id, base)
-            result = _write_chunk(table.owner_side(data, columns, op), op, data, columns, writer_id, base)
-            self.metrics.written(table.path, data)
-            return {"op": "written", "rows": data.num_rows, "duplicate": bool(result.duplicate),
-                    "offsets": {str(k): v for k, v in result.items()}, "chunks": 1, "sequence": base}
         # Chunk k of a sequenced upload is batch ``base + k`` of its writer: a retried upload is
         # cut the same way, so the chunks applied before a lost acknowledgement are skipped.
         rows, duplicates, chunks, offsets = 0, 0, 0, {}

@@ -10,6 +10,7 @@ that a crash or a storage failure between two buckets is completed, never left h
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,11 +20,14 @@ from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.errors import InvalidInput, SchemaMismatch, Unsupported
 from flightstore.schema import as_table
-from flightstore.table.pending import BucketWrite, PendingWrites
+from flightstore.table.pending import REPLAYING_INTENT, BucketWrite, PendingWrites
 
-__all__ = ["TABLE_WRITER", "TableWrites", "WriteResult"]
+__all__ = ["PINNED_BUCKET", "REPLAYING_INTENT", "TABLE_WRITER", "TableWrites", "WriteResult"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
+# The bucket a batch of a log table without bucket key goes to, when the cluster chose it (from
+# the batch's writer id and sequence, so a retry lands in the same bucket); None: round robin.
+PINNED_BUCKET: ContextVar[int | None] = ContextVar("pinned_bucket", default=None)
 
 
 class WriteResult(dict):
@@ -110,6 +114,9 @@ class TableWrites(PendingWrites):
         key = self.descriptor.bucket_key
         if key:
             return bucket_ids(data, key, self.num_buckets)
+        pinned = PINNED_BUCKET.get()
+        if pinned is not None:
+            return np.full(data.num_rows, int(pinned) % self.num_buckets, dtype=np.int32)
         choices = self.round_robin_buckets
         if choices:
             return np.full(data.num_rows, choices[next(self._round_robin) % len(choices)], dtype=np.int32)
@@ -201,9 +208,14 @@ class TableWrites(PendingWrites):
         """
         with self._lock:
             result = self._apply_locked(table, kinds, target, writer_id, sequence, overwrite, recovering)
-            written = {int(b): self.logs[b].end_offset for b in result.touched}
+            written = {int(b): self.logs[b].end_offset for b in result.touched
+                       if self.replicas[b].leadership.is_leader}
+        for bucket in written:  # followers fetch while this server syncs
+            self.replicas[bucket].appended()
         for bucket, end in written.items():  # outside the lock: concurrent writers share fsyncs
             self.logs[bucket].sync(end)
+        for bucket, end in written.items():  # acks = all: every in-sync replica has it
+            self.replicas[bucket].await_commit(end)
         self._notify()
         return result
 
@@ -249,6 +261,9 @@ class TableWrites(PendingWrites):
         raises here, before any bucket commits. ``buckets``: each row's bucket, if computed."""
         buckets = self.buckets_of(table) if buckets is None else buckets
         parts = []
+        if not REPLAYING_INTENT.get():  # a replica that does not lead (or lacks in-sync copies) writes nothing
+            for bucket in np.unique(buckets):
+                self.replicas[int(bucket)].check_writable()
         for bucket in np.unique(buckets):
             bucket = int(bucket)
             mask = buckets == bucket
