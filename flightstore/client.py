@@ -84,13 +84,17 @@ def connect(uri: str = "grpc://127.0.0.1:8815", *, username: str | None = None,
 
 
 class Connection:
-    """A connection to one server. Use as a context manager or call :meth:`close`."""
+    """A connection to a server (the first reachable one of a comma-separated list). Use as a
+    context manager or call :meth:`close`."""
 
     def __init__(self, uri: str, *, username: str | None = None, password: str | None = None,
                  timeout: float | None = None, tls_root_certs: Pem | None = None,
                  cert_chain: Pem | None = None, private_key: Pem | None = None,
                  override_hostname: str | None = None, options: Mapping[str, Any] | None = None) -> None:
-        self.uri = uri
+        # ``uri`` may list several servers of a cluster ("grpc://a:8815,grpc://b:8815"): the
+        # connection uses the first, and moves to the next when one cannot be reached.
+        self.uris = [part.strip() for part in str(uri).split(",") if part.strip()]
+        self.uri = self.uris[0]
         self.options = validate_client_options(options)
         tls: dict[str, Any] = {}
         if tls_root_certs is not None:
@@ -101,12 +105,8 @@ class Connection:
             tls["override_hostname"] = override_hostname
         # A restarted server is reconnected to within the retry backoff cap, not gRPC's own (which
         # grows to minutes after repeated failures).
-        backoff_ms = self.options["client.writer.retry-backoff.max"]
-        self._client = flight.FlightClient(uri, **tls, generic_options=[
-            ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
-            ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
-            ("grpc.max_reconnect_backoff_ms", backoff_ms)])
         self._tls = tls
+        self._client = self._flight_client(self.uri)
         self._peers: dict[str, Connection] = {}  # cluster mode: connections to other servers
         self._timeout = timeout
         self._credentials = (username, password or "") if username is not None else None
@@ -114,11 +114,40 @@ class Connection:
         self._per_bucket_endpoints = False  # the session option: read each bucket at its endpoint
         self._headers: list[tuple[bytes, bytes]] = []  # the bearer token, once authenticated
         if self._credentials is not None:
-            self._authenticate()
+            self._retrying(self._authenticate)  # at the first server of uris that answers
         # Lookups: one long-lived stream (no deadline: each lookup has the timeout), see lookup_stream.
-        self._lookups = LookupStreams(
+        self._lookups = self._lookup_streams()
+
+    def _flight_client(self, uri: str) -> flight.FlightClient:
+        backoff_ms = self.options["client.writer.retry-backoff.max"]
+        return flight.FlightClient(uri, **self._tls, generic_options=[
+            ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
+            ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
+            ("grpc.max_reconnect_backoff_ms", backoff_ms)])
+
+    def _lookup_streams(self) -> LookupStreams:
+        return LookupStreams(
             lambda: LookupStream(self._client, flight.FlightCallOptions(headers=self._headers), self.uri),
-            self._authenticate if self._credentials is not None else None, timeout)
+            self._authenticate if self._credentials is not None else None, self._timeout)
+
+    def _move_on(self) -> bool:
+        """Move to the next server of :attr:`uris` (False when there is no other): the one in use
+        cannot be reached. The session's settings (USE, session options) stay with the old one."""
+        if len(self.uris) < 2:
+            return False
+        position = self.uris.index(self.uri)
+        old_client, old_lookups = self._client, self._lookups
+        self.uri = self.uris[(position + 1) % len(self.uris)]
+        self._client = self._flight_client(self.uri)
+        self._lookups = self._lookup_streams()
+        old_lookups.close()
+        old_client.close()
+        if self._credentials is not None:
+            try:
+                self._authenticate()
+            except flight.FlightError:
+                pass  # this one is down too: the next attempt moves on again
+        return True
 
     def _authenticate(self) -> None:
         header = self._client.authenticate_basic_token(*self._credentials,
@@ -127,14 +156,22 @@ class Connection:
         self._options = flight.FlightCallOptions(timeout=self._timeout, headers=[header])
 
     def _retrying(self, call: Callable[[], T]) -> T:
-        """``call()``, once more after authenticating again if the server refused the token."""
-        try:
-            return call()
-        except flight.FlightUnauthenticatedError:
-            if self._credentials is None:
-                raise
-            self._authenticate()
-            return call()
+        """``call()``, once more after authenticating again if the server refused the token, and
+        at the next server of :attr:`uris` when this one cannot be reached (nothing was sent: any
+        call may go elsewhere; a failure mid-call is left to the caller's own retries)."""
+        moves = len(self.uris) - 1
+        while True:
+            try:
+                return call()
+            except flight.FlightUnauthenticatedError:
+                if self._credentials is None:
+                    raise
+                self._authenticate()
+                return call()
+            except flight.FlightUnavailableError as exc:
+                if moves <= 0 or not _unreachable(exc) or not self._move_on():
+                    raise
+                moves -= 1
 
     def __enter__(self) -> Connection:
         return self
@@ -288,6 +325,13 @@ def _message_rows(data: pa.Table) -> int:
     """Rows per Flight message of a write of ``data`` (messages stay below MAX_SEND_BYTES)."""
     per_row = max(1, data.nbytes // max(data.num_rows, 1))
     return max(1, min(MAX_SEND_ROWS, MAX_SEND_BYTES // per_row))
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether a call failed because the server could not be reached at all (so nothing of the
+    call reached it)."""
+    text = str(exc).lower()
+    return "failed to connect" in text or "connection refused" in text or "dns resolution failed" in text
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -162,3 +162,19 @@ def test_writes_wait_for_enough_in_sync_replicas(servers, observer):
         with pytest.raises(flight.FlightUnavailableError, match="min-in-sync-replicas"):
             conn.table("ev").append(pa.table({"k": pa.array([1], pa.int64())}))
         assert conn.sql("SELECT COUNT(*) AS n FROM ev").to_pylist() == [{"n": 0}]  # nothing written
+
+
+def test_a_client_given_every_server_moves_on_when_its_server_dies(servers, observer):
+    uris = {i: _start(servers, i) for i in IDS}
+    observer.wait(lambda v: set(v.servers) == set(IDS) and v.coordinator is not None, "three servers")
+    with flightstore.connect(",".join(uris[i] for i in IDS)) as conn:
+        conn.sql("CREATE TABLE kv (k BIGINT, v STRING, PRIMARY KEY (k) NOT ENFORCED) WITH ('bucket.num' = '3')")
+        table = conn.table("kv", writer_id="mover")
+        table.upsert({"k": [1, 2, 3], "v": ["a", "b", "c"]})
+        assert conn.uri == uris[1]
+        servers.running[1].kill()  # the server the connection uses, and a leader
+        table.upsert({"k": [4], "v": ["d"]})  # the write moves on, and rides over the failover
+        assert conn.uri != uris[1]
+        rows = conn.sql("SELECT k, v FROM kv ORDER BY k").to_pylist()
+        assert rows == [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 4, "v": "d"}]
+        assert table.lookup({"k": [4]}).column("v").to_pylist() == ["d"]
