@@ -22,6 +22,7 @@ See ``docs/replication.md``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -120,13 +121,24 @@ class Replica:
                 f"{self.label}: only {len(lead.isr)} replica(s) in sync ({', '.join(map(str, lead.isr))}), "
                 f"fewer than log.replica.min-in-sync-replicas-number = {lead.min_isr}; nothing was written")
 
-    def await_commit(self, end_offset: int) -> None:
+    def await_commit(self, end_offset: int, truncations: int | None = None) -> None:
         """Return once every in-sync replica holds the log below ``end_offset`` (acks = all);
-        :class:`NotEnoughReplicas` after the leadership's commit timeout (not acknowledged)."""
+        :class:`NotEnoughReplicas` after the leadership's commit timeout (not acknowledged).
+
+        ``truncations`` is :attr:`LogTablet.truncations` when the write was appended: if this
+        replica was deposed meanwhile and its log cut below ``end_offset``, the offsets the high
+        watermark now covers hold the new leader's records, not the write's: :class:`NotLeader`
+        (not acknowledged; a retry with the same writer id and sequence applies it once)."""
         if not self.log.replicated or end_offset <= 0:
             return
         timeout = self.leadership.commit_timeout_s
-        if not self.log.wait_for(end_offset - 1, timeout):
+        committed = self.log.wait_for(end_offset - 1, timeout)
+        if truncations is not None and self.log.cut_below(end_offset, truncations):
+            raise NotLeader(f"{self.label}: this server stopped leading the bucket before the write was "
+                            f"committed, and its log was cut below offset {end_offset} to follow the new "
+                            f"leader (server {self.leadership.leader}); not acknowledged (a retry with the "
+                            "same writer id and sequence is applied once)")
+        if not committed:
             lead = self.leadership
             if lead.leader != lead.me:
                 raise NotLeader(f"{self.label}: this server stopped leading the bucket before the write "
@@ -213,11 +225,12 @@ class Replica:
                 return
             log.warning("%s: truncating the log from offset %d to %d (it diverged from the leader's)",
                         self.label, self.log.end_offset, offset)
-            end = self.log.truncate_to(offset)
-            self.epochs.truncate_from(end)
-            if self.kv is not None and self.kv.applied_offset > end:
-                self.kv.snapshots.drop_after(end)
-                self.kv.rebuild()
+            with self.kv.exclusive() if self.kv is not None else contextlib.nullcontext():
+                end = self.log.truncate_to(offset)
+                self.epochs.truncate_from(end)
+                if self.kv is not None and self.kv.applied_offset > end:
+                    self.kv.snapshots.drop_after(end)
+                    self.kv.rebuild()
 
     # ---- roles --------------------------------------------------------------------------------
     def become_leader(self, leadership: Leadership) -> None:

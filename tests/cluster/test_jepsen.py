@@ -24,21 +24,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 import flightstore
 from tests.cluster.conftest import SESSION_TIMEOUT, Observer, Servers, in_sync
 from tests.cluster.jepsen.checker import check
-from tests.cluster.jepsen.client_process import bucket_of
+from tests.cluster.jepsen.client_process import changelog_sql, changes, rows_of
 from tests.cluster.jepsen.history import HistoryWriter, read_history
 from tests.cluster.jepsen.nemesis import Nemesis
-from tests.cluster.jepsen.workload import DDL
+from tests.cluster.jepsen.workload import DDL, PK_COLUMNS, WRITERS
 from tests.waiting import wait_until
 
 SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2,3").split(",") if s.strip()]
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "40"))
-WRITERS = 3
 IDS = (1, 2, 3)
 REPLICATED = ("--option", "default.replication.factor=3",
               "--option", "log.replica.min-in-sync-replicas-number=2",
@@ -69,17 +67,9 @@ def _spawn(directory: Path, name: str, config: dict[str, Any]) -> subprocess.Pop
                                 cwd=REPO, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
 
 
-def _rows(table: pa.Table, columns: list[str]) -> list[list]:
-    return [list(r) for r in zip(*(table.column(c).to_pylist() for c in columns))] if table.num_rows else []
-
-
-def _changelog(conn: flightstore.Connection, table: str, columns: list[str]) -> list[list]:
-    """``[bucket, offset, change, *columns]`` of every change, sorted by bucket and offset."""
-    rows = _rows(conn.sql(f"SELECT {', '.join(columns)}, _change_type, _log_offset FROM {table}$changelog"),
-                 [*columns, "_change_type", "_log_offset"])
-    buckets = bucket_of([r[0] for r in rows])
-    n = len(columns)
-    return sorted(([b, r[n + 1], r[n], *r[:n]] for b, r in zip(buckets, rows)), key=lambda r: (r[0], r[1]))
+def _changelog(conn: flightstore.Connection, table: str) -> list[list]:
+    """``[bucket, offset, change, *row]`` of every change, sorted by bucket and offset."""
+    return sorted(changes(table, conn.sql(changelog_sql(table))), key=lambda r: (r[0], r[1]))
 
 
 def _final_state(uris: dict[int, str]) -> tuple[dict[str, Any], list[str]]:
@@ -88,12 +78,12 @@ def _final_state(uris: dict[int, str]) -> tuple[dict[str, Any], list[str]]:
     for server, uri in uris.items():
         with flightstore.connect(uri, timeout=60) as conn:
             answers[server] = {
-                "lg_rows": sorted(_rows(conn.sql("SELECT w, s, i FROM lg"), ["w", "s", "i"])),
-                "lg_changelog": _changelog(conn, "lg", ["k", "w", "s", "i"]),
-                "pk_rows": sorted(_rows(conn.sql("SELECT k, a, b, op FROM pk"), ["k", "a", "b", "op"])),
-                "pk_changelog": _changelog(conn, "pk", ["k", "a", "b", "op"]),
-                "agg_rows": sorted(_rows(conn.sql("SELECT g, v FROM agg"), ["g", "v"])),
-                "agg_changelog": [r[3:] + [r[2]] for r in _changelog(conn, "agg", ["g", "v"])],
+                "lg_rows": sorted(rows_of("lg", conn.sql("SELECT w, s, i FROM lg"), ["w", "s", "i"])),
+                "lg_changelog": _changelog(conn, "lg"),
+                "pk_rows": sorted(rows_of("pk", conn.sql(f"SELECT {', '.join(PK_COLUMNS)} FROM pk"))),
+                "pk_changelog": _changelog(conn, "pk"),
+                "agg_rows": sorted(rows_of("agg", conn.sql("SELECT g, v FROM agg"))),
+                "agg_changelog": [r[3:] + [r[2]] for r in _changelog(conn, "agg")],
                 "end_offsets": {t: {str(b): o for b, o in conn.table(t).offsets("end").items()}
                                 for t in ("lg", "pk")},
             }

@@ -29,9 +29,9 @@ import pyarrow as pa
 import flightstore
 from flightstore.bucketing import bucket_ids
 from tests.cluster.jepsen.history import HistoryWriter
-from tests.cluster.jepsen.workload import BUCKETS, KEYS_PER_WRITER, Op, generate, op_table
+from tests.cluster.jepsen.workload import BUCKETS, KEYS_PER_WRITER, PK_COLUMNS, Op, generate, op_table, pk_row
 
-__all__ = ["main", "bucket_of"]
+__all__ = ["CHANGELOG_COLUMNS", "bucket_of", "changes", "main", "rows_of"]
 
 REFUSED = ("Connection refused", "Failed to connect", "failed to connect")
 
@@ -41,6 +41,31 @@ def bucket_of(keys: list[int]) -> list[int]:
     if not keys:
         return []
     return bucket_ids(pa.table({"k": pa.array(keys, pa.int64())}), ["k"], BUCKETS).tolist()
+
+
+#: The columns each table's changes are read with (``_change_type`` and ``_log_offset`` added).
+CHANGELOG_COLUMNS = {"lg": ["k", "w", "s", "i"], "pk": PK_COLUMNS, "agg": ["g", "v"]}
+
+
+def rows_of(table: str, data: pa.Table | pa.RecordBatch, columns: list[str] | None = None) -> list[list]:
+    """Rows as plain lists: a pk row as ``[k, a, b, op]`` of its owner (:func:`workload.pk_row`),
+    others as ``columns``."""
+    if table == "pk":
+        return [pk_row(row) for row in data.select(PK_COLUMNS).to_pylist()]
+    columns = columns or CHANGELOG_COLUMNS[table]
+    return [list(row) for row in zip(*(data.column(c).to_pylist() for c in columns))] if data.num_rows else []
+
+
+def changes(table: str, data: pa.Table | pa.RecordBatch) -> list[list]:
+    """Changelog rows as ``[bucket, offset, change type, *row]`` (row as :func:`rows_of`)."""
+    rows = rows_of(table, data)
+    buckets = bucket_of([r[0] for r in rows])
+    offsets, kinds = data.column("_log_offset").to_pylist(), data.column("_change_type").to_pylist()
+    return [[b, o, c, *r] for b, o, c, r in zip(buckets, offsets, kinds, rows)]
+
+
+def changelog_sql(table: str) -> str:
+    return f"SELECT {', '.join(CHANGELOG_COLUMNS[table])}, _change_type, _log_offset FROM {table}$changelog"
 
 
 class Endpoints:
@@ -134,28 +159,20 @@ def run_writer(config: dict[str, Any], history: HistoryWriter, stop: Path) -> No
 
 
 # ---- reader ---------------------------------------------------------------------------------
-def _rows(table: pa.Table, columns: list[str]) -> list[list]:
-    return [list(row) for row in zip(*(table.column(c).to_pylist() for c in columns))] if table.num_rows else []
-
-
 def _read_once(endpoints: Endpoints, uri: str, kind: str, rng: random.Random, writers: int) -> dict[str, Any]:
     conn = endpoints.connection(uri)
     if kind == "pk_scan":
-        return {"table": "pk", "rows": _rows(conn.sql("SELECT k, a, b, op FROM pk"), ["k", "a", "b", "op"])}
+        return {"table": "pk", "rows": rows_of("pk", conn.sql(f"SELECT {', '.join(PK_COLUMNS)} FROM pk"))}
     if kind == "pk_lookup":
         keys = [p * 1000 + rng.randrange(KEYS_PER_WRITER) for p in rng.sample(range(writers), min(2, writers))]
         found = endpoints.table(uri, "pk", "reader").lookup({"k": pa.array(keys, pa.int64())})
-        return {"table": "pk", "keys": keys, "rows": _rows(found, ["k", "a", "b", "op"])}
+        return {"table": "pk", "keys": keys, "rows": rows_of("pk", found)}
     if kind == "lg_scan":
-        return {"table": "lg", "rows": _rows(conn.sql("SELECT w, s, i FROM lg"), ["w", "s", "i"])}
+        return {"table": "lg", "rows": rows_of("lg", conn.sql("SELECT w, s, i FROM lg"), ["w", "s", "i"])}
     if kind == "agg_scan":
-        return {"table": "agg", "rows": _rows(conn.sql("SELECT g, v FROM agg"), ["g", "v"])}
+        return {"table": "agg", "rows": rows_of("agg", conn.sql("SELECT g, v FROM agg"))}
     # the pk changelog as SQL: each row with its bucket, to compare with the final changelog
-    changes = conn.sql("SELECT k, a, b, op, _change_type, _log_offset FROM pk$changelog")
-    rows = _rows(changes, ["k", "a", "b", "op", "_change_type", "_log_offset"])
-    buckets = bucket_of([r[0] for r in rows])
-    return {"table": "pk", "changelog": True,
-            "rows": [[b, r[5], r[4], r[0], r[1], r[2], r[3]] for b, r in zip(buckets, rows)]}
+    return {"table": "pk", "changelog": True, "rows": changes("pk", conn.sql(changelog_sql("pk")))}
 
 
 def run_reads(config: dict[str, Any], history: HistoryWriter, stop: Path) -> None:
@@ -171,10 +188,7 @@ def run_reads(config: dict[str, Any], history: HistoryWriter, stop: Path) -> Non
         except Exception as exc:  # noqa: BLE001 - a read that fails tells nothing; recorded
             history.write({"ev": "read_error", "kind": kind, "via": uri, "error": _error(exc)})
             endpoints.forget(uri)
-            time.sleep(0.2)
-
-
-SUB_COLUMNS = {"lg": ["k", "w", "s", "i"], "pk": ["k", "a", "b", "op"]}
+        time.sleep(rng.uniform(0.02, 0.15))  # leave the writers some of the machine
 
 
 def run_subscription(config: dict[str, Any], table: str, history: HistoryWriter, stop: Path) -> None:
@@ -183,7 +197,7 @@ def run_subscription(config: dict[str, Any], table: str, history: HistoryWriter,
     time (no heartbeat either) or reaches its rotation time is replaced by one that starts at the
     next offset of every bucket."""
     rng = random.Random(config["seed"] * 7919 + {"lg": 201, "pk": 202}[table])
-    columns = SUB_COLUMNS[table]
+    columns = CHANGELOG_COLUMNS[table]
     following: dict[int, int] | None = None  # bucket -> next offset (None: from the earliest)
     while not stop.exists():
         uri = rng.choice(config["uris"])
@@ -212,11 +226,7 @@ def run_subscription(config: dict[str, Any], table: str, history: HistoryWriter,
                     batch = chunk.data
                     if batch is None or batch.num_rows == 0:
                         continue
-                    values = [batch.column(c).to_pylist() for c in columns]
-                    offsets = batch.column("_log_offset").to_pylist()
-                    changes = batch.column("_change_type").to_pylist()
-                    buckets = bucket_of(values[0])
-                    rows = [[b, o, c, *v] for b, o, c, v in zip(buckets, offsets, changes, zip(*values))]
+                    rows = changes(table, batch)
                     history.write({"ev": "sub", "table": table, "via": uri, "rows": rows})
                     following = following if following is not None else {}
                     for b, o, *_ in rows:

@@ -8,11 +8,13 @@ Tables (3 buckets each, replication factor 3, min in-sync replicas 2):
   holds rows ``i = 0..n-1`` with random ``k``, so it spreads over buckets (and leaders). Every row
   is identified by ``(w, s, i)``: it must be in the final log once if acknowledged, at most once
   otherwise.
-* ``pk``: a primary-key table ``(k, a, b, op)``. Each writer process owns its own keys, so the
-  order of the operations on a key is the writer's sequence order. Operations on 1-4 keys: a full
-  upsert (``a = op``, ``b = str(op)``), a partial update of ``a`` or of ``b`` (columns ``k, a, op``
-  / ``k, b, op``), a delete. ``op`` is the operation's unique id, so every after-image in the
-  changelog names the operation that produced it.
+* ``pk``: a primary-key table ``(k, a0, b0, op0, a1, b1, op1, ...)``. Writer process ``p`` owns
+  its own keys (so the order of the operations on a key is its sequence order) and its own
+  columns ``a<p>, b<p>, op<p>`` (partial updates claim their columns for their writer, so two
+  writers cannot share them). Operations on 1-4 keys: an upsert of all its columns (``a = op``,
+  ``b = str(op)``), a partial update of ``a`` or of ``b`` (with ``op``), a delete of whole rows.
+  ``op`` is the operation's unique id, so every after-image in the changelog names the
+  operation that produced it. :func:`pk_row` reads a row as ``[k, a, b, op]`` of its owner.
 * ``agg``: an aggregation table ``(g, v)`` with ``sum`` on ``v``; writers add random amounts to a
   few shared groups. The final sum of a group is the acknowledged amounts plus a subset of the
   unknown-outcome ones.
@@ -26,18 +28,21 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["DDL", "KEYS_PER_WRITER", "GROUPS", "Op", "apply_pk", "generate", "op_id", "op_table",
-           "pk_keys"]
+__all__ = ["DDL", "GROUPS", "KEYS_PER_WRITER", "Op", "PK_COLUMNS", "WRITERS", "apply_pk", "generate", "op_id",
+           "op_table", "pk_keys", "pk_row"]
 
 BUCKETS = 3
 GROUPS = 8
 KEYS_PER_WRITER = 12
+WRITERS = 3
+PK_COLUMNS = ["k"] + [f"{c}{p}" for p in range(WRITERS) for c in ("a", "b", "op")]
 
 DDL = {
     "lg": f"CREATE TABLE lg (k BIGINT, w STRING, s BIGINT, i BIGINT) "
           f"WITH ('bucket.num' = '{BUCKETS}', 'bucket.key' = 'k')",
-    "pk": f"CREATE TABLE pk (k BIGINT, a BIGINT, b STRING, op BIGINT, PRIMARY KEY (k) NOT ENFORCED) "
-          f"WITH ('bucket.num' = '{BUCKETS}')",
+    "pk": "CREATE TABLE pk (k BIGINT, "
+          + "".join(f"a{p} BIGINT, b{p} STRING, op{p} BIGINT, " for p in range(WRITERS))
+          + f"PRIMARY KEY (k) NOT ENFORCED) WITH ('bucket.num' = '{BUCKETS}')",
     "agg": f"CREATE TABLE agg (g BIGINT, v BIGINT, PRIMARY KEY (g) NOT ENFORCED) "
            f"WITH ('bucket.num' = '{BUCKETS}', 'table.merge-engine' = 'aggregation', 'fields.v.agg' = 'sum')",
 }
@@ -62,8 +67,8 @@ class Op:
 
     @property
     def columns(self) -> list[str] | None:
-        """The columns of a partial update (None: whole rows, or keys of a delete)."""
-        return {"set_a": ["k", "a", "op"], "set_b": ["k", "b", "op"]}.get(self.kind)
+        """The columns of a pk write (None: whole rows, or keys of a delete)."""
+        return None if self.table != "pk" or self.kind == "delete" else list(self.rows)
 
     def data(self) -> pa.Table:
         if self.table == "lg":
@@ -71,8 +76,8 @@ class Op:
                              "s": pa.array(self.rows["s"], pa.int64()), "i": pa.array(self.rows["i"], pa.int64())})
         if self.table == "agg":
             return pa.table({"g": pa.array(self.rows["g"], pa.int64()), "v": pa.array(self.rows["v"], pa.int64())})
-        types = {"k": pa.int64(), "a": pa.int64(), "b": pa.string(), "op": pa.int64()}
-        return pa.table({name: pa.array(values, types[name]) for name, values in self.rows.items()})
+        return pa.table({name: pa.array(values, pa.string() if name[0] == "b" else pa.int64())
+                         for name, values in self.rows.items()})
 
 
 def op_id(proc: int, seq: int) -> int:
@@ -104,15 +109,27 @@ def generate(rng: random.Random, table: str, proc: int, writer: str, seq: int) -
     ident = op_id(proc, seq)
     kind = rng.choice(("upsert", "upsert", "set_a", "set_b", "delete"))
     n = len(keys)
+    a, b, o = f"a{proc}", f"b{proc}", f"op{proc}"
     if kind == "upsert":
-        rows = {"k": keys, "a": [ident] * n, "b": [str(ident)] * n, "op": [ident] * n}
+        rows = {"k": keys, a: [ident] * n, b: [str(ident)] * n, o: [ident] * n}
     elif kind == "set_a":
-        rows = {"k": keys, "a": [ident] * n, "op": [ident] * n}
+        rows = {"k": keys, a: [ident] * n, o: [ident] * n}
     elif kind == "set_b":
-        rows = {"k": keys, "b": [str(ident)] * n, "op": [ident] * n}
+        rows = {"k": keys, b: [str(ident)] * n, o: [ident] * n}
     else:
         rows = {"k": keys}
     return Op("pk", kind, rows, via)
+
+
+def pk_row(row: dict[str, Any]) -> list:
+    """``[k, a, b, op]`` of a pk row (a dict of :data:`PK_COLUMNS`) from its owner's columns; a
+    value in another writer's columns (which nobody writes on this key) makes ``op`` -1, which
+    names no operation."""
+    k = int(row["k"])
+    owner = k // 1000
+    others = [row[f"{c}{p}"] for p in range(WRITERS) if p != owner for c in ("a", "b", "op")]
+    op = row[f"op{owner}"] if all(v is None for v in others) else -1
+    return [k, row[f"a{owner}"], row[f"b{owner}"], op]
 
 
 def apply_pk(state: dict | None, kind: str, ident: int) -> dict | None:
