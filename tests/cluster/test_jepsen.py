@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import flightstore
+from flightstore.store import Store
 from tests.cluster.conftest import SESSION_TIMEOUT, Observer, Servers, in_sync
 from tests.cluster.jepsen.checker import check
 from tests.cluster.jepsen.client_process import changelog_sql, changes, rows_of
@@ -91,6 +92,21 @@ def _final_state(uris: dict[int, str]) -> tuple[dict[str, Any], list[str]]:
     differences = [f"server {s}: {key} differs from server {IDS[0]}'s" for s, answer in answers.items()
                    for key in answer if answer[key] != first[key]]
     return first, differences
+
+
+def _replica_contents(data_dir: Path) -> dict[str, list]:
+    """Per table and bucket, a stopped server's log records (offset, writer, sequence, rows) and KV
+    rows: every replica must hold the same (followers append verbatim and fold the same)."""
+    out: dict[str, list] = {}
+    with Store(data_dir) as store:
+        for name in DDL:
+            local = store.local_table(f"default.{name}")
+            for bucket, log in enumerate(local.logs):
+                out[f"{name} bucket {bucket} log"] = [(r.base_offset, r.writer_id, r.sequence, r.batch.to_pylist())
+                                                      for r in log.read(0)]
+            for bucket, kv in enumerate(local.kvs or []):
+                out[f"{name} bucket {bucket} kv"] = [row for batch in kv.scan() for row in batch.to_pylist()]
+    return out
 
 
 def _delivered(history_file: Path) -> dict[tuple[str, int], int]:
@@ -164,6 +180,11 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
             caught_up = False  # the checker names what was not delivered
         stop_readers.touch()
         reader.wait(CALL_TIMEOUT_S + 60)
+        for server in IDS:  # every replica the same, read from the stopped servers' disks
+            servers.running[server].stop()
+        replicas = {server: _replica_contents(servers.root / f"server-{server}") for server in IDS}
+        differences += [f"server {s}: the replica of {key} differs from server {IDS[0]}'s"
+                        for s in IDS[1:] for key in replicas[IDS[0]] if replicas[s].get(key) != replicas[IDS[0]][key]]
     finally:
         stop_writers.touch()
         stop_readers.touch()
@@ -173,9 +194,14 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
         history.close()
     events = list(read_history(directory / "history"))
     verdict = check(events, final)
+    if nemesis.crashes:
+        verdict["valid"] = False
+        verdict["problems"]["servers crashed (see server-N.log: Python's fault handler traceback)"] = nemesis.crashes
+        verdict["problem_counts"]["servers crashed"] = len(nemesis.crashes)
     if differences:
         verdict["valid"] = False
-        verdict["problems"]["final: servers answer differently"] = differences
+        verdict["problem_counts"]["final: servers (or their replicas) differ"] = len(differences)
+        verdict["problems"]["final: servers (or their replicas) differ"] = differences
     verdict["stats"].update(seed=seed, fault_seconds=round(faults_s, 1), faults=nemesis.faults,
                             subscriptions_caught_up=caught_up)
     (directory / "final.json").write_text(json.dumps(final, default=str))
@@ -184,7 +210,8 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_acknowledged_writes_survive_kills_pauses_and_lost_disks(seed, servers, observer, tmp_path):
+def test_acknowledged_writes_survive_kills_pauses_and_lost_disks(seed, servers, observer, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONFAULTHANDLER", "1")  # a server that crashes leaves its threads' stacks in its log
     verdict = run(seed, SECONDS, servers, observer, tmp_path)
     print(json.dumps(verdict["stats"], default=str))
     assert verdict["stats"]["ops"].get("pk:ok", 0) > 0 and verdict["stats"]["ops"].get("lg:ok", 0) > 0, \

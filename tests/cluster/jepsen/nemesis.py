@@ -48,6 +48,7 @@ class Nemesis:
         self.down: set[int] = set()     # killed, to restart
         self.paused: set[int] = set()   # SIGSTOPped, to resume
         self.faults = 0
+        self.crashes: list[dict[str, Any]] = []  # servers that died without the nemesis killing them
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -109,8 +110,22 @@ class Nemesis:
         self.down.discard(server)
         self._note("restart", server, uri=uri)
 
+    def check_crashes(self) -> None:
+        """Note every server that died on its own (a crash: its exit code, e.g. -11 for SIGSEGV;
+        its log holds Python's fault handler traceback) and count it as down, to restart."""
+        for server in self.ids:
+            process = self.servers.running.get(server)
+            if server not in self.down and process is not None and not process.alive():
+                code = process.process.returncode if process.process is not None else None
+                self.crashes.append({"server": server, "exit_code": code, "t": time.time()})
+                self._note("crash", server, exit_code=code)
+                self.paused.discard(server)
+                self.down.add(server)
+
     def heal(self, timeout: float = 180) -> None:
         """Resume every paused server, restart every dead one, and wait until all are registered."""
+        self.check_crashes()
+        self.check_crashes()
         for server in sorted(self.paused):
             self.resume(server)
         for server in sorted(self.down):
@@ -134,6 +149,7 @@ class Nemesis:
 
     def _wait(self, low: float, high: float) -> None:
         self._stop.wait(self.rng.uniform(low, high))
+        self.check_crashes()
 
     def _run(self, seconds: float) -> None:
         try:
@@ -165,6 +181,7 @@ class Nemesis:
             if second is not None:
                 self.kill(second)
                 self._wait(1.0, 5.0)
+        self.check_crashes()
         for server in sorted(self.paused):
             self.resume(server)
         for server in sorted(self.down):
