@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: run cluster test fuzz bench lint clean
+.PHONY: run cluster test fuzz chaos bench lint clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ FUZZ_EXAMPLES ?= 5000
 fuzz: $(TESTING)
 	FLIGHTSTORE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -ra -p no:cacheprovider -o timeout=0 tests/fuzz
 
+# A long Jepsen-style run of replication and failover (`make test` runs three seeds of 40 s):
+# CHAOS_SECONDS of faults per seed; history and verdict of each seed under CHAOS_DIR.
+CHAOS_SECONDS ?= 600
+CHAOS_SEEDS ?= 101,102
+CHAOS_DIR ?= ./chaos-runs
+chaos: $(TESTING)
+	CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEEDS=$(CHAOS_SEEDS) $(PY) -m pytest -q -ra -s -p no:cacheprovider \
+		-o timeout=0 --basetemp=$(CHAOS_DIR) tests/cluster/test_jepsen.py
+
 bench: $(TESTING)
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m bench
@@ -39,4 +48,4 @@ lint: $(TESTING)
 	$(PY) -m pip install -q 'ruff==0.17.6' && $(VENV)/bin/ruff check flightstore flightstore_sqlalchemy connectors tests bench
 
 clean:
-	rm -rf $(VENV) data cluster-data
+	rm -rf $(VENV) data cluster-data chaos-runs

@@ -663,27 +663,39 @@ _END = object()
 
 def _merged(sources: list[Callable[[], Iterator[pa.RecordBatch]]], stop: Any) -> Iterator[pa.RecordBatch]:
     """Batches of every source as they come (one thread each); ends when all ended, raises the
-    first error, and stops the sources when the consumer goes away."""
+    first error, and stops the sources when the consumer goes away.
+
+    Each source is closed by its own thread, once it sees the consumer gone (at its next batch or
+    heartbeat): closing it from the consumer's thread while its thread reads it (a generator over
+    a Flight stream) crashed a server with SIGSEGV (found by the Jepsen-style test)."""
     out: queue.Queue = queue.Queue(maxsize=64)
     done = threading.Event()
-    iterators: list[Iterator] = []
+
+    def hand(item: Any) -> bool:
+        """Give ``item`` to the consumer; False once it is gone."""
+        while not done.is_set():
+            try:
+                out.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def pump(make: Callable[[], Iterator[pa.RecordBatch]]) -> None:
+        iterator = None
         try:
             iterator = make()
-            iterators.append(iterator)
             for batch in iterator:
-                while not done.is_set():
-                    try:
-                        out.put(batch, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
-                if done.is_set():
+                if not hand(batch):
                     break
-            out.put(_END)
+            hand(_END)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            out.put(exc)
+            hand(exc)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
 
     threads = [threading.Thread(target=pump, args=(make,), daemon=True, name="cluster-subscribe")
                for make in sources]
@@ -705,9 +717,4 @@ def _merged(sources: list[Callable[[], Iterator[pa.RecordBatch]]], stop: Any) ->
             else:
                 yield item
     finally:
-        done.set()
-        for iterator in iterators:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                with contextlib.suppress(Exception):  # a generator still running in its thread
-                    close()
+        done.set()  # every source's thread closes it
