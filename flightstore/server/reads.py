@@ -26,7 +26,7 @@ from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.messages import _IPC_OPTIONS, _messages, rechunk
-from flightstore.server.rpc import _CALLER, _guarded, _in_call_context, _rpc
+from flightstore.server.rpc import _CALLER, CallStop, _guarded, _in_call_context, _rpc
 from flightstore.server.session import Session
 from flightstore.sql import nodes
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, is_query
@@ -314,12 +314,13 @@ class ReadRpcs:
         if op == "subscribe":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
-            stop = threading.Event() if context is None else _CallStop(context, self._stop)
+            stop = threading.Event() if context is None else CallStop(context, self._stop)
             if not plan_only:
                 self.metrics.mark_subscription(context)
-            return schema, self.metrics.metered(str(table.path), table.subscribe(
-                payload.get("start", "earliest"), columns=columns, stop=stop,
-                heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until")))
+            rows = table.subscribe(payload.get("start", "earliest"), columns=columns, stop=stop,
+                                   heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until"))
+            return schema, self.metrics.metered(str(table.path), stop.guard(rows) if isinstance(stop, CallStop)
+                                                else rows)
         if op == "changelog":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
@@ -372,19 +373,6 @@ class ReadRpcs:
         control = self.executor.control(context.is_cancelled if context is not None else None)
         batches = self.executor.execute(plan, None, schema, control)
         return schema, self.queries.stream(None, control, self.metrics.metered(_result_label(plan), batches))
-
-
-class _CallStop:
-    """A stop flag for a streaming DoGet: set when the client cancels or the server stops."""
-
-    def __init__(self, context: flight.ServerCallContext, server_stop: threading.Event) -> None:
-        self.context = context
-        self.server_stop = server_stop
-
-    def is_set(self) -> bool:
-        return self.server_stop.is_set() or self.context.is_cancelled()
-
-
 
 
 def _result_label(plan: nodes.PlanNode) -> str:
