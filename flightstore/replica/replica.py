@@ -192,13 +192,17 @@ class Replica:
         return self.epochs.end_for(epoch, self.log.end_offset)
 
     # ---- the follower's side ------------------------------------------------------------------
-    def append_fetched(self, records: list[RawRecord], epochs: list[int], leader_hw: int) -> bool:
+    def append_fetched(self, records: list[RawRecord], epochs: list[int], leader_hw: int,
+                       source: int | None = None) -> bool:
         """Append records fetched from the leader (each with the leader epoch that wrote it) and
         follow the leader's high watermark; True when the KV has changes to apply
-        (:meth:`apply_committed`)."""
+        (:meth:`apply_committed`). ``source``: the server that sent them; an answer from a server
+        that no longer leads this replica (a fetch answered late by a deposed leader) is dropped."""
         with self.lock:
             if self.leadership.leader == self.leadership.me:
                 return False  # became leader meanwhile: an answer of the old stream
+            if source is not None and source != self.leadership.leader:
+                return False  # follows another leader now: the old one's records may be cut there
             for record, epoch in zip(records, epochs):
                 if record.base_offset != self.log.end_offset:
                     continue  # a duplicate of what an earlier answer brought (or a stale answer)

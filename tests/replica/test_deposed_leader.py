@@ -98,3 +98,16 @@ def test_a_read_on_a_leader_deposed_meanwhile_does_not_answer(tmp_path):
         replica.apply_committed()
         found, rows = kv.lookup(pa.table({"k": pa.array([0, 100], pa.int64())}))
         assert found.tolist() == [False, True] and rows.column("k").to_pylist() == [100]
+
+
+def test_a_late_answer_of_a_deposed_leader_is_not_appended(tmp_path):
+    replica = Replica(LogTablet(tmp_path / "follower", SCHEMA, fsync=False), None, 0, fsync=False)
+    replica.become_follower(_lead(1, 2, 0))
+    old_leader = LogTablet(tmp_path / "old", SCHEMA, fsync=False)
+    old_leader.append(_rows(3))  # server 2's uncommitted tail, sent in answer to a fetch it held while paused
+    replica.become_follower(_lead(1, 3, 1))  # meanwhile server 3 leads at epoch 1
+    records = old_leader.read_raw(0, 1 << 20)
+    assert not replica.append_fetched(records, [0] * len(records), 3, source=2)
+    assert replica.log.end_offset == 0 and replica.log.high_watermark == 0
+    assert replica.epochs.entries == []
+
