@@ -136,6 +136,13 @@ def _all_in_sync(uris: dict[int, str]) -> bool:
 def run(seed: int, seconds: float, servers: Servers, observer: Observer, directory: Path) -> dict[str, Any]:
     """One run: the cluster, the clients, the nemesis, healing, the final state, the verdict."""
     (directory / "history").mkdir(parents=True, exist_ok=True)
+    phases: dict[str, float] = {}
+    clock = [time.monotonic()]
+
+    def phase(name: str) -> None:
+        now = time.monotonic()
+        phases[name] = round(now - clock[0], 1)
+        clock[0] = now
     history = HistoryWriter(directory / "history" / "nemesis.jsonl", "nemesis")
     ports = dict(zip(IDS, _free_ports(len(IDS))))
     nemesis = Nemesis(servers, observer, IDS, ports, REPLICATED, history, seed,
@@ -159,16 +166,17 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
     writers = [_spawn(directory, f"writer-{p}", {**base, "role": "writer", "proc": p, "stop_file": str(stop_writers)})
                for p in range(WRITERS)]
     reader = _spawn(directory, "reader", {**base, "role": "reader", "stop_file": str(stop_readers)})
-    started = time.monotonic()
+    phase("setup")
     try:
         nemesis.start(seconds)
         nemesis._thread.join(seconds + 300)
         nemesis.stop()
-        faults_s = time.monotonic() - started
+        phase("faults")
         stop_writers.touch()
         for process in writers:
             process.wait(OP_DEADLINE_S + 120)
         wait_until(lambda: _all_in_sync(uris), "every ISR full after healing", timeout=180, poll=0.5)
+        phase("heal")
         final, differences = _final_state(uris)
         wanted = {(t, int(b)): int(e) for t, ends in final["end_offsets"].items() for b, e in ends.items()}
         reader_history = directory / "history" / "reader.jsonl"
@@ -180,7 +188,10 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
             caught_up = False  # the checker names what was not delivered
         stop_readers.touch()
         reader.wait(CALL_TIMEOUT_S + 60)
+        phase("final reads")
         for server in IDS:  # every replica the same, read from the stopped servers' disks
+            servers.running[server].process.terminate()
+        for server in IDS:
             servers.running[server].stop()
         replicas = {server: _replica_contents(servers.root / f"server-{server}") for server in IDS}
         differences += [f"server {s}: the replica of {key} differs from server {IDS[0]}'s"
@@ -194,6 +205,7 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
         history.close()
     events = list(read_history(directory / "history"))
     verdict = check(events, final)
+    phase("replicas and check")
     if nemesis.crashes:
         verdict["valid"] = False
         verdict["problems"]["servers crashed (see server-N.log: Python's fault handler traceback)"] = nemesis.crashes
@@ -202,7 +214,7 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
         verdict["valid"] = False
         verdict["problem_counts"]["final: servers (or their replicas) differ"] = len(differences)
         verdict["problems"]["final: servers (or their replicas) differ"] = differences
-    verdict["stats"].update(seed=seed, fault_seconds=round(faults_s, 1), faults=nemesis.faults,
+    verdict["stats"].update(seed=seed, phases=phases, faults=nemesis.faults,
                             subscriptions_caught_up=caught_up)
     (directory / "final.json").write_text(json.dumps(final, default=str))
     (directory / "verdict.json").write_text(json.dumps(verdict, indent=1, default=str))
