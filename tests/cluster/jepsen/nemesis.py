@@ -1,6 +1,7 @@
 """The nemesis of the Jepsen-style test: faults on real server processes, chosen by a seeded RNG.
 
-Faults (one at a time, sometimes a second while the first lasts):
+Faults (one at a time, sometimes a second while the first lasts; in rounds that shuffle every
+kind, a pause second):
 
 * ``kill``: kill -9 of a random server, of a bucket leader, or of the coordinator; restarted
   (same port, same data directory) a few seconds later;
@@ -48,6 +49,7 @@ class Nemesis:
         self.down: set[int] = set()     # killed, to restart
         self.paused: set[int] = set()   # SIGSTOPped, to resume
         self.faults = 0
+        self._schedule: list[str] = []
         self.crashes: list[dict[str, Any]] = []  # servers that died without the nemesis killing them
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -161,11 +163,17 @@ class Nemesis:
             self.error = exc
             self._note("error", -1, error=repr(exc))
 
+    def _next_fault(self) -> str:
+        """The faults come in rounds, each a seeded shuffle of every kind with a zombie leader
+        (pause) second, so that a short run has one of each early."""
+        if not self._schedule:
+            kinds = ["kill:coordinator", "kill:leader", "kill:random"] + (["wipe:random"] if self.wipe else [])
+            kinds = self.rng.sample(kinds, len(kinds))
+            self._schedule = [kinds[0], "pause:leader", *kinds[1:]]
+        return self._schedule.pop(0)
+
     def _one_fault(self) -> None:
-        choices = ["kill:random", "kill:leader", "kill:coordinator", "pause:leader", "pause:leader"]
-        if self.wipe:
-            choices.append("wipe:random")
-        what, how = self.rng.choice(choices).split(":")
+        what, how = self._next_fault().split(":")
         victim = self._pick(how)
         if victim is None:
             return
