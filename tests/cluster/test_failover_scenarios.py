@@ -128,7 +128,8 @@ def test_a_stale_follower_never_serves_a_read_nor_leads(servers, observer):
         with pytest.raises(flight.FlightUnavailableError):
             conn.table("kv").lookup({"k": pa.array([250], pa.int64())})
     expected = ({**{k: f"c{k}" for k in range(50)}, **{k: f"a{k}" for k in range(50, 200)},
-                 **{k: f"b{k}" for k in range(200, 300)}}, 350, [{"k": k, "v": f"c{k}"} for k in (0, 1, 2)], 350)
+                 **{k: f"b{k}" for k in range(200, 300)}}, 350, [{"k": k, "v": f"c{k}"} for k in (0, 1, 2)],
+                300 + 2 * 50)  # kv's changelog: 300 inserts, 50 updates (-U, +U)
     uris[1] = _start(servers, 1)
     uris[2] = _start(servers, 2)
     for server in (3, 1, 2, 3, 3):  # while server 3 catches up, reads through it are whole
