@@ -56,8 +56,7 @@ def run() -> list[Row]:
             assert duck.sql(GROUP_BY.format(t="events")).to_arrow_table().num_rows == GROUPS
 
         def ours_lookup() -> None:
-            executor._plans.clear()  # plan it every time, as a new statement text would be
-            executor._templates.clear()
+            executor.plan_cache.clear()  # plan it every time, as a new statement text would be
             assert executor.execute_table(executor.plan(lookup.format(t="keyed"))).num_rows == IN_VALUES
 
         def duck_lookup() -> None:

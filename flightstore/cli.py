@@ -32,20 +32,30 @@ def _serve(args: argparse.Namespace) -> int:
         if not sep or not key.strip():
             raise SystemExit(f"--option expects KEY=VALUE, got {spec!r}")
         options[key.strip()] = value.strip()
+    def flag_or_option(flag: str | None, key: str) -> str | None:
+        """A flag, else the same setting given as ``--option key=value`` (never ignored)."""
+        return flag if flag is not None else options.get(key)
+
     try:
-        users = UserStore.open(args.users_file) if args.users_file else None
-        if (args.tls_cert is None) != (args.tls_key is None):
+        users_file = flag_or_option(args.users_file, "auth.users-file")
+        users = UserStore.open(users_file) if users_file else None
+        tls_cert, tls_key = flag_or_option(args.tls_cert, "tls.cert"), flag_or_option(args.tls_key, "tls.key")
+        tls_client_ca = flag_or_option(args.tls_client_ca, "tls.client-ca")
+        if (tls_cert is None) != (tls_key is None):
             raise SystemExit("--tls-cert and --tls-key go together")
-        if args.tls_client_ca and not args.tls_cert:
+        if tls_client_ca and not tls_cert:
             raise SystemExit("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
-        tls = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
-        super_users = SERVER_OPTIONS["authorizer.super-users"].parse(",".join(args.super_user or []))
+        tls = TlsConfig.from_files(tls_cert, tls_key, tls_client_ca) if tls_cert else None
+        super_users = SERVER_OPTIONS["authorizer.super-users"].parse(
+            ",".join(args.super_user) if args.super_user else options.get("authorizer.super-users", ""))
         if super_users and users is None:
             raise SystemExit("--super-user needs --users-file (without users everyone is a super user)")
-        token_ttl_ms = SERVER_OPTIONS["auth.token-ttl"].parse(args.token_ttl)
-        max_tokens = SERVER_OPTIONS["auth.max-tokens"].parse(args.max_tokens)
-        metrics_port = SERVER_OPTIONS["metrics.port"].parse(args.metrics_port) \
-            if args.metrics_port is not None else None
+        token_ttl = flag_or_option(args.token_ttl, "auth.token-ttl")
+        token_ttl_ms = SERVER_OPTIONS["auth.token-ttl"].parse(token_ttl) if token_ttl is not None else None
+        max_tokens = flag_or_option(args.max_tokens, "auth.max-tokens")
+        max_tokens = SERVER_OPTIONS["auth.max-tokens"].parse(max_tokens) if max_tokens is not None else None
+        metrics_port = flag_or_option(args.metrics_port, "metrics.port")
+        metrics_port = SERVER_OPTIONS["metrics.port"].parse(metrics_port) if metrics_port is not None else None
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users,
@@ -136,6 +146,14 @@ def _cluster_config(args: argparse.Namespace):
 
 
 def _cluster(args: argparse.Namespace) -> int:
+    if args.action != "run":
+        from flightstore.cluster.admin import decommission, status
+        password = _password(args, confirm=False) if args.user else None
+        if args.action == "status":
+            return status(args.uri, args.table, username=args.user, password=password)
+        if args.server_id is None:
+            raise SystemExit("flightstore cluster decommission needs --server-id N")
+        return decommission(args.uri, args.server_id, args.timeout, username=args.user, password=password)
     import signal
     import threading
 
@@ -279,10 +297,10 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--users-file", metavar="FILE", help=SERVER_OPTIONS["auth.users-file"].doc)
     serve.add_argument("--super-user", action="append", metavar="NAME",
                        help=SERVER_OPTIONS["authorizer.super-users"].doc + " Repeat for several.")
-    serve.add_argument("--token-ttl", default=f'{SERVER_OPTIONS["auth.token-ttl"].default}ms',
-                       help=SERVER_OPTIONS["auth.token-ttl"].doc)
-    serve.add_argument("--max-tokens", default=str(SERVER_OPTIONS["auth.max-tokens"].default),
-                       help=SERVER_OPTIONS["auth.max-tokens"].doc)
+    serve.add_argument("--token-ttl", help=SERVER_OPTIONS["auth.token-ttl"].doc +
+                       f' Default: {SERVER_OPTIONS["auth.token-ttl"].default} ms.')
+    serve.add_argument("--max-tokens", help=SERVER_OPTIONS["auth.max-tokens"].doc +
+                       f' Default: {SERVER_OPTIONS["auth.max-tokens"].default}.')
     serve.add_argument("--tls-cert", metavar="PEM", help=SERVER_OPTIONS["tls.cert"].doc)
     serve.add_argument("--tls-key", metavar="PEM", help=SERVER_OPTIONS["tls.key"].doc)
     serve.add_argument("--tls-client-ca", metavar="PEM", help=SERVER_OPTIONS["tls.client-ca"].doc)
@@ -297,7 +315,19 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--ddl-timeout", default=f'{SERVER_OPTIONS["cluster.ddl-timeout"].default}ms',
                        help=SERVER_OPTIONS["cluster.ddl-timeout"].doc)
     serve.set_defaults(func=_serve)
-    cluster = commands.add_parser("cluster", help="run ZooKeeper and N servers on this machine")
+    cluster = commands.add_parser(
+        "cluster", help="`cluster [run]`: ZooKeeper and N servers on this machine; `cluster status`: "
+        "leaders, in-sync replicas and lag per bucket; `cluster decommission --server-id N`: move a "
+        "server's replicas away, then let it stop")
+    cluster.add_argument("action", nargs="?", choices=("run", "status", "decommission"), default="run")
+    cluster.add_argument("--uri", default="grpc://127.0.0.1:8815",
+                         help="status, decommission: any server of the cluster")
+    cluster.add_argument("--server-id", type=int, help="decommission: the server whose replicas move away")
+    cluster.add_argument("--user", metavar="NAME",
+                         help=f"status, decommission: authenticate as NAME (password from ${PASSWORD_ENV})")
+    cluster.add_argument("--table", help="status: only this table (db.table)")
+    cluster.add_argument("--timeout", type=float, default=600.0,
+                         help="decommission: seconds to wait for the replicas to move (default 600)")
     cluster.add_argument("--servers", type=int, default=3, help="number of servers (ids 1..N)")
     cluster.add_argument("--data-dir", default="./cluster-data",
                          help="holds zookeeper/ and server-<id>/ (and their logs)")

@@ -405,6 +405,11 @@ class Coordinator:
                 return {"changed": False, "created": False}
             raise AlreadyExists(f"table {path} already exists")
         live = [int(name) for name in self._client.get_children(self._paths.servers)]
+        try:  # servers being decommissioned take no new replica
+            leaving = {int(n) for n in self._client.get_children(self._paths.decommissioned)}
+        except NoNodeError:
+            leaving = set()
+        live = [s for s in live if s not in leaving] or live
         assigned = int(state.get("assigned", 0))
         factor = descriptor.option("table.replication.factor") or server_option(
             self.options, "default.replication.factor")

@@ -22,7 +22,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,7 +40,7 @@ from flightstore.cluster.mirror import CatalogMirror
 from flightstore.cluster.store import ClusterStore
 from flightstore.cluster.view import BucketAssignment, ClusterView, ServerInfo
 from flightstore.config import SERVER_OPTIONS
-from flightstore.errors import CoordinatorUnavailable, ServerIdInUse, Unavailable
+from flightstore.errors import CoordinatorUnavailable, InvalidInput, ServerIdInUse, Unavailable
 from flightstore.replica.manager import PENDING, ReplicaManager
 from flightstore.schema import TablePath
 
@@ -96,6 +96,7 @@ class ClusterMember:
         self.ddl = DdlClient(self.client, self.paths, config.server_id)
         self.secret: bytes | None = None  # set on joining (see _secret)
         self.identity: PeerIdentity | None = None  # this server's peer credential (same)
+        self.on_decommissioned: Callable[[], None] | None = None  # the server stops itself
         self._registered = threading.Event()
         self._reregister = threading.Event()
         self._stop = threading.Event()
@@ -138,6 +139,7 @@ class ClusterMember:
             self.mirror.after_reconcile = self.replicas.apply
             self.metadata.add_listener(self.mirror.apply)
             self.metadata.add_listener(self.replicas.apply)  # leaders and ISRs move without a version
+            self.metadata.add_listener(self._watch_decommission)
             self.metadata.start()
             self.client.add_listener(self._on_state)
             self.coordinator.start()
@@ -242,6 +244,46 @@ class ClusterMember:
                 self._stop.wait(1.0)
                 self._reregister.set()
 
+    # ---- decommission -------------------------------------------------------------------------
+    def decommission(self, server_id: int) -> None:
+        """Mark server ``server_id`` for decommission: the coordinator moves its replicas to other
+        servers (a replacement catches up before the old copy goes) and elects other leaders; once
+        it holds none, that server stops by itself."""
+        view = self.view()
+        if server_id not in view.servers:
+            raise InvalidInput(f"server {server_id} is not a live server of this cluster "
+                               f"(live: {', '.join(map(str, sorted(view.servers)))})")
+        if len(view.servers) < 2:
+            raise InvalidInput("the last live server cannot be decommissioned: nowhere to move its replicas")
+        factors = [len(b.replicas) for r in view.tables.values() for b in r.buckets]
+        if factors and max(factors) > len(view.servers) - 1:
+            raise InvalidInput(f"a table has {max(factors)} replicas per bucket but only "
+                               f"{len(view.servers) - 1} server(s) would be left to hold them")
+        try:
+            self.client.create(self.paths.decommission(server_id), encode({"requested_ms": int(time.time() * 1000)}))
+        except NodeExistsError:
+            pass  # already under way
+        self.coordinator._wake.set()
+
+    def _watch_decommission(self, view: ClusterView) -> None:
+        """Stop this server once it is decommissioned and holds no replica any more."""
+        if self.on_decommissioned is None or self._stop.is_set():
+            return
+        try:
+            if self.client.exists(self.paths.decommission(self.server_id)) is None:
+                return
+        except _ZK_ERRORS:
+            return
+        if any(self.server_id in b.replicas for r in view.tables.values() for b in r.buckets):
+            return
+        log.warning("server %d is decommissioned and holds no replica: stopping", self.server_id)
+        try:
+            self.client.delete(self.paths.decommission(self.server_id))
+        except _ZK_ERRORS + (NoNodeError,):
+            pass
+        callback, self.on_decommissioned = self.on_decommissioned, None
+        callback()
+
     # ---- replicas -----------------------------------------------------------------------------
     def _uri_of(self, server_id: int) -> str | None:
         info = self.view().servers.get(server_id)
@@ -294,7 +336,10 @@ class ClusterMember:
                     break
                 record = decode(data)
                 buckets = [BucketAssignment.from_json(b) for b in record["buckets"]]
-                changed = [resign(b, self.server_id) for b in buckets]
+                # The last in-sync copy, when remote storage holds the bucket, is rebuilt from there
+                # as the table opens (up to the last uploaded offset, reported): it keeps its place.
+                changed = [b if self.store.remote is not None and b.isr == (self.server_id,)
+                           else resign(b, self.server_id) for b in buckets]
                 if changed == buckets:
                     break
                 try:

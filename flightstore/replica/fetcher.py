@@ -44,6 +44,8 @@ class Fetcher:
     def __init__(self, me: int, leader: int, uri: Callable[[int], str | None],
                  connect: Callable[[str], flight.FlightClient], call_options: Callable[[], Any], *,
                  max_bytes: int, backoff_s: float) -> None:
+        """``connect(uri)`` gives the Flight client of a server; ``call_options()`` the options
+        (peer credential) of this server's own calls."""
         self.me = me
         self.leader = leader
         self._uri = uri
@@ -101,6 +103,17 @@ class Fetcher:
                 reader.cancel()
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+    def _snapshot(self, key: ReplicaKey) -> tuple[int, list[tuple[str, bytes]]]:
+        """A copy of the leader's newest KV snapshot of replica ``key``: its offset and files."""
+        uri = self._uri(self.leader)
+        if uri is None:
+            raise FlightstoreError(f"server {self.leader} is not live")
+        ticket = flight.Ticket(protocol.command({"op": protocol.SNAPSHOT_OP, "key": list(key)}))
+        reader = self._connect(uri).do_get(ticket, self._call_options())
+        table = reader.read_all()
+        offset = int((table.schema.metadata or {})[b"offset"])
+        return offset, list(zip(table.column("path").to_pylist(), table.column("data").to_pylist()))
 
     # ---- the loop -----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -160,6 +173,14 @@ class Fetcher:
             except Exception:  # noqa: BLE001 - the stream is gone anyway
                 pass
 
+    def _restart(self, replica: Replica, key: ReplicaKey, start: int) -> None:
+        def snapshot() -> tuple[int, list[tuple[str, bytes]]]:
+            return self._snapshot(key)
+        try:
+            replica.restart_from(start, snapshot)
+        except FlightstoreError as exc:
+            log.warning("%s: cannot restart from the leader's snapshot yet (%s)", replica.label, exc)
+
     def _answer(self, reader: Any) -> tuple[Any, dict]:
         chunk = reader.read_chunk()
         self._last_answer = time.monotonic()
@@ -208,7 +229,10 @@ class Fetcher:
             if replica is None:
                 continue
             if "error" in answer:
-                refused = True
+                if "start" in answer:  # behind the leader's log start
+                    self._restart(replica, key, int(answer["start"]))
+                else:
+                    refused = True
                 continue
             fetched = records.get(key, [])
             try:

@@ -18,14 +18,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 from pyarrow import flight
 
 from flightstore.config import server_option
-from flightstore.errors import BucketUnavailable, FlightstoreError, InvalidInput, NotLeader
+from flightstore.errors import BucketUnavailable, FlightstoreError, InvalidInput, NotLeader, OffsetOutOfRange
 from flightstore.replica import protocol
 from flightstore.replica.fetcher import WAIT_MS, Fetcher
 from flightstore.replica.protocol import ReplicaKey
@@ -96,6 +96,7 @@ class ReplicaManager:
         with self._lock:
             self._tables = {record.table_id: path for path, record in view.tables.items()}
             held: dict[tuple[str, int], tuple[Leadership, TablePath]] = {}
+            followed: set[ReplicaKey] = set()  # every replica held here (a dropped partition's goes)
             for path, record in view.tables.items():
                 mine = [b for b, a in enumerate(record.buckets) if self.me in a.replicas]
                 if not mine:
@@ -113,9 +114,10 @@ class ReplicaManager:
                                       commit_timeout_s=self.commit_timeout_s)
                     held[(record.table_id, bucket)] = (lead, path)
                     for partition, replica in _partitions(table, bucket).items():
+                        followed.add((record.table_id, partition, bucket))
                         self._apply_one((record.table_id, partition, bucket), replica, lead)
             gone = [key for key in self._following
-                    if (key[0], key[2]) not in held or held[(key[0], key[2])][0].leader != self._following[key]]
+                    if key not in followed or held[(key[0], key[2])][0].leader != self._following[key]]
             for key in gone:
                 self._unfollow(key)
             self._groups = held
@@ -249,20 +251,40 @@ class ReplicaManager:
         deadline = time.monotonic() + min(int(request.get("wait_ms", WAIT_MS)), 5_000) / 1000
         while True:
             records: list = []
+            behind: list[dict] = []
             for key, replica, offset in wanted:
                 if sum(len(memoryview(r.payload)) for _, _, r in records) >= max_bytes:
                     replica.fetched(follower, offset)
                     continue
-                found = replica.records_for(follower, offset, max_bytes)
+                try:
+                    found = replica.records_for(follower, offset, max_bytes)
+                except OffsetOutOfRange:
+                    # The follower is behind the log start (retention): it restarts from there.
+                    behind.append({"key": list(key), "error": "offset out of range",
+                                   "start": replica.log.start_offset})
+                    continue
                 records += [(key, replica.epochs.epoch_at(r.base_offset) or 0, r) for r in found]
-            if records or not wanted or time.monotonic() >= deadline or cancelled() or self._stop.is_set():
+            if records or behind or not wanted or time.monotonic() >= deadline or cancelled() or self._stop.is_set():
                 break
             with self._appended:
                 if all(replica.log.end_offset <= offset for _, replica, offset in wanted):
                     self._appended.wait(max(0.0, deadline - time.monotonic()))
-        meta = {"replicas": errors + [{"key": list(key), "hw": replica.log.high_watermark,
-                                       "leo": replica.log.end_offset} for key, replica, _ in wanted]}
+        late = {tuple(b["key"]) for b in behind}
+        meta = {"replicas": errors + behind + [{"key": list(key), "hw": replica.log.high_watermark,
+                                                "leo": replica.log.end_offset}
+                                               for key, replica, _ in wanted if key not in late]}
         return protocol.encode_records(records), meta
+
+    def snapshot_files(self, key: ReplicaKey) -> tuple[int, Iterator[tuple[str, bytes]]]:
+        """The newest KV snapshot of a replica this server leads, for a follower that must start
+        from it: its log offset and its files."""
+        replica = self._replica(key)
+        if replica.leadership.leader != self.me:
+            raise NotLeader(f"{replica.label}: server {self.me} does not lead it")
+        snapshot = replica.kv.snapshots.newest if replica.kv is not None else None
+        if snapshot is None:
+            raise BucketUnavailable(f"{replica.label}: no KV snapshot to copy yet; retry")
+        return snapshot.offset, replica.kv.snapshots.files(snapshot)
 
     # ---- in-sync replicas ---------------------------------------------------------------------
     def _maintain(self) -> None:
@@ -333,7 +355,12 @@ class ReplicaManager:
             entry = {"table": str(path), "table_id": table_id, "bucket": bucket,
                      "role": "leader" if lead.leader == self.me else "follower", "leader": lead.leader,
                      "epoch": lead.epoch, "replicas": list(lead.replicas), "isr": list(lead.isr),
+                     "log_start": min(r.log.start_offset for r in replicas) if replicas else 0,
                      "log_end": leo, "high_watermark": hw, "rows": rows}
+            rebuilt = [r.rebuilt for r in replicas if r.rebuilt is not None]
+            if rebuilt:  # never silent: what remote storage gave back, and what it could not
+                entry["rebuilt_from_remote"] = [{"offset": b.offset, "log_start": b.log_start,
+                                                 "lost": list(b.lost) if b.lost else None} for b in rebuilt]
             if lead.leader == self.me:
                 lag: dict[str, int | None] = {}
                 for follower in lead.followers:

@@ -40,10 +40,12 @@ import pyarrow as pa
 from flightstore.log.record import RawRecord
 from flightstore.server import tickets
 
-__all__ = ["FETCH_OP", "RECORDS", "ReplicaKey", "command", "decode_records", "encode_records", "load",
-           "dump"]
+__all__ = ["FETCH_OP", "RECORDS", "SNAPSHOT_FILES", "SNAPSHOT_OP", "ReplicaKey", "command", "decode_records",
+           "dump", "encode_records", "load"]
 
 FETCH_OP = "replica.fetch"
+SNAPSHOT_OP = "replica.snapshot"  # DoGet: a leader's newest KV snapshot, for a follower behind its log
+SNAPSHOT_FILES = pa.schema([("path", pa.string()), ("data", pa.large_binary())])
 ReplicaKey = tuple[str, int, int]  # (table_id, partition id or -1, bucket)
 
 RECORDS = pa.schema([

@@ -26,8 +26,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from flightstore.errors import NotEnoughReplicas, NotLeader
 from flightstore.log import LogTablet
@@ -85,10 +86,12 @@ class Replica:
         self.bucket = bucket
         self.epochs = LeaderEpochCache(log_tablet.directory, fsync=fsync)
         self.leadership: Leadership = leadership
+        log_tablet.leading = leadership.is_leader
         self.lock = threading.RLock()
         self._progress: dict[int, FollowerProgress] = {}
         self.leader_since_s = time.monotonic()
         self.on_append: Callable[[], None] | None = None  # the replica manager wakes fetch answers
+        self.rebuilt: Any = None  # flightstore.remote.RebuiltBucket when rebuilt from remote storage
 
     @property
     def epoch_start(self) -> int:
@@ -217,6 +220,28 @@ class Replica:
             if self.kv is not None and self.leadership.leader != self.leadership.me:
                 self.kv.recover()
 
+    def restart_from(self, start: int, snapshot: Callable[[], tuple[int, Iterable[tuple[str, bytes]]]]) -> None:
+        """The leader's log no longer reaches back to this follower's end: start over from the
+        leader's log start (a log table), or from a copy of the leader's newest KV snapshot (a
+        primary-key table: its KV needs the rows the deleted changelog made)."""
+        with self.lock:
+            if self.kv is None:
+                log.warning("%s: the leader's log starts at %d, after this replica's end %d: restarting "
+                            "the replica there", self.label, start, self.log.end_offset)
+                self.log.reset(start)
+                self.epochs.truncate_from(start)
+                return
+            offset, files = snapshot()
+            info = self.kv.snapshots.install(files)
+            log.warning("%s: the leader's log starts at %d, after this replica's end %d: restarting the "
+                        "replica from the leader's KV snapshot %d (log offset %d)", self.label, start,
+                        self.log.end_offset, info.id, offset)
+            with self.kv.exclusive():  # reads that began before see the reset (see truncate)
+                self.kv.snapshots.drop_after(offset)
+                self.log.reset(offset)
+                self.epochs.truncate_from(offset)
+                self.kv.rebuild()
+
     def truncation_point(self, leader_epoch: int | None, leader_end: int) -> int:
         return divergence(self.epochs, self.log.end_offset, leader_epoch, leader_end)
 
@@ -243,8 +268,12 @@ class Replica:
         with self.lock:
             previous = self.leadership
             self.log.following = False
+            self.log.leading = True
+            if self.log.remote is not None:  # what the previous leader uploaded
+                self.log.remote.refresh()
             if leadership.replicated:
                 self.epochs.assign(leadership.epoch, self.log.end_offset)
+                self.log.read_floor = self.log.end_offset  # no answer shorter than what was acknowledged
                 if not self.log.replicated:
                     # What the in-sync replicas hold is not known yet (a restart): nothing is
                     # readable until they say so with their first fetch.
@@ -267,6 +296,7 @@ class Replica:
             self.leadership = leadership
             self._progress = {}
             self.log.following = True
+            self.log.leading = False
             hw = self.log.high_watermark
             self.log.set_high_watermark(min(hw, self.log.end_offset))
 

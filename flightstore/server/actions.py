@@ -17,12 +17,12 @@ from flightstore.acl import CLUSTER, Operation, Permission
 from flightstore.errors import FlightstoreError, InvalidInput, Unavailable, Unsupported
 from flightstore.expressions import from_json
 from flightstore.server import protocol, tickets
-from flightstore.server.rpc import _peer, _rpc
+from flightstore.server.rpc import _CALLER, _peer, _rpc
 from flightstore.server.session import apply_options, option_values
 from flightstore.server.writes import _probe_value
-from flightstore.sql.execute import StoreCatalog, is_query
+from flightstore.sql.execute import is_query
 from flightstore.sql.plan import is_union, parameter_schema
-from flightstore.sql.privileges import required_permissions
+from flightstore.sql.privileges import plan_resources, required_permissions
 from flightstore.sql.resolve import resolve_database
 
 __all__ = ["ActionRpcs", "PreparedStatement"]
@@ -47,7 +47,9 @@ class ActionRpcs:
             result = self._prepare(request.query, self.session(context).database)
         elif kind == protocol.CLOSE_PREPARED_STATEMENT:
             with self._lock:
-                self._prepared.pop(request.prepared_statement_handle, None)
+                prepared = self._prepared.get(request.prepared_statement_handle)
+                if prepared is not None and prepared.owner == _CALLER.get():  # another user's: unknown
+                    del self._prepared[request.prepared_statement_handle]
             return iter([])
         elif kind == protocol.CANCEL_FLIGHT_INFO:
             try:
@@ -61,7 +63,7 @@ class ActionRpcs:
             result = protocol.CancelFlightInfoResult(status=1)  # CANCEL_STATUS_CANCELLED
         elif kind == protocol.SET_SESSION_OPTIONS:
             session = self.session(context)
-            catalog = StoreCatalog(self.store)
+            catalog = self._catalog(session.database)  # as USE: a database the caller does not see is absent
             with self._lock:
                 errors = apply_options(session, request.session_options,
                                        lambda name: resolve_database(catalog, name))
@@ -104,21 +106,24 @@ class ActionRpcs:
     def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)
         schemas = self._prepare_cache.get(key)
+        if schemas is not None and not self.authz.sees(_CALLER.get(), schemas[3]):
+            schemas = None  # names what this caller does not see: prepare it in the caller's view
         if schemas is None:  # ADBC prepares again at every execute: plan each text once
-            params_schema = parameter_schema(sql, StoreCatalog(self.store, database)) \
+            params_schema = parameter_schema(sql, self._catalog(database)) \
                 if "?" in sql or "$" in sql else pa.schema([])  # no placeholder: skip a parse
             probe = [_probe_value(f.type) for f in params_schema] if len(params_schema) else None
-            plan = self.executor.plan(sql, probe, database)
+            plan = self._plan(sql, probe, database)
             permissions = required_permissions(plan)
             self._authorize(permissions)  # before the schema (it describes the tables)
             dataset_schema = self.executor.output_schema(plan) if is_query(plan) else None
-            self._prepare_cache.put(key, (dataset_schema, params_schema, permissions))
+            self._prepare_cache.put(key, (dataset_schema, params_schema, permissions, plan_resources(plan)))
         else:
-            dataset_schema, params_schema, permissions = schemas
+            dataset_schema, params_schema, permissions, _ = schemas
             self._authorize(permissions)
         handle = uuid.uuid4().hex.encode()
         with self._lock:
-            self._prepared[handle] = PreparedStatement(sql, database, dataset_schema, params_schema)
+            self._prepared[handle] = PreparedStatement(sql, database, dataset_schema, params_schema,
+                                                       owner=_CALLER.get())
         return protocol.ActionCreatePreparedStatementResult(
             prepared_statement_handle=handle,
             dataset_schema=dataset_schema.serialize().to_pybytes() if dataset_schema is not None else b"",
@@ -127,13 +132,13 @@ class ActionRpcs:
     def _prepared_statement(self, handle: bytes) -> PreparedStatement:
         with self._lock:
             prepared = self._prepared.get(handle)
-        if prepared is None:
+        if prepared is None or prepared.owner != _CALLER.get():  # bound to its user, as tickets are
             raise InvalidInput("unknown or closed prepared statement handle")
         return prepared
 
     def _custom_action(self, kind: str, payload: dict) -> bytes:
         if kind == "flightstore.offsets":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)  # as Fluss's LIST_OFFSETS
             which = payload.get("which", "end")
             if which not in ("end", "start", "timestamp"):
@@ -146,14 +151,14 @@ class ActionRpcs:
                 offsets = table.offsets_for_timestamp(int(payload["timestamp_ms"]))
             return tickets.encode_custom({"op": "offsets", "offsets": {str(k): v for k, v in offsets.items()}})
         if kind == "flightstore.buckets":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             if filter is not None:
                 filter = filter.bind(table.schema)
             return tickets.encode_custom({"op": "buckets", "buckets": _bucket_ids(table, filter)})
         if kind == "flightstore.lake-split":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.READ, table)
             if not is_union(table.descriptor):
                 return tickets.encode_custom({"op": "lake-split", "union": False})
@@ -162,17 +167,17 @@ class ActionRpcs:
             planned = plan_split(self.executor.lake, table, filter, payload.get("snapshot_id"))
             return tickets.encode_custom({"op": "lake-split", "union": True, **planned})
         if kind == "flightstore.undo":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.WRITE, table)
             restored = table.undo(payload["writer_id"], int(payload["after_sequence"]))
             return tickets.encode_custom({"op": "undone", "rows": restored})
         if kind == "flightstore.release":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.WRITE, table)
             table.release(payload["writer_id"])
             return tickets.encode_custom({"op": "released"})
         if kind == "flightstore.snapshot":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.ALTER, table)  # storage upkeep of the table, like DDL
             taken = table.snapshot(force=bool(payload.get("force", False)))
             table.enforce_retention()  # the new snapshot may let the changelog shrink
@@ -181,14 +186,14 @@ class ActionRpcs:
                                                         "rows": info.rows, "created_ms": info.created_ms}
                 for bucket, info in taken.items()}})
         if kind == "flightstore.usage":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)  # like the offsets
             start, end = table.start_offsets(), table.end_offsets()
             return tickets.encode_custom({"op": "usage", "bytes": table.disk_usage(),
                                           "start_offsets": {str(k): v for k, v in start.items()},
                                           "end_offsets": {str(k): v for k, v in end.items()}})
         if kind == "flightstore.describe":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)
             start, end = table.start_offsets(), table.end_offsets()
             return tickets.encode_custom({"op": "describe", "descriptor": table.descriptor.to_json(),
@@ -196,13 +201,13 @@ class ActionRpcs:
                                           "start_offsets": {str(k): v for k, v in start.items()},
                                           "end_offsets": {str(k): v for k, v in end.items()}})
         if kind == "flightstore.writer":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
         if kind == "flightstore.lake-status":
             if payload.get("table"):
-                self._authorize_table(Operation.DESCRIBE, self.store.table(payload["table"]))
+                self._authorize_table(Operation.DESCRIBE, self._visible_table(payload["table"]))
             else:
                 self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.tierer is None:
@@ -211,7 +216,7 @@ class ActionRpcs:
                         else self.tierer.statuses())
             return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})
         if kind == "flightstore.locations":
-            table = self.store.table(payload["table"])
+            table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)
             descriptor = table.descriptor
             leaders = []
@@ -225,6 +230,12 @@ class ActionRpcs:
                 "op": "locations", "num_buckets": descriptor.num_buckets,
                 "bucket_key": list(descriptor.bucket_key), "partitioned": descriptor.is_partitioned,
                 "primary_key": list(descriptor.primary_key), "leaders": leaders})
+        if kind == "flightstore.decommission":
+            self._authorize([Permission(Operation.ALTER, CLUSTER)])
+            if self.cluster is None:
+                raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
+            self.cluster.decommission(int(payload["server_id"]))
+            return tickets.encode_custom({"op": "decommission", "server_id": int(payload["server_id"])})
         if kind == "flightstore.cluster":
             self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.cluster is None:
@@ -241,6 +252,7 @@ class PreparedStatement:
     dataset_schema: pa.Schema | None
     parameter_schema: pa.Schema
     params: list[list[Any]] = field(default_factory=list)
+    owner: str | None = None  # the user who prepared it: no one else may bind, run or close it
 
 
 def _is_query_ticket(data: bytes) -> bool:

@@ -12,7 +12,10 @@ gRPC PERMISSION_DENIED) naming the user, the operation and the resource, and cha
 
 Listings (``SHOW DATABASES``/``TABLES``/``GRANTS``, Flight SQL GetDbSchemas/GetTables) are filtered
 to what the caller may DESCRIBE; a database is listed when the caller may describe it or holds a
-grant on one of its tables.
+grant on one of its tables. What is not listed to a caller does not exist for it
+(:meth:`Authorizer.sees_table`, :meth:`Authorizer.sees_database`, :meth:`Authorizer.catalog_view`):
+naming it answers exactly what naming an absent object answers, so a refusal (UNAUTHORIZED) only
+ever concerns an object the caller may describe.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from flightstore.errors import CorruptData, Unauthorized
 from flightstore.schema import TablePath
 from flightstore.sql import nodes
 from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
+from flightstore.sql.resolve import CatalogView, VisibleCatalog
 
 __all__ = ["GRANTS_FILE", "Authorizer"]
 
@@ -73,21 +77,49 @@ class Authorizer:
                                    f"{permission.resource} (no grant of {permission.operation.value} "
                                    f"on it or above it)")
 
-    # ---- listings -----------------------------------------------------------------------------
+    # ---- what a caller sees (listings, and what exists for it) --------------------------------
+    def sees_table(self, principal: str | None, path: TablePath) -> bool:
+        """Whether table ``path`` exists for ``principal``: it may DESCRIBE it."""
+        return self.allowed(principal, Permission(Operation.DESCRIBE, Resource.of_table(path.database, path.table)))
+
+    def sees_database(self, principal: str | None, database: str) -> bool:
+        """Whether ``database`` exists for ``principal``: it may DESCRIBE it or holds a grant on
+        one of its tables (as SHOW DATABASES lists it)."""
+        if self.allowed(principal, Permission(Operation.DESCRIBE, Resource.of_database(database))):
+            return True
+        with self._lock:
+            return any(g.principal == principal and g.resource.kind == "table" and g.resource.database == database
+                       for g in self._grants)
+
+    def sees(self, principal: str | None, resources: Iterable[Resource]) -> bool:
+        """Whether every one of ``resources`` exists for ``principal`` (the cluster always does)."""
+        if self.is_super(principal):
+            return True
+        for resource in resources:
+            if resource.kind == "database" and not self.sees_database(principal, resource.database):  # type: ignore[arg-type]
+                return False
+            # Seeing a table implies seeing its database (a grant on the table lists it).
+            if resource.kind == "table" and \
+                    not self.sees_table(principal, TablePath(resource.database, resource.table)):  # type: ignore[arg-type]
+                return False
+        return True
+
+    def catalog_view(self, principal: str | None, catalog: CatalogView) -> CatalogView:
+        """``catalog`` as ``principal`` sees it (itself for super users)."""
+        if self.is_super(principal):
+            return catalog
+        return VisibleCatalog(catalog, lambda name: self.sees_database(principal, name),
+                              lambda path: self.sees_table(principal, path))
+
     def visible_tables(self, principal: str | None, paths: Sequence[TablePath]) -> list[TablePath]:
         if self.is_super(principal):
             return list(paths)
-        return [p for p in paths
-                if self.allowed(principal, Permission(Operation.DESCRIBE, Resource.of_table(p.database, p.table)))]
+        return [p for p in paths if self.sees_table(principal, p)]
 
     def visible_databases(self, principal: str | None, databases: Sequence[str]) -> list[str]:
         if self.is_super(principal):
             return list(databases)
-        with self._lock:
-            holds_table = {g.resource.database for g in self._grants
-                           if g.principal == principal and g.resource.kind == "table"}
-        return [db for db in databases if db in holds_table
-                or self.allowed(principal, Permission(Operation.DESCRIBE, Resource.of_database(db)))]
+        return [db for db in databases if self.sees_database(principal, db)]
 
     def filter_listing(self, principal: str | None, plan: nodes.PlanNode, result: pa.Table) -> pa.Table:
         """``result`` of SHOW DATABASES / SHOW TABLES without the rows ``principal`` may not see."""

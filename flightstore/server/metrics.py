@@ -19,22 +19,29 @@ Series (each server has its own registry, so several servers in one process do n
   ``flightstore_active_subscriptions`` (changelog streams open).
 * Memory: ``process_resident_memory_bytes`` and the other ``process_*`` series of the process
   collector, and ``flightstore_arrow_allocated_bytes`` (Arrow's default memory pool).
+
+With ``metrics.table-labels`` off no series names a table: the row and byte counters have no
+``table`` label (server-wide totals) and the per-bucket offsets are not exported. Who may scrape,
+and over what, is :mod:`.metrics_http`'s business.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import start_http_server
 from prometheus_client.process_collector import ProcessCollector
 from pyarrow import flight
+
+from flightstore.config import server_option
+from flightstore.server.metrics_http import MetricsEndpoint
 
 if TYPE_CHECKING:
     from flightstore.store import Store
@@ -106,12 +113,22 @@ class MetricsMiddlewareFactory(flight.ServerMiddlewareFactory):
 
 
 class _StoreCollector:
-    """Offsets of the open tables' buckets and Arrow's memory, read at each scrape."""
+    """Offsets of the open tables' buckets (unless tables go unnamed) and Arrow's memory, read at
+    each scrape."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, table_labels: bool) -> None:
         self.store = store
+        self.table_labels = table_labels
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.table_labels:
+            yield from self._offsets()
+        memory = GaugeMetricFamily("flightstore_arrow_allocated_bytes",
+                                   "Bytes allocated from Arrow's default memory pool")
+        memory.add_metric([], pa.total_allocated_bytes())
+        yield memory
+
+    def _offsets(self) -> Iterator[GaugeMetricFamily]:
         log_end = GaugeMetricFamily("flightstore_log_end_offset", "Next offset of each bucket's log",
                                     labels=["table", "bucket"])
         applied = GaugeMetricFamily("flightstore_kv_applied_offset",
@@ -128,28 +145,73 @@ class _StoreCollector:
                 _log.debug("metrics: skipped table %s", name, exc_info=True)
         yield log_end
         yield applied
-        memory = GaugeMetricFamily("flightstore_arrow_allocated_bytes",
-                                   "Bytes allocated from Arrow's default memory pool")
-        memory.add_metric([], pa.total_allocated_bytes())
-        yield memory
+
+
+class _ReplicaCollector:
+    """Per bucket held by this cluster member: role, in-sync replicas, high watermark and (on the
+    leader) each follower's lag, read from the replica manager at each scrape."""
+
+    def __init__(self, replicas: Any) -> None:
+        self.replicas = replicas
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["table", "bucket"]
+        leader = GaugeMetricFamily("flightstore_replica_leader", "1 when this server leads the bucket",
+                                   labels=labels)
+        epoch = GaugeMetricFamily("flightstore_replica_leader_epoch", "The bucket's leader epoch", labels=labels)
+        isr = GaugeMetricFamily("flightstore_replica_in_sync", "In-sync replicas of the bucket", labels=labels)
+        replicas = GaugeMetricFamily("flightstore_replica_count", "Replicas of the bucket", labels=labels)
+        under = GaugeMetricFamily("flightstore_replica_under_replicated",
+                                  "1 when the bucket (led here) has fewer in-sync replicas than replicas",
+                                  labels=labels)
+        hw = GaugeMetricFamily("flightstore_replica_high_watermark",
+                               "High watermark of the bucket here (summed over partitions)", labels=labels)
+        lag = GaugeMetricFamily("flightstore_replica_follower_lag",
+                                "Records a follower lacks of the bucket's log (reported by the leader)",
+                                labels=[*labels, "follower"])
+        try:
+            buckets = self.replicas.status()["buckets"]
+        except Exception:  # noqa: BLE001 - a scrape never fails the server
+            _log.debug("metrics: replica status failed", exc_info=True)
+            buckets = []
+        for entry in buckets:
+            key = [entry["table"], str(entry["bucket"])]
+            leading = entry["role"] == "leader"
+            leader.add_metric(key, 1 if leading else 0)
+            epoch.add_metric(key, entry["epoch"])
+            isr.add_metric(key, len(entry["isr"]))
+            replicas.add_metric(key, len(entry["replicas"]))
+            hw.add_metric(key, entry["high_watermark"])
+            if leading:
+                under.add_metric(key, 1 if len(entry["isr"]) < len(entry["replicas"]) else 0)
+                for follower, behind in entry.get("lag", {}).items():
+                    if behind is not None:
+                        lag.add_metric([*key, follower], behind)
+        yield from (leader, epoch, isr, replicas, under, hw, lag)
 
 
 class ServerMetrics:
     """The metrics of one server and, once :meth:`serve` ran, its HTTP endpoint."""
 
+    def watch_replicas(self, replicas: Any) -> None:
+        """Export the replica manager's per-bucket state (cluster mode)."""
+        self.registry.register(_ReplicaCollector(replicas))
+
     def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.table_labels = bool(server_option(store.options, "metrics.table-labels"))
+        by_table = ["table"] if self.table_labels else []
         self.rpcs = Counter("flightstore_rpc", "Flight calls by method and final status",
                             ["method", "status"], registry=r)
         self.latency = Histogram("flightstore_rpc_duration_seconds",
                                  "Flight call duration, from its start to its last message",
                                  ["method", "status"], buckets=_BUCKETS, registry=r)
-        self.rows_in = Counter("flightstore_rows_in", "Rows written, by table", ["table"], registry=r)
-        self.bytes_in = Counter("flightstore_bytes_in", "Arrow bytes written, by table", ["table"], registry=r)
-        self.rows_out = Counter("flightstore_rows_out", "Rows sent to clients, by table", ["table"], registry=r)
+        self.rows_in = Counter("flightstore_rows_in", "Rows written, by table", by_table, registry=r)
+        self.bytes_in = Counter("flightstore_bytes_in", "Arrow bytes written, by table", by_table, registry=r)
+        self.rows_out = Counter("flightstore_rows_out", "Rows sent to clients, by table", by_table, registry=r)
         self.bytes_out = Counter("flightstore_bytes_out", "Arrow bytes sent to clients, by table",
-                                 ["table"], registry=r)
+                                 by_table, registry=r)
         self.partials = Counter("flightstore_partial_aggregates",
                                 "Partial aggregates run here for a cluster peer's query", registry=r)
         self.active_queries = Gauge("flightstore_active_queries",
@@ -158,8 +220,9 @@ class ServerMetrics:
         self.active_subscriptions = Gauge("flightstore_active_subscriptions",
                                           "Changelog subscription streams open", registry=r)
         ProcessCollector(registry=r)
-        r.register(_StoreCollector(store))
-        self._http: tuple | None = None
+        r.register(_StoreCollector(store, self.table_labels))
+        self._http: MetricsEndpoint | None = None
+        self._port = 0
         self._rpc_series: dict[tuple, tuple] = {}  # (method, status) -> (counter, histogram) children
         self._out_series: dict[str, tuple] = {}    # table label -> (rows, bytes) counter children
         self._lock = threading.Lock()
@@ -177,27 +240,33 @@ class ServerMetrics:
         series[0].inc()
         series[1].observe(seconds)
 
-    def refused(self, method: flight.FlightMethod) -> None:
-        """A call authentication refused before it started."""
-        self.record(method, "UNAUTHENTICATED", 0.0)
+    def refused(self, method: flight.FlightMethod, error: BaseException | None = None) -> None:
+        """A call authentication refused before it started (UNAUTHENTICATED, or UNAVAILABLE when
+        the login gate turned it away)."""
+        self.record(method, status_name(error) if error is not None else "UNAUTHENTICATED", 0.0)
+
+    def _series(self, counter: Counter, table: object) -> Counter:
+        """``counter``'s series of ``table`` (the counter itself when tables go unnamed)."""
+        return counter.labels(str(table)) if self.table_labels else counter
 
     def written(self, table: object, data: pa.Table | pa.RecordBatch) -> None:
-        self.rows_in.labels(str(table)).inc(data.num_rows)
-        self.bytes_in.labels(str(table)).inc(data.nbytes)
+        self._series(self.rows_in, table).inc(data.num_rows)
+        self._series(self.bytes_in, table).inc(data.nbytes)
 
     def sent(self, table: str, data: pa.Table | pa.RecordBatch) -> None:
         series = self._out_series.get(table)
         if series is None:
             if len(self._out_series) >= 4096:  # tables come and go: do not keep every name
                 self._out_series.clear()
-            series = self._out_series[table] = (self.rows_out.labels(table), self.bytes_out.labels(table))
+            series = self._out_series[table] = (self._series(self.rows_out, table),
+                                                 self._series(self.bytes_out, table))
         series[0].inc(data.num_rows)
         series[1].inc(data.get_total_buffer_size())  # nbytes walks the buffers in Python-visible steps
 
     def metered(self, table: str, batches: Iterator[pa.RecordBatch | pa.Table]
                 ) -> Iterator[pa.RecordBatch | pa.Table]:
         """``batches``, counting each as it is sent."""
-        rows, nbytes = self.rows_out.labels(table), self.bytes_out.labels(table)
+        rows, nbytes = self._series(self.rows_out, table), self._series(self.bytes_out, table)
         for batch in batches:
             rows.inc(batch.num_rows)
             nbytes.inc(batch.nbytes)
@@ -214,18 +283,19 @@ class ServerMetrics:
         """The text a scrape gets (Prometheus text format)."""
         return generate_latest(self.registry).decode()
 
-    def serve(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` (0: a free port) in a daemon thread; returns the port."""
+    def serve(self, host: str, port: int, *, admit: Callable[[str, str], None] | None = None,
+              tls: ssl.SSLContext | None = None) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0: a free port) in daemon threads; returns the port.
+        ``admit`` checks a scrape's Basic credentials (None: anyone may scrape); ``tls``: HTTPS."""
         with self._lock:
             if self._http is None:
-                self._http = start_http_server(port, addr=host, registry=self.registry)
-            return self._http[0].server_port
+                endpoint = MetricsEndpoint(lambda: generate_latest(self.registry), admit=admit, tls=tls)
+                self._port = endpoint.start(host, port)
+                self._http = endpoint
+            return self._port
 
     def close(self) -> None:
         with self._lock:
             if self._http is not None:
-                server, thread = self._http
-                server.shutdown()
-                server.server_close()
-                thread.join(timeout=10)
+                self._http.close()
                 self._http = None

@@ -25,6 +25,7 @@ from flightstore.acl import Operation
 from flightstore.cluster.identity import peer_of
 from flightstore.errors import InvalidInput, Unauthorized, Unavailable
 from flightstore.expressions import from_json
+from flightstore.replica.protocol import SNAPSHOT_FILES, SNAPSHOT_OP
 from flightstore.server import tickets
 from flightstore.server.rpc import CallStop
 from flightstore.sql import nodes
@@ -65,6 +66,15 @@ class PeerRpcs:
 
     def _peer_get(self, payload: dict, context: Any) -> tuple[pa.Schema, Any]:
         op = payload["op"]
+        if op == SNAPSHOT_OP:  # a follower behind the log start copies the newest KV snapshot
+            if peer_of(context) is None or self.cluster is None:
+                raise Unauthorized("this call is open to the cluster's servers only")
+            key = payload["key"]
+            offset, files = self.cluster.replicas.snapshot_files((str(key[0]), int(key[1]), int(key[2])))
+            schema = SNAPSHOT_FILES.with_metadata({"offset": str(offset)})
+            paths, data = zip(*files)
+            return schema, pa.table([pa.array(paths, pa.string()), pa.array(data, pa.large_binary())],
+                                    schema=schema)
         buckets = self._peer_buckets(payload)
         table = self._peer_table(payload, context, Operation.READ, buckets)
         columns = payload.get("columns")

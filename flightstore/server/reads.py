@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from flightstore import changetype
-from flightstore.acl import Operation
+from flightstore.acl import Operation, Permission
 from flightstore.errors import FlightstoreError, InvalidInput, NotFound, Unsupported
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
@@ -31,7 +31,7 @@ from flightstore.server.session import Session
 from flightstore.sql import nodes
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, is_query
 from flightstore.sql.plan import is_union
-from flightstore.sql.privileges import plan_tables
+from flightstore.sql.privileges import plan_tables, table_resource
 
 __all__ = ["ReadRpcs"]
 
@@ -68,7 +68,7 @@ class ReadRpcs:
 
     def _query_info(self, descriptor: flight.FlightDescriptor, sql: str, params: list | None,
                     database: str, session: Session) -> flight.FlightInfo:
-        plan = self.executor.plan(sql, params, database)
+        plan = self._plan(sql, params, database)
         self._authorize(plan)
         if not is_query(plan):
             rows = self._run_statement(plan, session)
@@ -81,7 +81,7 @@ class ReadRpcs:
             # Point lookups and counts cost less than the round trip: answer now, ship the result
             # in the ticket, and DoGet streams it without planning or looking up again.
             result = self._answer_now(plan, schema)
-            ticket = tickets.result_ticket(result) or self._keep_result(result)
+            ticket = tickets.result_ticket(result, self._ticket_key, _CALLER.get()) or self._keep_result(result)
             return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])],
                                      result.num_rows, -1)
         # One endpoint streaming every bucket unless the session asked for one per bucket: clients
@@ -138,19 +138,20 @@ class ReadRpcs:
         data = ticket.ticket
         if data in self._cancelled:
             raise flight.FlightCancelledError("this query was cancelled")
-        if tickets.is_result(data):
-            return flight.RecordBatchStream(tickets.decode_result(data), _IPC_OPTIONS)
+        if tickets.is_result(data):  # bound to the user it was issued to
+            return flight.RecordBatchStream(tickets.decode_result(data, self._ticket_key, _CALLER.get()),
+                                            _IPC_OPTIONS)
         if tickets.is_custom(data):
             schema, batches = self._custom_get(tickets.decode_custom(data), context)
         else:
             try:
                 command = protocol.unpack_any(data)
-            except Unsupported:
-                raise InvalidInput("this ticket was not issued by this server") from None
+            except (Unsupported, InvalidInput):  # garbage: one answer for every unknown ticket
+                raise InvalidInput(tickets.UNKNOWN_TICKET) from None
             if command.DESCRIPTOR.name == "TicketStatementQuery":
                 payload = tickets.decode_query_handle(command.statement_handle)
-                plan = self.executor.plan(payload["sql"], tickets.decode_params(payload.get("params")),
-                                          payload.get("db", "default"))
+                plan = self._plan(payload["sql"], tickets.decode_params(payload.get("params")),
+                                  payload.get("db", "default"))
                 if not is_query(plan):
                     raise InvalidInput("statements run when their FlightInfo is requested")
                 self._authorize(plan)  # tickets are bearer data: check whoever presents one
@@ -160,7 +161,8 @@ class ReadRpcs:
                                        "the query does not have")
                 schema = self.executor.output_schema(plan)
                 control = self.executor.control(context.is_cancelled if context is not None else None)
-                batches = self.executor.execute(plan, payload.get("partition"), schema, control)
+                batches = self._rechecked(plan, self.executor.execute(plan, payload.get("partition"), schema,
+                                                                      control))
                 batches = self.queries.stream(payload.get("query"), control,
                                               self.metrics.metered(_result_label(plan), batches))
             else:
@@ -244,7 +246,7 @@ class ReadRpcs:
             # The start position holds from now, not from whenever the client calls DoGet: the
             # ticket carries concrete per-bucket offsets, so a change written between the two
             # calls is delivered ("latest" resolved at DoGet would skip it).
-            offsets = self.store.table(payload["table"]).resolve_start(payload.get("start", "earliest"))
+            offsets = self._visible_table(payload["table"]).resolve_start(payload.get("start", "earliest"))
             ticket = tickets.encode_custom({**payload, "start": {str(b): o for b, o in offsets.items()}})
         return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
 
@@ -258,14 +260,12 @@ class ReadRpcs:
         if op == "result":
             with self._lock:
                 entry = self._results.get(payload["id"])
-            if entry is None:
+            if entry is None or entry[2] != _CALLER.get():  # absent, or bound to another user
                 raise InvalidInput("this result expired or was already read")
-            if entry[2] is not None and entry[2] != _CALLER.get() and not self.authz.is_super(_CALLER.get()):
-                raise InvalidInput("this result expired or was already read")  # another user's
             return entry[1].schema, entry[1]
         if payload.get("peer"):  # a part of a call another server of the cluster split by leader
             return self._peer_get(payload, context)
-        table = self.store.table(payload["table"])
+        table = self._visible_table(payload["table"])
         self._authorize_table(Operation.READ, table)
         columns = payload.get("columns")
         if columns:
@@ -314,13 +314,19 @@ class ReadRpcs:
         if op == "subscribe":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
-            stop = threading.Event() if context is None else CallStop(context, self._stop)
+            # Authorized once, but it may run for hours: the token and the grant are checked
+            # again at every batch and every idle poll (heartbeats included).
+            recheck = self._stream_recheck([Permission(Operation.READ, table_resource(table.path))])
+            stop = threading.Event() if context is None else CallStop(context, self._stop, recheck)
             if not plan_only:
                 self.metrics.mark_subscription(context)
             rows = table.subscribe(payload.get("start", "earliest"), columns=columns, stop=stop,
                                    heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until"))
-            return schema, self.metrics.metered(str(table.path), stop.guard(rows) if isinstance(stop, CallStop)
-                                                else rows)
+            if recheck is not None:
+                rows = recheck.guard(rows)
+            if isinstance(stop, CallStop):
+                rows = stop.guard(rows)  # after it, the stop flag never asks the call's context again
+            return schema, self.metrics.metered(str(table.path), rows)
         if op == "changelog":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
@@ -359,7 +365,7 @@ class ReadRpcs:
             raise InvalidInput("a flightstore 'sql' ticket needs the statement as a non-empty "
                                "string under 'sql'")
         session = self.session(context)
-        plan = self.executor.plan(sql, None, session.database)
+        plan = self._plan(sql, None, session.database)
         self._authorize(plan)
         if not is_query(plan):
             rows = self._run_statement(plan, session)
@@ -371,8 +377,14 @@ class ReadRpcs:
         # Streamed like a Flight SQL ticket's DoGet: the query timeout, the client going away and
         # shutdown stop it between batches (no query id: CancelFlightInfo needs a FlightInfo).
         control = self.executor.control(context.is_cancelled if context is not None else None)
-        batches = self.executor.execute(plan, None, schema, control)
+        batches = self._rechecked(plan, self.executor.execute(plan, None, schema, control))
         return schema, self.queries.stream(None, control, self.metrics.metered(_result_label(plan), batches))
+
+    def _rechecked(self, plan: nodes.PlanNode, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """A query's stream, ending (UNAUTHENTICATED / PERMISSION_DENIED) when its caller's token
+        or grants go while it runs."""
+        recheck = self._stream_recheck(plan)
+        return batches if recheck is None else recheck.guard(batches)
 
 
 def _result_label(plan: nodes.PlanNode) -> str:

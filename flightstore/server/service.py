@@ -21,34 +21,43 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from flightstore.acl import Operation, Permission
+from flightstore.acl import CLUSTER, Operation, Permission
 from flightstore.cache import LruCache
 from flightstore.cluster.identity import PEER_MIDDLEWARE, PeerMiddlewareFactory, peer_of
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
-from flightstore.errors import DataDirectoryInUse, FlightstoreError, Unauthorized, Unsupported
+from flightstore.errors import (
+    DataDirectoryInUse,
+    FlightstoreError,
+    InvalidOption,
+    Unauthenticated,
+    Unauthorized,
+    Unsupported,
+)
+from flightstore.remote import RemoteLogManager
 from flightstore.replica.protocol import FETCH_OP
 from flightstore.server import status, tickets
+from flightstore.server.access import AccessChecks
 from flightstore.server.actions import ActionRpcs, PreparedStatement
 from flightstore.server.auth import AUTH_MIDDLEWARE, BasicAuthMiddlewareFactory, NoAuthHandler
 from flightstore.server.authz import Authorizer
 from flightstore.server.expiring import ExpiringSet
 from flightstore.server.housekeeping import Housekeeping
+from flightstore.server.logins import LoginGate
 from flightstore.server.messages import MAX_BATCH_BYTES, rechunk
 from flightstore.server.metrics import METRICS_MIDDLEWARE, ServerMetrics
+from flightstore.server.metrics_http import ssl_context
 from flightstore.server.partition_manager import AutoPartitionManager
 from flightstore.server.peer import PeerRpcs
 from flightstore.server.queries import RunningQueries
 from flightstore.server.reads import ReadRpcs
-from flightstore.server.rpc import _CALLER, _peer, _rpc
+from flightstore.server.rpc import _peer, _rpc
 from flightstore.server.rpc import _translate as _translate  # re-exported: tests import it from here
 from flightstore.server.session import Session
 from flightstore.server.tls import TlsConfig
 from flightstore.server.upload import UploadLimits
 from flightstore.server.users import UserStore
 from flightstore.server.writes import WriteRpcs
-from flightstore.sql import nodes
 from flightstore.sql.execute import Executor
-from flightstore.sql.privileges import required_permissions, table_resource
 from flightstore.store import Store
 
 __all__ = ["MAX_BATCH_BYTES", "FlightSqlServer", "rechunk", "serve"]
@@ -58,7 +67,7 @@ HARD_EXIT_MARGIN_S = 5.0  # after the shutdown grace: stopped queries end, then 
 MAX_SESSIONS = 4096  # client connections whose USE / session options are remembered
 
 
-class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, flight.FlightServerBase):
+class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, AccessChecks, flight.FlightServerBase):
     """flightstore's Flight SQL endpoint over one :class:`~flightstore.store.Store`."""
 
     def __init__(self, store: Store, location: str = "grpc://127.0.0.1:0", *,
@@ -83,9 +92,11 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, flight.FlightSe
             users = UserStore.from_passwords(users)
         self.authenticator = None
         if users is not None:
-            self.authenticator = BasicAuthMiddlewareFactory(users, token_ttl_ms=token_ttl_ms,
-                                                            max_tokens=max_tokens,
-                                                            on_refused=self.metrics.refused)
+            options = store.options
+            self.authenticator = BasicAuthMiddlewareFactory(
+                users, on_refused=self.metrics.refused, gate=LoginGate.from_options(options),
+                token_ttl_ms=token_ttl_ms if token_ttl_ms is not None else server_option(options, "auth.token-ttl"),
+                max_tokens=max_tokens if max_tokens is not None else server_option(options, "auth.max-tokens"))
             middleware[AUTH_MIDDLEWARE] = self.authenticator
         self.tls = tls
         if tls is not None:
@@ -104,6 +115,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, flight.FlightSe
         self._prepared: dict[bytes, PreparedStatement] = {}
         self._prepare_cache: LruCache[tuple, tuple] = LruCache(server_option(store.options, "sql.cache.entries"))
         self._results: dict[str, tuple[float, pa.Table, str | None]] = {}  # (kept at, rows, owner)
+        self._ticket_key = os.urandom(32)  # binds inline result tickets to their user (tickets.py)
         self._cancelled = ExpiringSet()  # cancelled query tickets: bounded (size cap, time to live)
         self.queries = RunningQueries()  # DoGet streams of queries: CancelFlightInfo / shutdown stop them
         self._lock = threading.Lock()
@@ -122,6 +134,10 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, flight.FlightSe
         if retention_interval_s is None:
             retention_interval_s = server_option({}, "log.retention.check-interval") / 1000
         self.housekeeping = Housekeeping(store, retention_interval_s).start()
+        self.remote_log: RemoteLogManager | None = None  # uploads to remote.data.dir
+        if store.remote is not None:
+            self.remote_log = RemoteLogManager(store, server_option(
+                store.options, "remote.log.task-interval-duration")).start()
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -155,6 +171,8 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, flight.FlightSe
             status.loud_tracebacks()
         self.partition_manager.stop()
         self.housekeeping.stop()
+        if self.remote_log is not None:
+            self.remote_log.stop()
         finished = threading.Event()
 
         def abort_after_grace() -> None:
@@ -170,18 +188,33 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, flight.FlightSe
         if self.tierer is not None:
             self.tierer.stop()
         self.metrics.close()
+        if self.authenticator is not None:
+            self.authenticator.gate.close()
         self.executor.close()
 
-    # ---- authorization: the one check, fed by the plan's resources ----------------------------
-    def _authorize(self, permissions: Any) -> None:
-        """Raise Unauthorized unless the caller holds every permission (a plan's, or a list)."""
-        if isinstance(permissions, nodes.PlanNode):
-            permissions = required_permissions(permissions)
-        self.authz.check(_CALLER.get(), permissions)
+    # ---- the metrics endpoint ------------------------------------------------------------------
+    def serve_metrics(self, host: str, port: int) -> int:
+        """Serve the Prometheus metrics on ``host:port`` (0: a free port) as the ``metrics.auth``
+        and ``metrics.tls`` options say; returns the port. InvalidOption when they ask for what
+        this server lacks (Basic credentials without users, HTTPS without TLS)."""
+        options = self.store.options
+        auth = server_option(options, "metrics.auth")
+        if auth == "basic" and self.authenticator is None:
+            raise InvalidOption("option 'metrics.auth': basic needs users (--users-file)")
+        if server_option(options, "metrics.tls") and self.tls is None:
+            raise InvalidOption("option 'metrics.tls': the server has no TLS certificate (--tls-cert/--tls-key)")
+        admit = self._admit_scraper if auth == "basic" or (auth == "auto" and self.authenticator) else None
+        tls = None
+        if server_option(options, "metrics.tls"):
+            tls = ssl_context(self.tls.cert, self.tls.key, self.tls.client_ca)
+        return self.metrics.serve(host, port, admit=admit, tls=tls)
 
-    def _authorize_table(self, operation: Operation, table: Any) -> None:
-        self._authorize([Permission(operation, table_resource(table.path))])
-
+    def _admit_scraper(self, user: str, password: str) -> None:
+        """A scrape of the metrics (which name every table) needs a user allowed DESCRIBE on the
+        cluster; Unauthenticated / Unauthorized / Unavailable otherwise."""
+        if self.authenticator.check_password(user, password) is None:
+            raise Unauthenticated("wrong username or password")
+        self.authz.check(user, [Permission(Operation.DESCRIBE, CLUSTER)])
 
     @_rpc
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
@@ -250,6 +283,8 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     from flightstore.lake.settings import LakeSettings
     try:
         options = validate_server_options(options or {})
+        if metrics_port is None:
+            metrics_port = options.get("metrics.port")
         # Cluster mode tiers nothing yet: each server would have to tier only the buckets it leads.
         lake = None if cluster is not None else LakeSettings.from_options(data_dir, options)
     except FlightstoreError as exc:
@@ -260,7 +295,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         store_class = Store
     try:
         store = store_class(data_dir, fsync=fsync, options=options)
-    except DataDirectoryInUse as exc:
+    except (DataDirectoryInUse, InvalidOption) as exc:  # another server; remote.* options
         raise SystemExit(f"flightstore: {exc}") from None
     try:
         server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users, super_users=super_users,
@@ -275,6 +310,8 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         try:
             server.cluster = join(cluster, store, host, server.port)
             server.peers.identity = server.cluster.identity
+            server.metrics.watch_replicas(server.cluster.replicas)
+            server.cluster.on_decommissioned = lambda: os.kill(os.getpid(), signal.SIGTERM)
             if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
                 server.authenticator.secret = server.cluster.secret
                 server.authenticator.peer_identity = server.cluster.identity
@@ -286,12 +323,17 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     print(f"flightstore serving {data_dir} at {scheme}://{host}:{server.port}", flush=True)
     if metrics_port is not None:
         try:
-            bound = server.metrics.serve(host, metrics_port)
+            bound = server.serve_metrics(host, metrics_port)
+        except FlightstoreError as exc:
+            server.shutdown()
+            store.close()
+            raise SystemExit(f"flightstore: {exc}") from None
         except OSError as exc:
             server.shutdown()
             store.close()
             raise SystemExit(f"flightstore: cannot serve metrics on {host}:{metrics_port} ({exc})") from None
-        print(f"flightstore metrics at http://{host}:{bound}/metrics", flush=True)
+        scheme = "https" if server_option(options, "metrics.tls") else "http"
+        print(f"flightstore metrics at {scheme}://{host}:{bound}/metrics", flush=True)
 
     grace_s = server_option(options, "server.shutdown-grace") / 1000
     finished = threading.Event()

@@ -8,13 +8,19 @@ are JSON documents prefixed by :data:`CUSTOM_PREFIX`.
 
 Small results computed while answering GetFlightInfo (point lookups, counts) travel *in* their
 ticket (:func:`result_ticket`): ``RESULT_PREFIX``, 8 random bytes (so two equal results still have
-distinct tickets, and CancelFlightInfo cancels only its own), then the Arrow IPC stream. DoGet
-then streams a ready table: no second plan, no second lookup, still no server-side state.
+distinct tickets, and CancelFlightInfo cancels only its own), a 16-byte tag, then the Arrow IPC
+stream. DoGet then streams a ready table: no second plan, no second lookup, still no server-side
+state. A result is data the ticket's holder was authorized to read, so it is bound to that user:
+the tag is an HMAC-SHA256 (with a key only the server knows) of the user, the random bytes and
+the stream. Presented by anyone else, or altered, it is :data:`UNKNOWN_TICKET`, exactly the
+answer to a ticket the server never issued.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import os
 from typing import Any
@@ -30,6 +36,7 @@ __all__ = [
     "FIELD_TYPES",
     "INLINE_RESULT_BYTES",
     "RESULT_PREFIX",
+    "UNKNOWN_TICKET",
     "Command",
     "decode_custom",
     "decode_params",
@@ -47,6 +54,10 @@ CUSTOM_PREFIX = b"flightstore/1 "
 RESULT_PREFIX = b"flightstore/result "
 INLINE_RESULT_BYTES = 64 * 1024  # larger results stay on the server (or are computed at DoGet)
 _NONCE_BYTES = 8
+_TAG_BYTES = 16
+#: What DoGet answers for a ticket this server did not issue to the caller (never issued, altered,
+#: or issued to another user): one answer, so a ticket's holder learns nothing of others' tickets.
+UNKNOWN_TICKET = "this ticket was not issued by this server"
 # Built once: pyarrow's defaults read os.environ on every writer (and allocate per reader).
 _WRITE_OPTIONS = pa.ipc.IpcWriteOptions()
 _READ_OPTIONS = pa.ipc.IpcReadOptions()
@@ -84,7 +95,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "bucket": _INT, "at": _INT, "start": (str, int, dict), "until": (dict,), "log_from": (dict,),
     "heartbeat_s": _NUMBER, "which": (str,), "timestamp_ms": _INT, "force": (bool,), "exact": (bool,),
     "peer": (bool,), "keys_ipc": (str,), "from_offset": _INT, "to_offset": _INT, "max_rows": _INT,
-    "table_id": (str,), "epochs": (dict,),
+    "table_id": (str,), "epochs": (dict,), "server_id": _INT,
 }
 
 
@@ -149,25 +160,37 @@ def decode_query_handle(handle: bytes) -> Command:
     return _checked(payload, "statement handle")
 
 
-def result_ticket(table: pa.Table) -> bytes | None:
-    """A ticket carrying ``table`` itself, or None when its IPC stream exceeds
-    :data:`INLINE_RESULT_BYTES`."""
+def _tag(key: bytes, owner: str | None, nonce: bytes, body: memoryview | bytes) -> bytes:
+    mac = hmac.new(key, (owner or "").encode() + b"\0" + nonce, hashlib.sha256)
+    mac.update(body)
+    return mac.digest()[:_TAG_BYTES]
+
+
+def result_ticket(table: pa.Table, key: bytes, owner: str | None) -> bytes | None:
+    """A ticket carrying ``table`` itself, bound to user ``owner`` (None: no authentication) with
+    the server's ``key``; None when its IPC stream exceeds :data:`INLINE_RESULT_BYTES`."""
     sink = pa.BufferOutputStream()
-    sink.write(RESULT_PREFIX + os.urandom(_NONCE_BYTES))
     with pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
         writer.write_table(table)
-    if sink.tell() > len(RESULT_PREFIX) + _NONCE_BYTES + INLINE_RESULT_BYTES:
+    if sink.tell() > INLINE_RESULT_BYTES:
         return None
-    return sink.getvalue().to_pybytes()
+    body = sink.getvalue()
+    nonce = os.urandom(_NONCE_BYTES)
+    return RESULT_PREFIX + nonce + _tag(key, owner, nonce, memoryview(body)) + body.to_pybytes()
 
 
 def is_result(data: bytes) -> bool:
     return data.startswith(RESULT_PREFIX)
 
 
-def decode_result(data: bytes) -> pa.Table:
-    """The table a :func:`result_ticket` carries."""
-    body = pa.py_buffer(data)[len(RESULT_PREFIX) + _NONCE_BYTES:]
+def decode_result(data: bytes, key: bytes, owner: str | None) -> pa.Table:
+    """The table a :func:`result_ticket` carries, when it was issued to ``owner`` with ``key``;
+    InvalidInput(:data:`UNKNOWN_TICKET`) otherwise."""
+    start = len(RESULT_PREFIX)
+    nonce, tag = data[start:start + _NONCE_BYTES], data[start + _NONCE_BYTES:start + _NONCE_BYTES + _TAG_BYTES]
+    body = pa.py_buffer(data)[start + _NONCE_BYTES + _TAG_BYTES:]
+    if len(tag) != _TAG_BYTES or not hmac.compare_digest(tag, _tag(key, owner, nonce, memoryview(body))):
+        raise InvalidInput(UNKNOWN_TICKET)
     try:
         return pa.ipc.open_stream(body, options=_READ_OPTIONS).read_all()
     except (pa.ArrowException, OSError) as exc:

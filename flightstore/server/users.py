@@ -10,10 +10,16 @@ time): users added or removed take effect without a restart.
 Passwords are Unicode text, compared only through Argon2 (no ``hmac.compare_digest`` on ``str``,
 which refuses non-ASCII text). An unknown user costs the same hash computation as a wrong password,
 so timing does not tell which users exist.
+
+Each user's *fingerprint* (:meth:`UserStore.fingerprint`, a digest of its current hash) changes
+whenever its password is set, also when it is removed and added again with the same password (a new
+salt each time). Tokens carry the fingerprint they were minted under, so setting a password or
+removing a user revokes every token minted before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -160,13 +166,31 @@ class UserStore:
             if self.path is not None:
                 self._save()
 
+    def fingerprint(self, name: str) -> str | None:
+        """A digest of ``name``'s current password hash; None when there is no such user. It
+        changes whenever the password is set (see the module docstring)."""
+        with self._lock:
+            self._reload()
+            digest = self._hashes.get(name)
+        return None if digest is None else _fingerprint(digest)
+
     def verify(self, name: str, password: str) -> bool:
         """Whether ``password`` is ``name``'s. Costs one Argon2 computation whether or not the user
         exists."""
+        return self.authenticate(name, password) is not None
+
+    def authenticate(self, name: str, password: str) -> str | None:
+        """The fingerprint of the hash ``password`` matched, or None when it is not ``name``'s
+        password (or there is no such user). Costs one Argon2 computation either way."""
         with self._lock:
             self._reload()
             digest = self._hashes.get(name)
         try:
-            return self._hasher.verify(digest or self._dummy, password) and digest is not None
+            matched = self._hasher.verify(digest or self._dummy, password)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
-            return False
+            return None
+        return _fingerprint(digest) if matched and digest is not None else None
+
+
+def _fingerprint(digest: str) -> str:
+    return hashlib.sha256(digest.encode()).hexdigest()[:24]

@@ -70,7 +70,7 @@ class WriteRpcs:
             raise Unsupported(f"{name} is not supported by DoPut")
 
     def _run_update(self, sql: str, params: list | None, session: Session) -> int:
-        plan = self.executor.plan(sql, params, session.database)
+        plan = self._plan(sql, params, session.database)
         if is_query(plan):
             raise InvalidInput("a query was sent as an update; use a query command for SELECT")
         self._authorize(plan)
@@ -85,7 +85,7 @@ class WriteRpcs:
             count = self.executor.run_statement(bulk)
             self.metrics.written(bulk.table, bulk.data)
             return count
-        plans = [self.executor.plan(sql, row, database) for row in rows]
+        plans = [self._plan(sql, row, database) for row in rows]
         if any(is_query(plan) for plan in plans):
             raise InvalidInput("a query was sent as an update; use a query command for SELECT")
         for plan in plans:
@@ -109,12 +109,12 @@ class WriteRpcs:
         """
         if len(rows) < 2 or rows[0] is None:
             return None
-        first = self.executor.plan(sql, rows[0], database)
+        first = self._plan(sql, rows[0], database)
         if not isinstance(first, nodes.Insert) or first.data.num_rows != 1 \
                 or first.data.num_columns != len(rows[0]):
             return None
         probe = [_probe_value(f.type) for f in first.data.schema]
-        if self.executor.plan(sql, probe, database).data.to_pylist()[0] != \
+        if self._plan(sql, probe, database).data.to_pylist()[0] != \
                 dict(zip(first.data.column_names, probe)):
             return None  # the VALUES row is not just the parameters in order
         try:
@@ -166,7 +166,7 @@ class WriteRpcs:
 
     def _custom_put(self, payload: dict, reader: flight.MetadataRecordBatchReader) -> dict:
         op = payload["op"]
-        table = self.store.table(payload["table"])
+        table = self._visible_table(payload["table"])
         self._authorize_table(Operation.WRITE, table)
         if op not in ("append", "upsert", "delete", "write"):
             raise InvalidInput(f"unknown flightstore write command {op!r}")

@@ -1,11 +1,13 @@
 """The embedded SQL engine (DuckDB) that runs residual SQL, bounded and stoppable.
 
 One in-memory DuckDB per executor with a memory limit (``query.memory-limit``) and a spill
-directory under the data directory (``query.spill-limit``); a cursor (its own connection, its own
-registered inputs) per query. Inputs may be Arrow tables or record batch readers (streamed scans:
-DuckDB pulls them batch by batch); results stream out batch by batch. A watchdog thread interrupts
-the DuckDB work of every query whose :class:`~flightstore.sql.control.QueryControl` says stop
-(cancelled, caller gone, deadline passed), so a query stops even in the middle of a long batch.
+directory under the data directory (``query.spill-limit``), its configuration locked once opened
+(``lock_configuration``: no SQL that reaches it can raise a limit or reopen external access); a
+cursor (its own connection, its own registered inputs) per query. Inputs may be Arrow tables or
+record batch readers (streamed scans: DuckDB pulls them batch by batch); results stream out batch
+by batch. A watchdog thread interrupts the DuckDB work of every query whose
+:class:`~flightstore.sql.control.QueryControl` says stop (cancelled, caller gone, deadline passed),
+so a query stops even in the middle of a long batch.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class SqlEngine:
                     shutil.rmtree(self.spill_dir, ignore_errors=True)  # a crashed run's leftovers
                     config["temp_directory"] = str(self.spill_dir)
                     config["max_temp_directory_size"] = f"{self.spill_limit}B"
+                # Locked last: no statement may change the limits above (SET memory_limit, threads,
+                # temp_directory, enable_external_access...), nor unlock them again.
+                config["lock_configuration"] = True
                 self._db = duckdb.connect(config=config)
             return self._db
 

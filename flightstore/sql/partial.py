@@ -230,7 +230,7 @@ def _bound(original_sql: str, partial: exp.Select, merge: exp.Select, input_sche
     global _engine
     with _engine_lock:
         if _engine is None:
-            _engine = duckdb.connect(config={"enable_external_access": False})
+            _engine = duckdb.connect(config={"enable_external_access": False, "lock_configuration": True})
         connection = _engine.cursor()
     try:
         connection.register(source, input_schema.empty_table())

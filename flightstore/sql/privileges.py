@@ -19,11 +19,16 @@ DROP TABLE                             DROP on the table
 ALTER TABLE (columns, options,         ALTER on the table
 partitions, RENAME TO)
 DESCRIBE t, SHOW PARTITIONS t          DESCRIBE on the table
-USE db                                 DESCRIBE on the database
+USE db                                 nothing but seeing ``db`` (below)
 EXPLAIN stmt                           DESCRIBE on everything ``stmt`` touches
 GRANT / REVOKE                         ALL on the resource (as Fluss's CREATE_ACLS / DROP_ACLS)
 SHOW DATABASES / TABLES / GRANTS       nothing: the server lists only what the caller may describe
 =====================================  ===========================================================
+
+Before any of that, every object a plan names (:func:`plan_resources`) must be one the caller
+*sees*: a table it may DESCRIBE, a database listed to it (DESCRIBE on it, or a grant on one of its
+tables). An object the caller does not see answers exactly like an absent one: the server plans
+the statement again in a catalog without it (:class:`~flightstore.sql.resolve.VisibleCatalog`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from flightstore.acl import CLUSTER, Operation, Permission, Resource
 from flightstore.schema import TablePath
 from flightstore.sql import nodes as n
 
-__all__ = ["plan_tables", "required_permissions", "table_resource"]
+__all__ = ["plan_resources", "plan_tables", "required_permissions", "table_resource"]
 
 
 def table_resource(path: TablePath) -> Resource:
@@ -87,8 +92,18 @@ def _required(plan: n.PlanNode) -> list[Permission]:
         return [Permission(Operation.DESCRIBE, table_resource(plan.table))]
     if isinstance(plan, n.AlterTable):
         return [Permission(Operation.ALTER, table_resource(plan.table))]
-    if isinstance(plan, n.UseDatabase):
-        return [Permission(Operation.DESCRIBE, Resource.of_database(plan.name))]
     if isinstance(plan, (n.Grant, n.Revoke)):
         return [Permission(Operation.ALL, plan.resource)]
     return []  # SHOW DATABASES / TABLES / GRANTS: filtered by the server
+
+
+def plan_resources(plan: n.PlanNode) -> tuple[Resource, ...]:
+    """Every catalog object ``plan`` names (those it needs a permission on, the database of SHOW
+    TABLES and USE, the resource of SHOW GRANTS ON), without duplicates: the objects the caller
+    must see before it learns anything of the plan."""
+    found = [permission.resource for permission in required_permissions(plan)]
+    if isinstance(plan, (n.ShowTables, n.UseDatabase)):
+        found.append(Resource.of_database(plan.database if isinstance(plan, n.ShowTables) else plan.name))
+    elif isinstance(plan, n.ShowGrants) and plan.resource is not None:
+        found.append(plan.resource)
+    return tuple(dict.fromkeys(found))

@@ -7,6 +7,7 @@ The planner only sees the catalog through :class:`CatalogView`; nothing here doe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Protocol, runtime_checkable
@@ -20,7 +21,7 @@ from flightstore.lake.layout import table_types
 from flightstore.schema import TableDescriptor, TablePath
 
 __all__ = [
-    "CatalogView", "ResolvedTable", "resolve_database", "resolve_table", "resolve_table_node",
+    "CatalogView", "ResolvedTable", "VisibleCatalog", "resolve_database", "resolve_table", "resolve_table_node",
     "resolve_column", "changelog_schema", "binlog_schema", "partitions_schema", "lake_schema",
     "lake_snapshots_schema", "lake_status_schema", "META_COLUMNS", "VIEWS",
 ]
@@ -47,6 +48,36 @@ class CatalogView(Protocol):
 
     def list_databases(self) -> list[str]:
         ...
+
+
+class VisibleCatalog:
+    """``catalog`` as one caller sees it: the databases and tables it may not see are absent.
+
+    ``sees_database(name)`` / ``sees_table(path)`` say what the caller sees. A statement naming a
+    hidden object then fails exactly as if the object did not exist (same error, same message)
+    and learns nothing of it: not its columns, types, options or existence.
+    """
+
+    def __init__(self, catalog: CatalogView, sees_database: Callable[[str], bool],
+                 sees_table: Callable[[TablePath], bool]) -> None:
+        self.catalog = catalog
+        self.default_database = catalog.default_database
+        self.sees_database = sees_database
+        self.sees_table = sees_table
+
+    def get_table(self, path: TablePath) -> TableDescriptor:
+        if not (self.sees_database(path.database) and self.sees_table(path)):
+            raise TableNotFound(f"table {path} does not exist")
+        return self.catalog.get_table(path)
+
+    def list_databases(self) -> list[str]:
+        return [name for name in self.catalog.list_databases() if self.sees_database(name)]
+
+    def list_tables(self, database: str) -> list[str]:
+        lister = getattr(self.catalog, "list_tables", None)
+        if lister is None:
+            raise TypeError("a VisibleCatalog needs a catalog view that lists tables")
+        return [name for name in lister(database) if self.sees_table(TablePath(database, name))]
 
 
 META_COLUMNS = changetype.META_FIELDS

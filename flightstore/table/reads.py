@@ -169,7 +169,7 @@ class TableReads:
         the buckets it leads)."""
         wanted = {int(n) for n in numbers}
         if self.has_primary_key:
-            return sum(kv.row_count for b, kv in enumerate(self.kvs) if b in wanted)
+            return sum(kv.committed_row_count() for b, kv in enumerate(self.kvs) if b in wanted)
         return sum(log.high_watermark - log.start_offset - log.lost_rows
                    for b, log in enumerate(self.logs) if b in wanted)
 

@@ -1,6 +1,7 @@
-"""Authorization in Fluss's model over every kind of RPC: a user without grants is refused (naming
-user, operation and resource) and nothing changes or leaks; grants allow; grants survive restarts;
-REVOKE takes them back; metadata lists only what the user may describe."""
+"""Authorization in Fluss's model over every kind of RPC: a user who may only describe is refused
+(naming user, operation and resource) and nothing changes or leaks; grants allow; grants survive
+restarts; REVOKE takes them back; metadata lists only what the user may describe. (What a user
+without any grant sees, object by object and RPC by RPC: tests/server/test_privilege_matrix.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from adbc_driver_flightsql import dbapi
 from pyarrow import flight
 
 import flightstore
-from flightstore.server import protocol
+from flightstore.server import protocol, tickets
 from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
 
@@ -178,8 +179,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, call, operation, resource", CASES, ids=[c[0] for c in CASES])
-def test_user_without_grants_is_refused_and_nothing_changes(env, name, call, operation, resource):
+# What DESCRIBE allows (USE needs only to see the database) is not refused.
+DENIED = [case for case in CASES if case[0] not in ("adbc use", "adbc describe", "action offsets")]
+
+
+@pytest.mark.parametrize("name, call, operation, resource", DENIED, ids=[c[0] for c in DENIED])
+def test_user_who_may_only_describe_is_refused_and_nothing_changes(env, name, call, operation, resource):
+    env.admin_sql("GRANT DESCRIBE ON DATABASE shop TO bob")  # without it, shop does not exist for bob
     before = _state(env)
     _expect_denied(lambda: call(env, "bob"), "bob", operation, resource)
     assert _state(env) == before
@@ -192,8 +198,12 @@ def _visible(env: AclServer, user: str) -> dict:
         objects = cur.connection.adbc_get_objects(depth="tables").read_all().to_pylist()
         cur.execute("SHOW DATABASES")
         databases = [row[0] for row in cur.fetchall()]
-        cur.execute("SHOW TABLES IN shop")
-        tables = [row[0] for row in cur.fetchall()]
+        try:
+            cur.execute("SHOW TABLES IN shop")
+            tables = [row[0] for row in cur.fetchall()]
+        except adbc_driver_manager.ProgrammingError as exc:  # a database it does not see is absent
+            assert "NOT_FOUND" in str(exc) and "database 'shop' does not exist" in str(exc)
+            tables = None
         cur.execute("SHOW GRANTS")
         grants = cur.fetchall()
     listed = {schema["db_schema_name"]: sorted(t["table_name"] for t in schema["db_schema_tables"] or [])
@@ -208,7 +218,7 @@ def _visible(env: AclServer, user: str) -> dict:
 
 def test_metadata_lists_only_what_the_user_may_describe(env):
     seen = _visible(env, "bob")
-    assert seen == {"objects": {}, "databases": [], "tables": [], "grants": [], "pk_keys": []}
+    assert seen == {"objects": {}, "databases": [], "tables": None, "grants": [], "pk_keys": []}
     env.admin_sql("GRANT READ ON TABLE shop.pk TO bob")
     env.admin_sql("GRANT WRITE ON TABLE shop.secret TO alice")
     seen = _visible(env, "bob")
@@ -225,6 +235,10 @@ def test_a_ticket_is_checked_for_whoever_presents_it(env):
         command = protocol.pack_any(protocol.CommandStatementQuery(query="SELECT * FROM shop.secret"))
         info = admin._client.get_flight_info(flight.FlightDescriptor.for_command(command), admin._options)
     with env.connect("bob") as bob:
+        # bob holds no grant: shop.secret does not exist for him
+        with pytest.raises(pa.ArrowKeyError, match="table 'shop.secret' does not exist"):
+            bob._client.do_get(info.endpoints[0].ticket, bob._options).read_all()
+        env.admin_sql("GRANT DESCRIBE ON TABLE shop.secret TO bob")
         _expect_denied(lambda: bob._client.do_get(info.endpoints[0].ticket, bob._options).read_all(),
                        "bob", "READ", "table shop.secret")
         with env.connect("admin") as admin:
@@ -265,6 +279,9 @@ def test_all_on_a_database_delegates_grants_within_it(env):
     with env.connect("alice") as alice:
         alice.sql("GRANT READ ON TABLE shop.secret TO bob")
         _expect_denied(lambda: alice.sql("GRANT READ ON CLUSTER TO bob"), "alice", "ALL", "cluster")
+        with pytest.raises(pa.ArrowKeyError, match="database 'default' does not exist"):
+            alice.sql("GRANT READ ON DATABASE default TO bob")  # not one alice sees
+        env.admin_sql("GRANT DESCRIBE ON DATABASE default TO alice")
         _expect_denied(lambda: alice.sql("GRANT READ ON DATABASE default TO bob"), "alice", "ALL",
                        "database default")
     with env.connect("bob") as bob:
@@ -280,3 +297,69 @@ def test_without_authentication_everyone_may_do_everything(server):
         conn.sql("INSERT INTO open.t VALUES (1)")
         assert conn.sql("SHOW TABLES IN open").column(0).to_pylist() == ["t"]
         assert conn.sql("SELECT id FROM open.t").column("id").to_pylist() == [1]
+
+
+def _do_get(conn: flightstore.Connection, ticket: bytes) -> tuple[str, str]:
+    """What DoGet of ``ticket`` answers ``conn``: its rows, or the error's type and message."""
+    try:
+        return "ok", repr(conn._client.do_get(flight.Ticket(ticket), conn._options).read_all().to_pylist())
+    except (flight.FlightError, pa.ArrowException) as exc:
+        return type(exc).__name__, str(exc).split("gRPC client debug context")[0]
+
+
+def test_a_result_ticket_is_served_only_to_the_user_it_was_issued_to(env):
+    """A small result travels in its ticket; a larger (or a statement's) one is kept on the server.
+    Either way, another user replaying the ticket (even one allowed to read the table, even a super
+    user) gets what a ticket the server never issued gets."""
+    env.admin_sql("GRANT READ, WRITE ON TABLE shop.pk TO alice")
+    env.admin_sql("GRANT READ, WRITE ON TABLE shop.pk TO bob")
+    with env.connect("alice") as alice, env.connect("bob") as bob, env.connect("admin") as admin:
+        def info(sql: str) -> bytes:
+            command = protocol.pack_any(protocol.CommandStatementQuery(query=sql))
+            got = alice._client.get_flight_info(flight.FlightDescriptor.for_command(command), alice._options)
+            return got.endpoints[0].ticket.ticket
+
+        inline = info("SELECT v FROM shop.pk WHERE id = 1")  # answered at GetFlightInfo, in the ticket
+        kept = info("INSERT INTO shop.pk VALUES (3, 'c')")     # a statement's row count, kept
+        assert tickets.is_result(inline) and tickets.is_custom(kept)
+        assert _do_get(alice, inline) == ("ok", "[{'v': 'a'}]")
+        assert _do_get(alice, kept) == ("ok", "[{'rows_affected': 1}]")
+        forged = inline[:len(tickets.RESULT_PREFIX)] + bytes(len(inline) - len(tickets.RESULT_PREFIX))
+        never_issued = tickets.encode_custom({"op": "result", "id": "0" * 32})
+        for other in (bob, admin):
+            assert _do_get(other, inline) == _do_get(other, forged) == _do_get(other, b"not a ticket")
+            assert _do_get(other, inline)[1].startswith(tickets.UNKNOWN_TICKET)
+            assert _do_get(other, kept) == _do_get(other, never_issued)
+            assert "expired or was already read" in _do_get(other, kept)[1]
+        # A copy whose bytes were altered is unknown to its owner too.
+        assert _do_get(alice, inline[:-1] + bytes([inline[-1] ^ 1]))[1].startswith(tickets.UNKNOWN_TICKET)
+
+
+def test_a_prepared_statement_is_usable_only_by_the_user_who_prepared_it(env):
+    env.admin_sql("GRANT READ ON TABLE shop.pk TO alice")
+    env.admin_sql("GRANT READ ON TABLE shop.pk TO bob")
+    with env.connect("alice") as alice, env.connect("bob") as bob:
+        request = protocol.ActionCreatePreparedStatementRequest(query="SELECT v FROM shop.pk WHERE id = 1")
+        [answer] = alice._client.do_action(
+            flight.Action(protocol.CREATE_PREPARED_STATEMENT, protocol.pack_any(request)), alice._options)
+        handle = protocol.unpack_any(answer.body.to_pybytes()).prepared_statement_handle
+
+        def run(conn: flightstore.Connection, handle: bytes) -> tuple[str, str]:
+            command = protocol.pack_any(protocol.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+            try:
+                info = conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
+                return "ok", repr(conn.read_info(info).to_pylist())
+            except (flight.FlightError, pa.ArrowException) as exc:
+                return type(exc).__name__, str(exc).split("gRPC client debug context")[0]
+
+        def close(conn: flightstore.Connection) -> None:
+            body = protocol.pack_any(protocol.ActionClosePreparedStatementRequest(prepared_statement_handle=handle))
+            list(conn._client.do_action(flight.Action(protocol.CLOSE_PREPARED_STATEMENT, body), conn._options))
+
+        assert run(alice, handle) == ("ok", "[{'v': 'a'}]")
+        assert run(bob, handle) == run(bob, b"0" * len(handle))  # as a handle never issued
+        assert "unknown or closed prepared statement" in run(bob, handle)[1]
+        close(bob)  # closing another user's statement does nothing
+        assert run(alice, handle) == ("ok", "[{'v': 'a'}]")
+        close(alice)
+        assert "unknown or closed prepared statement" in run(alice, handle)[1]

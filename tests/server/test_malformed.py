@@ -132,8 +132,9 @@ CASES = [
      ["nested too deeply"]),
     # DoGet
     ("get: empty ticket", get(b""), INVALID, ["ticket"]),
-    ("get: garbage ticket", get(b"\x00\x01garbage"), INVALID, ["malformed"]),
-    ("get: garbage result ticket", get(tickets.RESULT_PREFIX + b"12345678not arrow"), INVALID, ["result ticket"]),
+    ("get: garbage ticket", get(b"\x00\x01garbage"), INVALID, [tickets.UNKNOWN_TICKET]),
+    ("get: garbage result ticket", get(tickets.RESULT_PREFIX + b"12345678not arrow"), INVALID,
+     [tickets.UNKNOWN_TICKET]),
     ("get: handle not json", get(query_ticket(b"{nope")), INVALID, ["statement handle"]),
     ("get: handle without sql", get(query_ticket({"db": "default"})), INVALID, ["statement handle"]),
     ("get: handle sql of wrong type", get(query_ticket({"sql": 5})), INVALID, ["statement handle"]),

@@ -4,13 +4,18 @@ through its HTTP API."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import http.client
 import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -21,8 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyarrow import flight
 
 import flightstore
+from flightstore.errors import InvalidOption
 from flightstore.server.service import FlightSqlServer
+from flightstore.server.tls import TlsConfig
 from flightstore.store import Store
+from tests.certs import make_certificates
 from tests.waiting import wait_until
 
 
@@ -195,3 +203,86 @@ def test_prometheus_scrapes_a_real_server(tmp_path):
             prometheus.wait(timeout=60)
         server.terminate()
         server.wait(timeout=60)
+
+
+# ---- who may scrape, over what, and what the series name ------------------------------------------
+def _get(url: str, credentials: tuple[str, str] | None = None, context=None) -> tuple[int, str]:
+    request = urllib.request.Request(url)
+    if credentials is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(credentials).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@contextlib.contextmanager
+def _server(tmp_path, options: dict | None = None, **kwargs):
+    store = Store(tmp_path / "data", options=options)
+    server = FlightSqlServer(store, **kwargs)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        store.close()
+
+
+def test_a_server_with_users_serves_metrics_only_to_users_who_may_describe_the_cluster(tmp_path):
+    with _server(tmp_path, users={"admin": "adm1n", "alice": "al1ce"}, super_users=("admin",)) as server:
+        url = f"http://127.0.0.1:{server.serve_metrics('127.0.0.1', 0)}/metrics"
+        status, _ = _get(url)
+        assert status == 401
+        assert _get(url, ("alice", "wrong"))[0] == 401
+        status, text = _get(url, ("alice", "al1ce"))
+        assert status == 403 and "user 'alice' may not DESCRIBE cluster" in text
+        status, text = _get(url, ("admin", "adm1n"))
+        assert status == 200 and "flightstore_rpc_total" in text
+        with flightstore.connect(server.uri, username="admin", password="adm1n", timeout=60) as admin:
+            admin.sql("GRANT DESCRIBE ON CLUSTER TO alice")
+        assert _get(url, ("alice", "al1ce"))[0] == 200
+
+
+def test_metrics_auth_none_opens_the_endpoint_and_basic_needs_users(tmp_path):
+    with _server(tmp_path / "a", {"metrics.auth": "none"}, users={"admin": "adm1n"}) as server:
+        assert _get(f"http://127.0.0.1:{server.serve_metrics('127.0.0.1', 0)}/metrics")[0] == 200
+    with _server(tmp_path / "b", {"metrics.auth": "basic"}) as server:
+        with pytest.raises(InvalidOption, match="metrics.auth"):
+            server.serve_metrics("127.0.0.1", 0)
+    with _server(tmp_path / "c") as server:  # no users: the endpoint is open, as the server is
+        assert _get(f"http://127.0.0.1:{server.serve_metrics('127.0.0.1', 0)}/metrics")[0] == 200
+
+
+def test_metrics_over_https(tmp_path):
+    certs = make_certificates(tmp_path / "certs")
+    tls = TlsConfig.from_files(certs.server_cert, certs.server_key)
+    with _server(tmp_path / "a", {"metrics.tls": True}, tls=tls, users={"admin": "adm1n"},
+                 super_users=("admin",)) as server:
+        port = server.serve_metrics("127.0.0.1", 0)
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        status, text = _get(f"https://127.0.0.1:{port}/metrics", ("admin", "adm1n"), context)
+        assert status == 200 and "flightstore_rpc_total" in text
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            _get(f"http://127.0.0.1:{port}/metrics", ("admin", "adm1n"))  # plain HTTP is not spoken
+    with _server(tmp_path / "b", {"metrics.tls": True}) as server:
+        with pytest.raises(InvalidOption, match="metrics.tls"):
+            server.serve_metrics("127.0.0.1", 0)
+
+
+def test_table_labels_can_be_left_out(tmp_path):
+    with _server(tmp_path, {"metrics.table-labels": False}) as server:
+        url = f"http://127.0.0.1:{server.serve_metrics('127.0.0.1', 0)}/metrics"
+        with flightstore.connect(server.uri, timeout=60) as conn:
+            conn.sql("CREATE TABLE secret_name (id BIGINT)")
+            conn.table("secret_name").append({"id": [1, 2, 3]})
+            conn.sql("SELECT * FROM secret_name")
+        status, text = _get(url)
+        assert status == 200
+        assert "secret_name" not in text and 'table="' not in text
+        samples = scrape(url)
+        assert value(samples, "flightstore_rows_in_total") == 3
+        assert value(samples, "flightstore_rows_out_total") == 3
+        assert not any(name == "flightstore_log_end_offset" for name, _ in samples)

@@ -48,7 +48,7 @@ def test_literal_point_lookups_share_the_plan_of_their_shape(store):
     assert isinstance(first, nodes.PointLookup)
     shape, values = literal_shape("SELECT v FROM t WHERE a = 1 AND b = 'x'")
     assert (shape, values) == ("SELECT v FROM t WHERE a = ? AND b = ?", [1, "x"])
-    assert executor._from_template(shape, [9, "q"], "default") is not None  # learned
+    assert executor.plan_cache.from_template(shape, [9, "q"], "default") is not None  # learned
     for sql in ["SELECT v FROM t WHERE a = 2 AND b = 'it''s'",
                 "SELECT v FROM t WHERE a = 3 AND b = '?'",
                 "SELECT v FROM t WHERE a = -4 AND b = 'x'",  # '-' stays in the shape: planner
@@ -69,7 +69,7 @@ def test_a_thousand_distinct_literal_lookups_skip_the_parser_and_keep_the_caches
     (the planner, and so sqlglot, runs only to learn a shape), every cache stays within
     ``cache_entries``, and tricky literals (quotes, negative numbers, NULL) answer correctly."""
     from flightstore.cache import LruCache
-    from flightstore.sql import execute
+    from flightstore.sql.execute import plan_cache
 
     store.create_table("t", pa.schema([("id", pa.int64()), ("name", pa.string())]), primary_key=["id"])
     store.create_table("s", pa.schema([("name", pa.string()), ("n", pa.int64())]), primary_key=["name"])
@@ -79,8 +79,8 @@ def test_a_thousand_distinct_literal_lookups_skip_the_parser_and_keep_the_caches
     store.table("s").upsert(pa.table({"name": names, "n": list(range(400))}))
     executor = Executor(store, cache_entries=50)
     planned = []
-    real_plan = execute.plan_sql
-    monkeypatch.setattr(execute, "plan_sql", lambda *a, **k: planned.append(a[0]) or real_plan(*a, **k))
+    real_plan = plan_cache.plan_sql
+    monkeypatch.setattr(plan_cache, "plan_sql", lambda *a, **k: planned.append(a[0]) or real_plan(*a, **k))
 
     def answer(sql: str) -> list:
         return executor.execute_table(executor.plan(sql)).to_pylist()
@@ -96,5 +96,6 @@ def test_a_thousand_distinct_literal_lookups_skip_the_parser_and_keep_the_caches
     assert answer("SELECT name FROM t WHERE id = - 7") == [{"name": "n-7"}]
     for i in range(60):  # distinct statements of no template shape go through the plan cache
         assert answer(f"SELECT COUNT(*) AS c FROM t WHERE id > {i} AND name <> 'x'") == [{"c": 299 - i}]
-    caches = [value for value in vars(executor).values() if isinstance(value, LruCache)]
+    caches = [value for part in (executor.plan_cache, executor.context) for value in vars(part).values()
+              if isinstance(value, LruCache)]
     assert len(caches) == 3 and all(len(cache) <= 50 for cache in caches)

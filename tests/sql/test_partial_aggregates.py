@@ -146,7 +146,7 @@ def test_the_partial_streams_the_rows_and_the_merge_reads_partial_rows(loaded, m
     assert seen == [(f'WITH "__t0" AS ({item.partial}) {planned.sql}', {"__t0": "stream"})]
     assert sum(got.column("c").to_pylist()) == expected["pk"].num_rows
     # The two steps apart: the partial's rows (at most 5 groups) are all the merge reads.
-    partial = executor._partial_data(item)
+    partial = executor.partials.data(item)
     assert 0 < partial.num_rows <= 5 and partial.column_names == ["__g0", "__a0"]
     merged = pa.Table.from_batches(list(original(executor.engine, planned.sql, {"__t0": partial})))
     assert merged.cast(got.schema).equals(got)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from flightstore.errors import FlightstoreError
 from flightstore.sql.nodes import Describe, ShowPartitions
 from flightstore.sql.plan import plan
-from flightstore.sql.privileges import required_permissions
+from flightstore.sql.privileges import plan_resources, required_permissions
+from flightstore.sql.resolve import VisibleCatalog
 from tests.sql.catalog import sample_catalog
 
 CASES = [
@@ -33,7 +35,7 @@ CASES = [
     ("CREATE TABLE analytics.t (a INT)", ["CREATE on database analytics"]),
     ("DROP TABLE orders", ["DROP on table shop.orders"]),
     ("DESCRIBE users", ["DESCRIBE on table shop.users"]),
-    ("USE analytics", ["DESCRIBE on database analytics"]),
+    ("USE analytics", []),  # nothing but seeing the database (plan_resources)
     ("EXPLAIN INSERT INTO events SELECT user_id, name, region, NULL FROM users",
      ["DESCRIBE on table shop.events", "DESCRIBE on table shop.users"]),
     ("GRANT READ ON DATABASE shop TO bob", ["ALL on database shop"]),
@@ -72,3 +74,54 @@ def test_every_query_route_that_reads_a_table_needs_read_on_it():
             assert f"READ on table {planned.table}" in map(str, required_permissions(planned)), sql
             checked += 1
     assert checked >= 40
+
+
+RESOURCES = [
+    ("USE analytics", ["database analytics"]),
+    ("SHOW TABLES IN analytics", ["database analytics"]),
+    ("SHOW GRANTS ON TABLE orders", ["table shop.orders"]),
+    ("SHOW GRANTS", []),
+    ("SELECT * FROM orders o JOIN users u ON o.user_id = u.user_id", ["table shop.orders", "table shop.users"]),
+    ("CREATE TABLE analytics.t (a INT)", ["database analytics"]),
+    ("CREATE DATABASE sales", ["cluster"]),
+]
+
+
+@pytest.mark.parametrize("sql, expected", RESOURCES, ids=[c[0] for c in RESOURCES])
+def test_plan_resources_name_every_object_a_plan_names(sql, expected):
+    assert [str(r) for r in plan_resources(plan(sql, sample_catalog()))] == expected
+
+
+def _error(sql: str, catalog, rename: tuple[str, str] = ("", "")) -> tuple[str, str]:
+    """The planning error of ``sql`` (its type and message, ``rename[0]`` written ``rename[1]``)."""
+    try:
+        plan(sql, catalog)
+    except FlightstoreError as exc:
+        return type(exc).__name__, str(exc).replace(*rename) if rename[0] else str(exc)
+    raise AssertionError(f"{sql} planned")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT nosuchcol FROM {t}",                           # would list the columns
+    "SELECT * FROM {t} WHERE status = DATE '2020-01-01'",  # would name a type
+    "INSERT INTO {t} VALUES (1)",                          # would list the INSERT columns
+    "SELECT * FROM `{t}$lake`",                            # would tell an option
+    "SELECT * FROM `{t}$partitions`",
+    "DESCRIBE {t}",
+    "SHOW PARTITIONS {t}",
+    "GRANT READ ON TABLE {t} TO bob",
+    "ALTER TABLE {t} ADD COLUMN x STRING",
+])
+def test_a_hidden_table_plans_exactly_like_an_absent_one(sql):
+    """In a caller's VisibleCatalog, naming a table it may not see fails word for word as naming
+    one that does not exist, whatever else the statement would have revealed."""
+    hidden = VisibleCatalog(sample_catalog(), lambda database: True, lambda path: path.table != "orders")
+    assert _error(sql.format(t="orders"), hidden) == \
+        _error(sql.format(t="nosuch"), sample_catalog(), ("nosuch", "orders"))
+
+
+def test_a_hidden_database_is_absent():
+    hidden = VisibleCatalog(sample_catalog(), lambda database: database != "analytics", lambda path: True)
+    for sql in ("USE analytics", "SHOW TABLES IN analytics", "SELECT * FROM analytics.Metrics",
+                "CREATE TABLE analytics.t (a INT)"):
+        assert _error(sql, hidden) == _error(sql.replace("analytics", "nodb"), sample_catalog(), ("nodb", "analytics"))
