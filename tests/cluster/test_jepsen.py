@@ -4,12 +4,16 @@ writer ids to a log table, a primary-key table (partial updates, deletes) and an
 readers and subscriptions through random servers, while a seeded nemesis kill -9s servers (the
 coordinator too), pauses leaders past their ZooKeeper session (zombies), wipes a disk, and
 restarts them. Then everything heals and :func:`checker.check` judges the history against the
-final state (see ``tests/cluster/jepsen/checker.py`` for what is checked).
+final state (see ``tests/cluster/jepsen/checker.py`` for what is checked); besides, every server
+must answer the same final state, every replica on disk (log records and KV) must be the same
+once the servers stop, and no server may have died on its own (a crash leaves Python's fault
+handler stacks in its log).
 
 Everything of a run is kept under the test's tmp dir: ``history/*.jsonl`` (every operation,
 read, delivered change and fault), ``final.json`` (the final state), ``verdict.json``, and the
-servers' logs. CI runs a few seeds for ``CHAOS_SECONDS`` (default 40) of faults each; ``make
-chaos`` runs long ones (``CHAOS_SECONDS=600 CHAOS_SEEDS=11,12``).
+servers' logs; ``verdict.json`` also times the phases of the run. CI runs three seeds with
+``CHAOS_SECONDS`` (default 40) of faults each; ``make chaos`` runs long ones (``CHAOS_SECONDS=600
+CHAOS_SEEDS=101,102``).
 """
 
 from __future__ import annotations
