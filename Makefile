@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: run cluster superset test fuzz bench lint clean
+.PHONY: run cluster superset test fuzz chaos bench lint clean
 
 # pip shows what it fetches and installs (no -q): the first install takes a minute or more.
 $(RUNTIME): pyproject.toml
@@ -39,6 +39,15 @@ FUZZ_EXAMPLES ?= 5000
 fuzz: $(TESTING)
 	FLIGHTSTORE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -ra -p no:cacheprovider -o timeout=0 tests/fuzz
 
+# A long Jepsen-style run of replication and failover (`make test` runs three seeds of 40 s):
+# CHAOS_SECONDS of faults per seed; history and verdict of each seed under CHAOS_DIR.
+CHAOS_SECONDS ?= 600
+CHAOS_SEEDS ?= 101,102
+CHAOS_DIR ?= ./chaos-runs
+chaos: $(TESTING)
+	CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEEDS=$(CHAOS_SEEDS) $(PY) -m pytest -q -ra -s -p no:cacheprovider \
+		-o timeout=0 --basetemp=$(CHAOS_DIR) tests/cluster/test_jepsen.py
+
 bench: $(TESTING)
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) -m bench
@@ -47,4 +56,4 @@ lint: $(TESTING)
 	$(PY) -m pip install -q 'ruff==0.17.6' && $(VENV)/bin/ruff check flightstore flightstore_sqlalchemy connectors tests bench
 
 clean:
-	rm -rf $(VENV) data cluster-data superset-home
+	rm -rf $(VENV) data cluster-data superset-home chaos-runs

@@ -168,6 +168,26 @@ class ClusterTable(TableApi):
                 self.member.metadata.wait_for(lambda v, seen=view: v is not seen, min(remaining, 1.0))
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
+    def _stream_retrying(self, attempt: Callable[[], Iterator[pa.RecordBatch]], what: str) -> Iterator[pa.RecordBatch]:
+        """:meth:`_retrying` for a stream: a leader that fails before the stream's first batch
+        (a forwarded stream fails when it is read, not when it is opened) is retried as well;
+        once a batch was streamed, a failure is the caller's."""
+        deadline = time.monotonic() + self.retry_s
+        while True:
+            view = self.member.view()
+            try:
+                stream = self._retrying(attempt, what)
+                first = next(stream, None)
+            except Unavailable as exc:
+                if time.monotonic() >= deadline or isinstance(exc, (NotEnoughReplicas, NoLeaderLeft)):
+                    raise
+                log.info("%s of %s: %s; waiting for a new leader", what, self.path, exc)
+                self.member.metadata.wait_for(lambda v, seen=view: v is not seen,
+                                              max(0.0, min(1.0, deadline - time.monotonic())))
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                continue
+            return iter(()) if first is None else itertools.chain((first,), stream)
+
     def _groups(self, buckets: Sequence[int]) -> list[tuple[int, list[int]]]:
         """``buckets`` grouped by leader in order (every leader live, else UNAVAILABLE)."""
         groups: list[tuple[int, list[int]]] = []
@@ -429,26 +449,47 @@ class ClusterTable(TableApi):
             if pinned is not None:
                 wanted = [b for b in wanted if b == pinned]
 
-        def attempt() -> list[tuple[int, list[int]]]:
-            groups = self._groups(wanted)
-            for leader, group in groups:
-                if leader == self.server_id:
-                    self._mine(group)
-            return groups
-        groups = self._retrying(attempt, "a scan")
-        return self._scan_groups(groups, columns, filter, limit, key_range, exact, CALLER_TOKEN.get())
+        groups = self._retrying(lambda: self._scan_placement(wanted), "a scan")
+        return self._scan_groups(groups, columns, filter, limit, key_range, exact, CALLER_TOKEN.get(),
+                                 time.monotonic() + self.retry_s)
+
+    def _scan_placement(self, buckets: Sequence[int]) -> list[tuple[int, list[int]]]:
+        groups = self._groups(buckets)
+        for leader, group in groups:
+            if leader == self.server_id:
+                self._mine(group)
+        return groups
 
     def _scan_groups(self, groups: list[tuple[int, list[int]]], columns: list[str], filter: Predicate | None,
                      limit: int | None, key_range: Any, exact: bool,
-                     token: str | None) -> Iterator[pa.RecordBatch]:
+                     token: str | None, deadline: float) -> Iterator[pa.RecordBatch]:
+        """The groups' streams one after the other. A leader that fails before its first batch
+        (killed, deposed: the failover is under way) is not an answer: its buckets are read again at
+        their leaders of the next view, until ``deadline`` (nothing of them was streamed yet)."""
         schema = self.local.projection(columns)
 
         def open_group(leader: int, buckets: list[int], remaining: int | None) -> Iterator[pa.RecordBatch]:
-            if leader == self.server_id:
-                return self._mine(buckets).scan(columns, filter, remaining, buckets, key_range, exact=exact)
-            return self.peers.get(self._place(buckets[0]), self._call(leader, buckets, {
-                "op": "scan", "columns": columns, "filter": filter.to_dict() if filter is not None else None,
-                "limit": remaining, "buckets": buckets, "exact": exact}), token)
+            view = self.member.view()
+            try:
+                if leader == self.server_id:
+                    stream = self._mine(buckets).scan(columns, filter, remaining, buckets, key_range, exact=exact)
+                else:
+                    stream = self.peers.get(self._place(buckets[0]), self._call(leader, buckets, {
+                        "op": "scan", "columns": columns, "filter": filter.to_dict() if filter is not None else None,
+                        "limit": remaining, "buckets": buckets, "exact": exact}), token)
+                first = next(stream, None)
+            except Unavailable as exc:
+                if time.monotonic() >= deadline or isinstance(exc, (NotEnoughReplicas, NoLeaderLeft)):
+                    raise
+                log.info("a scan of %s: %s; reading buckets %s at their new leaders", self.path, exc, buckets)
+                self.member.metadata.wait_for(lambda v, seen=view: v is not seen,
+                                              max(0.0, min(1.0, deadline - time.monotonic())))
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                regrouped = self._retrying(lambda: self._scan_placement(buckets), "a scan")
+                return self._scan_groups(regrouped, columns, filter, remaining, key_range, exact, token, deadline)
+            if first is None:
+                return iter(())
+            return itertools.chain((first,), stream)
 
         for batch in limited_sources((functools.partial(open_group, leader, buckets)
                                       for leader, buckets in groups), limit):
@@ -504,7 +545,7 @@ class ClusterTable(TableApi):
             return self.peers.get(place, self._call(place.leader, [bucket], {
                 "op": "changelog", "bucket": int(bucket), "from_offset": from_offset, "to_offset": to_offset,
                 "columns": list(columns) if columns else None, "max_rows": max_rows}), CALLER_TOKEN.get())
-        return self._retrying(attempt, "a changelog read")
+        return self._stream_retrying(attempt, "a changelog read")
 
     def read_snapshot(self, bucket: int, at: int, columns: Sequence[str] | None = None
                       ) -> Iterator[pa.RecordBatch]:
@@ -516,7 +557,7 @@ class ClusterTable(TableApi):
             return self.peers.get(place, self._call(place.leader, [bucket], {
                 "op": "snapshot", "bucket": int(bucket), "at": int(at),
                 "columns": list(columns) if columns else None}), CALLER_TOKEN.get())
-        return self._retrying(attempt, "a snapshot read")
+        return self._stream_retrying(attempt, "a snapshot read")
 
     def _offsets(self, which: str, extra: Mapping[str, Any]) -> dict[int, int]:
         """Per-bucket offsets, each bucket's from its leader."""
@@ -663,27 +704,39 @@ _END = object()
 
 def _merged(sources: list[Callable[[], Iterator[pa.RecordBatch]]], stop: Any) -> Iterator[pa.RecordBatch]:
     """Batches of every source as they come (one thread each); ends when all ended, raises the
-    first error, and stops the sources when the consumer goes away."""
+    first error, and stops the sources when the consumer goes away.
+
+    Each source is closed by its own thread, once it sees the consumer gone (at its next batch or
+    heartbeat): closing it from the consumer's thread while its thread reads it (a generator over
+    a Flight stream) crashed a server with SIGSEGV (found by the Jepsen-style test)."""
     out: queue.Queue = queue.Queue(maxsize=64)
     done = threading.Event()
-    iterators: list[Iterator] = []
+
+    def hand(item: Any) -> bool:
+        """Give ``item`` to the consumer; False once it is gone."""
+        while not done.is_set():
+            try:
+                out.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def pump(make: Callable[[], Iterator[pa.RecordBatch]]) -> None:
+        iterator = None
         try:
             iterator = make()
-            iterators.append(iterator)
             for batch in iterator:
-                while not done.is_set():
-                    try:
-                        out.put(batch, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
-                if done.is_set():
+                if not hand(batch):
                     break
-            out.put(_END)
+            hand(_END)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            out.put(exc)
+            hand(exc)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
 
     threads = [threading.Thread(target=pump, args=(make,), daemon=True, name="cluster-subscribe")
                for make in sources]
@@ -705,9 +758,4 @@ def _merged(sources: list[Callable[[], Iterator[pa.RecordBatch]]], stop: Any) ->
             else:
                 yield item
     finally:
-        done.set()
-        for iterator in iterators:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                with contextlib.suppress(Exception):  # a generator still running in its thread
-                    close()
+        done.set()  # every source's thread closes it

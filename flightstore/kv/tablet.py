@@ -23,6 +23,7 @@ serves (:mod:`flightstore.kv.snapshot_read`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import shutil
 import threading
@@ -34,7 +35,7 @@ import pyarrow as pa
 from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch
 
 from flightstore.batches import limited
-from flightstore.errors import CorruptData, DataLoss, FlightstoreError
+from flightstore.errors import CorruptData, DataLoss, FlightstoreError, NotLeader
 from flightstore.expressions import Predicate
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.merge import merger_for
@@ -372,6 +373,14 @@ class KvTablet(KvWrites):
         self._db.write(write)
         return batch.num_rows
 
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold reads off while the log under this KV is cut and the KV rebuilt (a follower's
+        truncation): a read starts by noting the log's truncation count under this lock, so it
+        either sees the KV after the rebuild or finds the count changed (:meth:`_committed`)."""
+        with self._lock:
+            yield
+
     def rebuild(self) -> int:
         """Throw the RocksDB state away and rebuild it from the newest usable snapshot and the log
         after it (the whole log while it starts at 0); returns the log rows replayed."""
@@ -385,24 +394,34 @@ class KvTablet(KvWrites):
     # ---- reads --------------------------------------------------------------------------------
     def lookup(self, keys: pa.Table, columns: Sequence[str] | None = None) -> tuple[np.ndarray, pa.Table]:
         """Rows of ``keys`` (PK columns) with one multi-get: (found mask, rows of the found keys)."""
+        with self._lock:  # not while a truncation cuts the log and rebuilds this KV (see exclusive)
+            cuts = self.log.truncations
         found = self._multi_get(encode_keys(keys, self.primary_key), columns)
-        self._committed()
+        self._committed(cuts)
         return found
 
     def committed_row_count(self) -> int:
         """:attr:`row_count` once the changes it counts are committed (see :meth:`_committed`)."""
-        count = self.row_count
-        self._committed()
+        with self._lock:
+            cuts = self.log.truncations
+            count = self.row_count
+        self._committed(cuts)
         return count
 
-    def _committed(self) -> None:
+    def _committed(self, cuts: int) -> None:
         """Return once what a read just saw is committed: a replicated leader's RocksDB may hold
         changes its in-sync replicas do not have yet; they are at most what its log holds, so the
         read waits (normally one replication round trip) until the high watermark covers the log
-        end read *after* the data. Never an uncommitted row: NotEnoughReplicas past the timeout."""
+        end read *after* the data. Never an uncommitted row: NotEnoughReplicas past the timeout,
+        NotLeader when the log was cut since the read began (``cuts``: its
+        :attr:`~flightstore.log.LogTablet.truncations` then): this server was deposed, and what
+        the read saw may be gone although the high watermark passes its offsets."""
         log_ = self.log
         if log_.replicated:
             log_.await_committed(log_.end_offset)
+            if log_.truncations != cuts:
+                raise NotLeader(f"{self.name}: this server stopped leading the bucket during the read (its "
+                                "log was cut to follow a new leader); retry at the leader")
 
     def prefix_lookup(self, prefixes: Sequence[bytes], columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
@@ -410,6 +429,8 @@ class KvTablet(KvWrites):
         wanted = list(columns) if columns is not None else self.schema.names
         parts = []
         remaining = limit
+        with self._lock:
+            cuts = self.log.truncations
         for prefix in prefixes:
             for table in self._read(prefix, prefix_successor(prefix), wanted, None, remaining):
                 parts.append(table)
@@ -417,7 +438,7 @@ class KvTablet(KvWrites):
                     remaining -= table.num_rows
             if remaining is not None and remaining <= 0:
                 break
-        self._committed()
+        self._committed(cuts)
         if not parts:
             return self.codec.decode([], wanted)
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -504,9 +525,10 @@ class KvTablet(KvWrites):
         needed = wanted + [c for c in sorted(filter.columns()) if c not in wanted] if filter else wanted
         expression = filter.to_arrow() if filter is not None else None
         with self._lock:  # the snapshot and the row count that goes with it
+            cuts = self.log.truncations
             snapshot = self._db.snapshot()
             expected = self.row_count if lower is None and upper is None else None
-        self._committed()
+        self._committed(cuts)
         reader = RangeReader(snapshot, lower, upper, where=self.where, directory=str(self.directory),
                              expected_rows=expected)
 

@@ -156,6 +156,7 @@ class LogTablet:
         self._hw: int | None = None
         # A follower replica's log takes records (and their schema versions) from its leader only.
         self.following = False
+        self._cuts: list[int] = []  # where each truncate_to cut the log, in order (see cut_below)
         # Whether this replica leads its bucket (uploads to remote storage are the leader's).
         self.leading = True
         self.commit_timeout_s = 30.0  # reads waiting for the high watermark (set by the replica)
@@ -641,6 +642,7 @@ class LogTablet:
             self._end_offset = offset
             self._writers = {}
             self._epochs.truncate_from(offset)
+            self._cuts.append(-1)  # everything went: a waiter's records are not here any more
             self._group.reset(offset)
             if self._hw is not None:
                 self._hw = offset
@@ -691,11 +693,28 @@ class LogTablet:
                 newest = segment.max_timestamp_ms or 0
                 self._writers.update({w: (seq, newest) for w, seq in segment.writers.items()})
             self._epochs.truncate_from(self._end_offset)
+            self._cuts.append(self._end_offset)
             self._group.reset(self._end_offset)
             if self._hw is not None and self._hw > self._end_offset:
                 self._hw = self._end_offset
             self._appended.notify_all()
             return self._end_offset
+
+    @property
+    def truncations(self) -> int:
+        """How many times :meth:`truncate_to` cut this log: a position for :meth:`cut_below`."""
+        with self._lock:
+            return len(self._cuts)
+
+    def cut_below(self, offset: int, since: int) -> bool:
+        """Whether a truncation after the first ``since`` ones cut the log below ``offset``.
+
+        A leader that is deposed while it waits for a write (or a read) to be committed becomes a
+        follower, cuts its uncommitted tail and fetches the new leader's records into the same
+        offsets: the high watermark then passes the write's offsets although the write is gone.
+        Waiters check this after the high watermark covered them (never acknowledge what was cut)."""
+        with self._lock:
+            return any(cut < offset for cut in self._cuts[since:])
 
     # -- time, retention, writers ------------------------------------------------------------
 

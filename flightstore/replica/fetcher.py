@@ -236,7 +236,8 @@ class Fetcher:
                 continue
             fetched = records.get(key, [])
             try:
-                if replica.append_fetched([r for _, r in fetched], [e for e, _ in fetched], int(answer["hw"])):
+                if replica.append_fetched([r for _, r in fetched], [e for e, _ in fetched], int(answer["hw"]),
+                                          self.leader):
                     moved.append(replica)
             except FlightstoreError as exc:
                 log.warning("%s: cannot append what the leader sent (%s); truncating again", replica.label, exc)

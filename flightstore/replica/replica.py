@@ -22,6 +22,7 @@ See ``docs/replication.md``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -123,13 +124,24 @@ class Replica:
                 f"{self.label}: only {len(lead.isr)} replica(s) in sync ({', '.join(map(str, lead.isr))}), "
                 f"fewer than log.replica.min-in-sync-replicas-number = {lead.min_isr}; nothing was written")
 
-    def await_commit(self, end_offset: int) -> None:
+    def await_commit(self, end_offset: int, truncations: int | None = None) -> None:
         """Return once every in-sync replica holds the log below ``end_offset`` (acks = all);
-        :class:`NotEnoughReplicas` after the leadership's commit timeout (not acknowledged)."""
+        :class:`NotEnoughReplicas` after the leadership's commit timeout (not acknowledged).
+
+        ``truncations`` is :attr:`LogTablet.truncations` when the write was appended: if this
+        replica was deposed meanwhile and its log cut below ``end_offset``, the offsets the high
+        watermark now covers hold the new leader's records, not the write's: :class:`NotLeader`
+        (not acknowledged; a retry with the same writer id and sequence applies it once)."""
         if not self.log.replicated or end_offset <= 0:
             return
         timeout = self.leadership.commit_timeout_s
-        if not self.log.wait_for(end_offset - 1, timeout):
+        committed = self.log.wait_for(end_offset - 1, timeout)
+        if truncations is not None and self.log.cut_below(end_offset, truncations):
+            raise NotLeader(f"{self.label}: this server stopped leading the bucket before the write was "
+                            f"committed, and its log was cut below offset {end_offset} to follow the new "
+                            f"leader (server {self.leadership.leader}); not acknowledged (a retry with the "
+                            "same writer id and sequence is applied once)")
+        if not committed:
             lead = self.leadership
             if lead.leader != lead.me:
                 raise NotLeader(f"{self.label}: this server stopped leading the bucket before the write "
@@ -183,13 +195,17 @@ class Replica:
         return self.epochs.end_for(epoch, self.log.end_offset)
 
     # ---- the follower's side ------------------------------------------------------------------
-    def append_fetched(self, records: list[RawRecord], epochs: list[int], leader_hw: int) -> bool:
+    def append_fetched(self, records: list[RawRecord], epochs: list[int], leader_hw: int,
+                       source: int | None = None) -> bool:
         """Append records fetched from the leader (each with the leader epoch that wrote it) and
         follow the leader's high watermark; True when the KV has changes to apply
-        (:meth:`apply_committed`)."""
+        (:meth:`apply_committed`). ``source``: the server that sent them; an answer from a server
+        that no longer leads this replica (a fetch answered late by a deposed leader) is dropped."""
         with self.lock:
             if self.leadership.leader == self.leadership.me:
                 return False  # became leader meanwhile: an answer of the old stream
+            if source is not None and source != self.leadership.leader:
+                return False  # follows another leader now: the old one's records may be cut there
             for record, epoch in zip(records, epochs):
                 if record.base_offset != self.log.end_offset:
                     continue  # a duplicate of what an earlier answer brought (or a stale answer)
@@ -220,10 +236,11 @@ class Replica:
             log.warning("%s: the leader's log starts at %d, after this replica's end %d: restarting the "
                         "replica from the leader's KV snapshot %d (log offset %d)", self.label, start,
                         self.log.end_offset, info.id, offset)
-            self.kv.snapshots.drop_after(offset)
-            self.log.reset(offset)
-            self.epochs.truncate_from(offset)
-            self.kv.rebuild()
+            with self.kv.exclusive():  # reads that began before see the reset (see truncate)
+                self.kv.snapshots.drop_after(offset)
+                self.log.reset(offset)
+                self.epochs.truncate_from(offset)
+                self.kv.rebuild()
 
     def truncation_point(self, leader_epoch: int | None, leader_end: int) -> int:
         return divergence(self.epochs, self.log.end_offset, leader_epoch, leader_end)
@@ -237,11 +254,12 @@ class Replica:
                 return
             log.warning("%s: truncating the log from offset %d to %d (it diverged from the leader's)",
                         self.label, self.log.end_offset, offset)
-            end = self.log.truncate_to(offset)
-            self.epochs.truncate_from(end)
-            if self.kv is not None and self.kv.applied_offset > end:
-                self.kv.snapshots.drop_after(end)
-                self.kv.rebuild()
+            with self.kv.exclusive() if self.kv is not None else contextlib.nullcontext():
+                end = self.log.truncate_to(offset)
+                self.epochs.truncate_from(end)
+                if self.kv is not None and self.kv.applied_offset > end:
+                    self.kv.snapshots.drop_after(end)
+                    self.kv.rebuild()
 
     # ---- roles --------------------------------------------------------------------------------
     def become_leader(self, leadership: Leadership) -> None:

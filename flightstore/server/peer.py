@@ -27,6 +27,7 @@ from flightstore.errors import Cancelled, InvalidInput, Unauthorized, Unavailabl
 from flightstore.expressions import from_json
 from flightstore.replica.protocol import SNAPSHOT_FILES, SNAPSHOT_OP
 from flightstore.server import tickets
+from flightstore.server.rpc import CallStop
 from flightstore.sql import nodes
 from flightstore.sql.plan import is_union
 
@@ -102,11 +103,13 @@ class PeerRpcs:
         if op == "subscribe":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
-            stop = threading.Event() if context is None else _PeerStop(context, self._stop)
+            stop = threading.Event() if context is None else CallStop(context, self._stop)
             numbers = sorted({b % table.num_buckets for b in buckets})
             rows = table.subscribe(payload.get("start") or {}, columns=columns, stop=stop,
                                    heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until"),
                                    buckets=numbers)
+            if isinstance(stop, CallStop):
+                rows = stop.guard(rows)
             return schema, self.metrics.metered(str(table.path), rows)
         if op == "changelog":
             full = changetype.changelog_schema(table.schema)
@@ -178,14 +181,3 @@ class PeerRpcs:
             table = self._peer_table(payload, context, Operation.WRITE, buckets)
             return tickets.encode_custom({"op": "writer", "sequence": table.writer_sequence(payload["writer_id"])})
         raise InvalidInput(f"unknown peer action {kind!r}")
-
-
-class _PeerStop:
-    """A stop flag for a forwarded subscription: the peer went away or this server stops."""
-
-    def __init__(self, context: flight.ServerCallContext, server_stop: threading.Event) -> None:
-        self.context = context
-        self.server_stop = server_stop
-
-    def is_set(self) -> bool:
-        return self.server_stop.is_set() or self.context.is_cancelled()

@@ -26,8 +26,7 @@ from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.messages import _IPC_OPTIONS, _messages, rechunk
-from flightstore.server.recheck import StreamRecheck
-from flightstore.server.rpc import _CALLER, _guarded, _in_call_context, _rpc
+from flightstore.server.rpc import _CALLER, CallStop, _guarded, _in_call_context, _rpc
 from flightstore.server.session import Session
 from flightstore.sql import nodes
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, is_query
@@ -324,7 +323,7 @@ class ReadRpcs:
             # Authorized once, but it may run for hours: the token and the grant are checked
             # again at every batch and every idle poll (heartbeats included).
             recheck = self._stream_recheck([Permission(Operation.READ, table_resource(table.path))])
-            stop = threading.Event() if context is None else _CallStop(context, self._stop, recheck)
+            stop = threading.Event() if context is None else CallStop(context, self._stop, recheck)
             heartbeat_s = payload.get("heartbeat_s", 1.0)
             if heartbeat_s is None or heartbeat_s <= 0:
                 raise InvalidInput(f"a subscription's heartbeat_s must be a positive number of seconds, "
@@ -334,7 +333,11 @@ class ReadRpcs:
             rows = _unless_shut_down(table.subscribe(payload.get("start", "earliest"), columns=columns, stop=stop,
                                                      heartbeat_s=heartbeat_s, until=payload.get("until")),
                                      self._stop)
-            return schema, self.metrics.metered(str(table.path), rows if recheck is None else recheck.guard(rows))
+            if recheck is not None:
+                rows = recheck.guard(rows)
+            if isinstance(stop, CallStop):
+                rows = stop.guard(rows)  # after it, the stop flag never asks the call's context again
+            return schema, self.metrics.metered(str(table.path), rows)
         if op == "changelog":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
@@ -393,24 +396,6 @@ class ReadRpcs:
         or grants go while it runs."""
         recheck = self._stream_recheck(plan)
         return batches if recheck is None else recheck.guard(batches)
-
-
-class _CallStop:
-    """A stop flag for a streaming DoGet: set when the client cancels or the server stops; it
-    raises when the caller may no longer receive the stream (``recheck``)."""
-
-    def __init__(self, context: flight.ServerCallContext, server_stop: threading.Event,
-                 recheck: StreamRecheck | None = None) -> None:
-        self.context = context
-        self.server_stop = server_stop
-        self.recheck = recheck
-
-    def is_set(self) -> bool:
-        if self.recheck is not None:
-            self.recheck.check()
-        return self.server_stop.is_set() or self.context.is_cancelled()
-
-
 
 
 def _unless_shut_down(batches: Iterator[pa.RecordBatch], server_stop: threading.Event) -> Iterator[pa.RecordBatch]:

@@ -208,14 +208,14 @@ class TableWrites(PendingWrites):
         """
         with self._lock:
             result = self._apply_locked(table, kinds, target, writer_id, sequence, overwrite, recovering)
-            written = {int(b): self.logs[b].end_offset for b in result.touched
+            written = {int(b): (self.logs[b].end_offset, self.logs[b].truncations) for b in result.touched
                        if self.replicas[b].leadership.is_leader}
         for bucket in written:  # followers fetch while this server syncs
             self.replicas[bucket].appended()
-        for bucket, end in written.items():  # outside the lock: concurrent writers share fsyncs
+        for bucket, (end, _) in written.items():  # outside the lock: concurrent writers share fsyncs
             self.logs[bucket].sync(end)
-        for bucket, end in written.items():  # acks = all: every in-sync replica has it
-            self.replicas[bucket].await_commit(end)
+        for bucket, (end, cuts) in written.items():  # acks = all: every in-sync replica has it
+            self.replicas[bucket].await_commit(end, cuts)
         self._notify()
         return result
 

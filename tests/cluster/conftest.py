@@ -114,6 +114,23 @@ def describe(uri: str, table: str | None = None) -> dict:
         client.close()
 
 
+def in_sync(uris: dict[int, str], table: str, members: set[int]) -> bool:
+    """Every bucket of ``table`` has ``members`` in sync, and every follower holds its leader's log
+    (log end and high watermark), as each server describes its replicas."""
+    status = {i: {r["bucket"]: r for r in describe(uri, table)["replicas"]} for i, uri in uris.items()}
+    leaders = {b: r for s in status.values() for b, r in s.items() if r["role"] == "leader"}
+    if not leaders:
+        return False
+    for bucket, lead in leaders.items():
+        if set(lead["isr"]) != members:
+            return False
+        for server in members:
+            mine = status.get(server, {}).get(bucket)
+            if mine is None or mine["log_end"] != lead["log_end"] or mine["high_watermark"] != lead["high_watermark"]:
+                return False
+    return True
+
+
 class Members:
     """In-process cluster members (a ClusterStore + ClusterMember each), for protocol tests that
     need to reach inside: the member objects are the production ones, over the real ZooKeeper."""

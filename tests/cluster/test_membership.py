@@ -10,8 +10,7 @@ import sys
 import pytest
 
 import flightstore
-from tests.cluster.conftest import describe
-from tests.cluster.test_replication import _in_sync
+from tests.cluster.conftest import describe, in_sync
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -81,7 +80,7 @@ def test_a_server_dead_past_its_timeout_is_replaced_from_the_leaders_snapshot(se
     observer.wait(lambda v: set(next(iter(v.tables.values())).buckets[0].replicas) == {bucket.leader, spare}
                   and set(next(iter(v.tables.values())).buckets[0].isr) == {bucket.leader, spare},
                   "the replica moving to the spare server", timeout=240)
-    wait_until(lambda: _in_sync(live, "default.kv", {bucket.leader, spare}), "the new replica in sync")
+    wait_until(lambda: in_sync(live, "default.kv", {bucket.leader, spare}), "the new replica in sync")
     spare_status = next(r for r in describe(uris[spare], "default.kv")["replicas"])
     assert spare_status["role"] == "follower" and spare_status["rows"] == 400
     assert spare_status["log_start"] > 0  # it started from the leader's snapshot, not its log
@@ -104,7 +103,7 @@ def test_replica_metrics_name_the_leader_and_the_in_sync_replicas(servers, obser
         conn.table("ev").append({"k": [1, 2, 3]})
     view = observer.wait(lambda v: len(v.tables) == 1, "the table")
     leader = next(iter(view.tables.values())).buckets[0].leader
-    wait_until(lambda: _in_sync(uris, "default.ev", set(IDS)), "in sync")
+    wait_until(lambda: in_sync(uris, "default.ev", set(IDS)), "in sync")
     import urllib.request
     metrics_uri = next(line.split(" at ", 1)[1].strip() for line in servers.running[leader].lines
                        if line.startswith("flightstore metrics at"))

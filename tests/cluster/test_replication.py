@@ -13,7 +13,7 @@ from pyarrow import flight
 
 import flightstore
 from flightstore.store import Store
-from tests.cluster.conftest import Servers, describe
+from tests.cluster.conftest import Servers, in_sync
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -26,26 +26,6 @@ REPLICATED = ("--option", "default.replication.factor=3",
 
 def _start(servers: Servers, server_id: int) -> str:
     return servers.start(server_id, *REPLICATED).uri
-
-
-def _replicas(uri: str, table: str) -> list[dict]:
-    return describe(uri, table)["replicas"]
-
-
-def _in_sync(uris: dict[int, str], table: str, members: set[int]) -> bool:
-    """Every bucket of ``table`` has ``members`` in sync, and every follower holds its leader's log."""
-    status = {i: {r["bucket"]: r for r in _replicas(uri, table)} for i, uri in uris.items()}
-    leaders = {b: r for s in status.values() for b, r in s.items() if r["role"] == "leader"}
-    if not leaders:
-        return False
-    for bucket, lead in leaders.items():
-        if set(lead["isr"]) != members:
-            return False
-        for server in members:
-            mine = status.get(server, {}).get(bucket)
-            if mine is None or mine["log_end"] != lead["log_end"] or mine["high_watermark"] != lead["high_watermark"]:
-                return False
-    return True
 
 
 def _kv_contents(data_dir, table: str) -> dict[int, list[dict]]:
@@ -82,7 +62,7 @@ def test_a_replicated_cluster_survives_a_dead_leader_and_followers_match_it(serv
             assert len(set(bucket.replicas)) == 3 and set(bucket.isr) == set(IDS)
     assert sorted({b.leader for r in view.tables.values() for b in r.buckets}) == [1, 2, 3]  # spread
     for table in ("kv", "ev"):
-        wait_until(lambda t=table: _in_sync(uris, f"default.{t}", set(IDS)), f"{table} replicated everywhere")
+        wait_until(lambda t=table: in_sync(uris, f"default.{t}", set(IDS)), f"{table} replicated everywhere")
 
     # kill -9 the leader of kv's bucket 0; its buckets move to an in-sync follower.
     victim = view.tables[next(p for p in view.tables if p.table == "kv")].buckets[0].leader
@@ -112,7 +92,7 @@ def test_a_replicated_cluster_survives_a_dead_leader_and_followers_match_it(serv
     # The dead server comes back, catches up as a follower and rejoins every ISR.
     uris[victim] = _start(servers, victim)
     for table in ("kv", "ev"):
-        wait_until(lambda t=table: _in_sync(uris, f"default.{t}", set(IDS)), f"{table} caught up")
+        wait_until(lambda t=table: in_sync(uris, f"default.{t}", set(IDS)), f"{table} caught up")
     for server in IDS:
         servers.running[server].stop()
     kvs = {i: _kv_contents(servers.root / f"server-{i}", "kv") for i in IDS}
@@ -128,7 +108,7 @@ def test_a_server_that_lost_its_disk_rejoins_empty_and_never_answers_from_it(ser
     with flightstore.connect(uris[1]) as conn:
         conn.sql("CREATE TABLE kv (k BIGINT, v STRING, PRIMARY KEY (k) NOT ENFORCED) WITH ('bucket.num' = '3')")
         conn.table("kv").upsert({"k": list(range(200)), "v": [f"v{k}" for k in range(200)]})
-    wait_until(lambda: _in_sync(uris, "default.kv", set(IDS)), "replicated everywhere")
+    wait_until(lambda: in_sync(uris, "default.kv", set(IDS)), "replicated everywhere")
     servers.running[2].kill()
     shutil.rmtree(servers.root / "server-2")
     observer.wait(lambda v: all(b.leader != 2 for r in v.tables.values() for b in r.buckets), "failover")
@@ -141,7 +121,7 @@ def test_a_server_that_lost_its_disk_rejoins_empty_and_never_answers_from_it(ser
         for uri in uris.values():
             with flightstore.connect(uri) as conn:
                 assert {r["k"]: r["v"] for r in conn.sql("SELECT k, v FROM kv").to_pylist()} == expected
-    wait_until(lambda: _in_sync(uris, "default.kv", set(IDS)), "server 2 caught up")
+    wait_until(lambda: in_sync(uris, "default.kv", set(IDS)), "server 2 caught up")
     for uri in uris.values():
         with flightstore.connect(uri) as conn:
             assert conn.sql("SELECT COUNT(*) AS n FROM kv").to_pylist() == [{"n": 260}]
