@@ -87,6 +87,9 @@ class LakeCatalog:
         self._catalog: SqlCatalog | None = None
         self._lock = threading.RLock()
         self._read_cache: ReadCache | None = None
+        # Damaged lake files reads met (t$lake$status): flightstore.lake.integrity.
+        from flightstore.lake.integrity import DamageLog
+        self.damage = DamageLog()
 
     @property
     def read_cache(self) -> ReadCache | None:

@@ -701,6 +701,7 @@ class Executor:
             "upkeep_expired_snapshots": [status.upkeep_expired_snapshots] * n_rows,
             "upkeep_removed_files": [status.upkeep_removed_files] * n_rows,
             "upkeep_error": [status.upkeep_error] * n_rows,
+            "damaged_files": [list(b.damaged_files) for b in buckets],
         }, schema=lake_status_schema())
 
     def _partitions_table(self, path: TablePath) -> pa.Table:
