@@ -9,7 +9,7 @@ threads, verifying Parquet page checksums (the lake's files are flightstore's ow
 by name, and a column added later reads as nulls from older files). Given the cache, the decoded
 rows are put in it file by file: what the cache holds was checked before it was decoded.
 
-A damaged file (missing, truncated, corrupt) is offered to the caller's ``take_over``: the union
+A damaged file (missing, truncated, corrupt) is offered to the caller's ``damage`` handler: the union
 read answers its bucket from the log from the file's first offset on when the log still holds it
 (files are read in (bucket, offset) order, so the bucket's later files are skipped too and none
 was streamed yet); otherwise the read fails with DATA_LOSS naming the file. A file that is gone
@@ -31,14 +31,15 @@ from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
+from flightstore import memory
 from flightstore.errors import DataLoss, LakeFileMissing, LakeUnavailable
 from flightstore.lake.cache import CacheFill, ReadCache
 from flightstore.lake.catalog import lake_failures
 from flightstore.lake.integrity import (
     PARQUET_READ_FORMAT,
     DamagedFile,
+    DamageHandler,
     FileCheck,
-    TakeOver,
     Verification,
     damage_error,
     file_span,
@@ -50,6 +51,7 @@ from flightstore.schema import TableDescriptor
 __all__ = ["cache_appended", "cached_schema", "check_intact", "missing_files", "read_data_files", "task_batches"]
 
 _WINDOW_FILES = 8  # files checked, then decoded together (the scanner reads ahead across them)
+_READ_AHEAD = 4  # batches the scanner decodes ahead, per file
 
 
 def _exists(io, location: str) -> bool:
@@ -133,13 +135,13 @@ def _order(lake_table: IcebergTable, tasks: Sequence) -> list[tuple[object, tupl
 
 def task_batches(lake_table: IcebergTable, snapshot: Snapshot | None, tasks: Sequence,
                  descriptor: TableDescriptor, columns: list[str], what: str, *, cache: ReadCache | None = None,
-                 take_over: TakeOver | None = None) -> Iterator[pa.RecordBatch]:
+                 damage: DamageHandler | None = None) -> Iterator[pa.RecordBatch]:
     """``columns`` of the data files of ``tasks`` (none with delete files), each checked before it
     is decoded; see the module docstring. With ``cache`` (and ``columns`` among
     :func:`cached_schema`'s) batches come typed, from the cache or put in it; else in the lake's
-    physical types. ``take_over(damaged, (bucket, first offset) or None)`` returns True when the
-    caller reads that bucket from that offset on elsewhere; without it, or when it returns False,
-    a damaged file is DATA_LOSS."""
+    physical types. A damaged file is offered to ``damage.take_over`` (True: the caller reads its
+    bucket from its first offset on elsewhere); without ``damage``, or when it declines, it is
+    DATA_LOSS. ``damage.checked`` hears of the files that checked out."""
     io = lake_table.io
     use_cache = cache is not None and set(columns) <= set(cached_schema(descriptor).names)
     types = cached_schema(descriptor)
@@ -171,6 +173,8 @@ def task_batches(lake_table: IcebergTable, snapshot: Snapshot | None, tasks: Seq
     for index in range(len(windows)):
         cached, to_decode, checking = pending
         damaged = checking.result() if checking is not None else {}
+        if damage is not None and to_decode:
+            damage.checked([t.file.file_path for t, _, _ in to_decode if t.file.file_path not in damaged])
         # the next window's files are checked while this one is decoded
         pending = prepare(windows[index + 1]) if index + 1 < len(windows) else None
         for task, span, _ in to_decode:
@@ -178,7 +182,7 @@ def task_batches(lake_table: IcebergTable, snapshot: Snapshot | None, tasks: Seq
             if bad is None or is_cut(span):
                 continue
             _not_damage(lake_table, snapshot, bad, what)
-            if take_over is None or span is None or not take_over(bad, span):
+            if damage is None or span is None or not damage.take_over(bad, span):
                 raise damage_error(f"table {descriptor.path}", bad)
             cut[span[0]] = min(cut.get(span[0], span[1]), span[1])
         for span, batches in cached:
@@ -217,8 +221,16 @@ def _parquet_batches(io: PyArrowFileIO, locations: Sequence[str], schema: pa.Sch
         with lake_failures(what):
             dataset = pads.dataset([path for _, path in located], schema=schema, format=PARQUET_READ_FORMAT,
                                    filesystem=io.fs_by_scheme(scheme, netloc))
-            batches = dataset.to_batches(columns=schema.names, use_threads=True)
+            batches = dataset.to_batches(columns=schema.names, use_threads=True, **_bounded(schema))
         yield from _batches_of(batches, what, [location for location, _ in located])
+
+
+def _bounded(schema: pa.Schema) -> dict:
+    """Scanner options holding about half of ``query.memory-limit`` decoded at most: batches of
+    :func:`flightstore.memory.batch_bytes` at the rows' width (Arrow's default of 131,072 rows is
+    gigabytes for a wide table), :data:`_READ_AHEAD` of them from two files at a time."""
+    return {"batch_size": memory.batch_rows(schema, 131_072), "batch_readahead": _READ_AHEAD,
+            "fragment_readahead": 2}
 
 
 def _batches_of(batches, what: str, locations: Sequence[str]) -> Iterator:
@@ -248,7 +260,7 @@ def _filling(cache: ReadCache, io: PyArrowFileIO, missing: dict[str, tuple[str, 
         with lake_failures(what):
             dataset = pads.dataset(list(keys), schema=physical, format=PARQUET_READ_FORMAT,
                                    filesystem=io.fs_by_scheme(scheme, netloc))
-            tagged = dataset.scanner(columns=physical.names, use_threads=True).scan_batches()
+            tagged = dataset.scanner(columns=physical.names, use_threads=True, **_bounded(physical)).scan_batches()
         fill, current = None, None
         try:
             for item in _batches_of(tagged, what, [location for location, _ in located]):

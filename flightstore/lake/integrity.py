@@ -41,10 +41,10 @@ import time
 import weakref
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -63,7 +63,7 @@ from flightstore.errors import DataLoss
 from flightstore.lake.catalog import lake_failures
 from flightstore.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN
 
-__all__ = ["PARQUET_READ_FORMAT", "ChecksumStore", "DamageLog", "DamagedFile", "FileCheck", "TakeOver",
+__all__ = ["PARQUET_READ_FORMAT", "ChecksumStore", "DamageLog", "DamagedFile", "FileCheck", "DamageHandler",
            "Verification", "checked_parquet_writer", "damage_error", "file_span", "key_path", "record_checks",
            "verify_file", "verify_files", "write_data_files", "written_check"]
 
@@ -468,4 +468,12 @@ class DamageLog:
         return out
 
 
-TakeOver = Callable[[DamagedFile, "tuple[int, int] | None"], bool]
+class DamageHandler(Protocol):
+    """What a read does about damaged lake files (the union read: :mod:`flightstore.lake.union`)."""
+
+    def take_over(self, damaged: DamagedFile, span: tuple[int, int]) -> bool:
+        """Whether the caller reads the bucket of ``damaged`` from its first offset on elsewhere
+        (``span``: (bucket, first offset)); False: the read fails with DATA_LOSS."""
+
+    def checked(self, locations: Sequence[str]) -> None:
+        """``locations`` checked out whole (a file reported damaged before may have been restored)."""

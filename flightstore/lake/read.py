@@ -43,7 +43,7 @@ from flightstore.lake.files import (
     read_data_files,
     task_batches,
 )
-from flightstore.lake.integrity import TakeOver
+from flightstore.lake.integrity import DamageHandler
 from flightstore.lake.layout import table_types
 from flightstore.lake.offsets import snapshot_offsets, tiering_snapshots
 from flightstore.schema import TableDescriptor
@@ -52,6 +52,7 @@ __all__ = [
     "LakeSnapshot",
     "cache_appended",
     "cached_schema",
+    "lake_batches",
     "lake_snapshots",
     "plan_lake_files",
     "read_data_files",
@@ -116,21 +117,21 @@ def resolve_snapshot(lake_table: IcebergTable, snapshot_id: int | None = None,
 def snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: TableDescriptor,
                      columns: Sequence[str], filter: fs.Predicate | None = None,
                      limit: int | None = None, cache: ReadCache | None = None,
-                     take_over: TakeOver | None = None) -> Iterator[pa.RecordBatch]:
+                     damage: DamageHandler | None = None) -> Iterator[pa.RecordBatch]:
     """Stream ``columns`` of the rows of ``snapshot`` matching ``filter`` (bound to
     :func:`table_types`), in the table's types, at most ``limit`` rows; see the module docstring.
     Every data file is checked before it is decoded (:mod:`flightstore.lake.files`); a damaged
-    one is offered to ``take_over`` (the union read's fall-back to the log) or is DATA_LOSS
+    one is offered to ``damage`` (the union read's fall-back to the log) or is DATA_LOSS
     naming it. With a ``cache``, data files it holds are read from it and the others put in it as
     they are read (:mod:`flightstore.lake.cache`). Lake failures raise LakeUnavailable (also
     while streaming), a file of an expired snapshot LakeFileMissing."""
     with missing_files(f"reading the lake table of {descriptor.path}", lake_table, snapshot):
-        yield from _snapshot_batches(lake_table, snapshot, descriptor, columns, filter, limit, cache, take_over)
+        yield from _snapshot_batches(lake_table, snapshot, descriptor, columns, filter, limit, cache, damage)
 
 
 def _snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: TableDescriptor,
                       columns: Sequence[str], filter: fs.Predicate | None, limit: int | None,
-                      cache: ReadCache | None, take_over: TakeOver | None) -> Iterator[pa.RecordBatch]:
+                      cache: ReadCache | None, damage: DamageHandler | None) -> Iterator[pa.RecordBatch]:
     what = f"reading the lake table of {descriptor.path}"
     types = table_types(descriptor)
     needed = list(dict.fromkeys([*columns, *(sorted(filter.columns()) if filter is not None else [])]))
@@ -144,7 +145,7 @@ def _snapshot_batches(lake_table: IcebergTable, snapshot: Snapshot, descriptor: 
         source = _batches(reader, what)
     else:
         source = task_batches(lake_table, snapshot, tasks, descriptor, needed, what, cache=cache,
-                              take_over=take_over)
+                              damage=damage)
     yield from limited(_conformed(source, needed, columns, types, filter), limit)
 
 
@@ -237,6 +238,27 @@ def read_lake(catalog: LakeCatalog, descriptor: TableDescriptor, *, columns: Seq
         result = scan.to_arrow()
     result = result.select(schema.names).cast(schema)
     return result if limit is None else result.slice(0, limit)
+
+
+def lake_batches(catalog: LakeCatalog, descriptor: TableDescriptor, *, columns: Sequence[str] | None = None,
+                 filter: fs.Predicate | None = None, snapshot_id: int | None = None,
+                 as_of_ms: int | None = None, limit: int | None = None
+                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """:func:`read_lake` streamed: its schema and its rows batch by batch (``t$lake``: a lake of
+    any size read in bounded memory; files checked, the read cache used, as a union read does).
+    Unknown columns and snapshots are refused before this returns."""
+    schema = _output_schema(descriptor, columns)
+    try:
+        lake_table = catalog.load_table(descriptor.path)
+    except TableNotFound:
+        if snapshot_id is not None or as_of_ms is not None:
+            raise
+        return schema, iter(())
+    snapshot = resolve_snapshot(lake_table, snapshot_id, as_of_ms)
+    if snapshot is None:
+        return schema, iter(())
+    bound = filter.bind(table_types(descriptor)) if filter is not None else None
+    return schema, snapshot_batches(lake_table, snapshot, descriptor, schema.names, bound, limit, catalog.read_cache)
 
 
 def plan_lake_files(catalog: LakeCatalog, descriptor: TableDescriptor, *,

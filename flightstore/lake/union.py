@@ -174,35 +174,21 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     if not wanted:
         return
 
-    taken: dict[int, int] = {}  # bucket -> first offset read from the log instead of a damaged lake file
-
-    def take_over(damaged: DamagedFile, span: tuple[int, int]) -> bool:
-        bucket, first = span
-        log = logs.get(bucket)
-        if bucket not in wanted or log is None or bucket not in split.offsets:
-            return False
-        if log.start_offset > first or log.lost_rows or log.damage():
-            _report(catalog, table, bucket, damaged, f"the log of bucket {bucket} no longer holds offsets "
-                                                     f"from {first} (it starts at {log.start_offset})")
-            return False
-        taken[bucket] = min(taken.get(bucket, first), first)
-        _report(catalog, table, bucket, damaged, f"bucket {bucket} is answered from the log from offset {first} "
-                                                 "on instead")
-        return True
+    fall_back = _FallBack(catalog, table, split, logs, wanted)
 
     def lake_part(rows: int | None) -> Iterator[pa.RecordBatch]:
         lake_filter = _lake_filter(table, filter, wanted)
         bound = lake_filter.bind(table_types(table.descriptor)) if lake_filter is not None else None
         cache = catalog.read_cache if catalog is not None else None
         return snapshot_batches(split.lake_table, split.snapshot, table.descriptor, columns, bound, rows, cache,
-                                take_over=take_over)
+                                damage=fall_back)
 
     def log_part(bucket: int) -> Callable[[int | None], Iterable[pa.RecordBatch]]:
         def open_log(rows: int | None) -> Iterable[pa.RecordBatch]:
             log = logs.get(bucket)
             if log is None or bucket not in split.offsets:
                 return ()  # its partition was dropped, or created, since the split was planned
-            start = min(split.offsets[bucket], taken.get(bucket, split.offsets[bucket]))
+            start = min(split.offsets[bucket], fall_back.taken.get(bucket, split.offsets[bucket]))
             if start < log.start_offset:
                 raise DataLoss(f"table {table.path} bucket {bucket}: log records from offset "
                                f"{start} were deleted; plan the read again")
@@ -213,11 +199,37 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     yield from limited_sources(sources, limit)
 
 
-def _report(catalog: LakeCatalog | None, table: Table, bucket: int, damaged: DamagedFile, outcome: str) -> None:
-    """Say that a union read met a damaged lake file: the server log and ``t$lake$status``."""
-    logger.error("table %s: %s; %s", table.path, damaged.describe(), outcome)
-    if catalog is not None:
-        catalog.damage.report(str(table.path), bucket, damaged)
+class _FallBack:
+    """A union read's answer to damaged lake files (:class:`~flightstore.lake.integrity.DamageHandler`):
+    a bucket whose log still holds the file's records from its first offset on is read from the
+    log from there (``taken``); each one met is logged and listed in ``t$lake$status``."""
+
+    def __init__(self, catalog: LakeCatalog | None, table: Table, split: UnionSplit, logs: dict[int, LogTablet],
+                 wanted: Sequence[int]) -> None:
+        self.catalog, self.table, self.split, self.logs, self.wanted = catalog, table, split, logs, set(wanted)
+        self.taken: dict[int, int] = {}  # bucket -> first offset read from the log instead
+
+    def take_over(self, damaged: DamagedFile, span: tuple[int, int]) -> bool:
+        bucket, first = span
+        log = self.logs.get(bucket)
+        if bucket not in self.wanted or log is None or bucket not in self.split.offsets:
+            return False
+        if log.start_offset > first or log.lost_rows or log.damage():
+            self._report(bucket, damaged, f"the log of bucket {bucket} no longer holds offsets from {first} "
+                                          f"(it starts at {log.start_offset})")
+            return False
+        self.taken[bucket] = min(self.taken.get(bucket, first), first)
+        self._report(bucket, damaged, f"bucket {bucket} is answered from the log from offset {first} on instead")
+        return True
+
+    def checked(self, locations: Sequence[str]) -> None:
+        if self.catalog is not None:
+            self.catalog.damage.clear(str(self.table.path), locations)
+
+    def _report(self, bucket: int, damaged: DamagedFile, outcome: str) -> None:
+        logger.error("table %s: %s; %s", self.table.path, damaged.describe(), outcome)
+        if self.catalog is not None:
+            self.catalog.damage.report(str(self.table.path), bucket, damaged)
 
 
 def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | None = None,

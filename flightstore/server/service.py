@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
+from flightstore import memory
 from flightstore.acl import Operation, Permission
 from flightstore.cache import LruCache
 from flightstore.config import SERVER_OPTIONS, server_option, validate_server_options
@@ -90,6 +91,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, flight.FlightServerBase):
         status.quiet_tracebacks()  # until shutdown: no traceback in any error a client gets
         self._quiet = True
         self.store = store
+        memory.configure(server_option(store.options, "query.memory-limit"))  # every read path's budget
         self._hidden_paths = tuple({str(store.data_dir), os.path.abspath(store.data_dir),
                                     os.path.realpath(store.data_dir)})
         self.authz = Authorizer(store.data_dir, enabled=users is not None, super_users=super_users)

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flightstore import changetype
+from flightstore import changetype, memory
 from flightstore.alter import DropPartition
 from flightstore.cache import LruCache
 from flightstore.catalog import DEFAULT_DATABASE
@@ -406,8 +406,8 @@ class Executor:
             yield from read_union(self.lake, table, plan.columns, filter=plan.filter, limit=plan.limit,
                                   buckets=None if partition is None else [partition])
         elif isinstance(plan, n.LakeScan):
-            yield self._lake_rows(plan.table, plan.columns, plan.filter, plan.limit, plan.snapshot_id,
-                                  plan.as_of_ms)
+            yield from self._lake_rows(plan.table, plan.columns, plan.filter, plan.limit, plan.snapshot_id,
+                                       plan.as_of_ms, stream=True)[1]
         elif isinstance(plan, n.RangeScan):
             table = store.table(plan.table)
             buckets = [partition] if partition is not None else \
@@ -517,9 +517,10 @@ class Executor:
             if is_union(table.descriptor):
                 from flightstore.lake.union import read_union
                 schema = table.projection(item.columns)
-                parts = [_cast(p if isinstance(p, pa.Table) else pa.Table.from_batches([p]), schema)
-                         for p in read_union(self.lake, table, item.columns, filter=item.filter,
-                                             exact=False)]
+                union = read_union(self.lake, table, item.columns, filter=item.filter, exact=False)
+                if stream and not self._small_input(table, item):  # DuckDB pulls it batch by batch
+                    return schema, _small_batches(b for p in union for b in _record_batches(_cast(p, schema)))
+                parts = [_cast(p if isinstance(p, pa.Table) else pa.Table.from_batches([p]), schema) for p in union]
                 return pa.concat_tables(parts) if parts else schema.empty_table()
             if stream and not self._small_input(table, item):
                 return (self._input_schema(item),
@@ -527,7 +528,7 @@ class Executor:
             return table.scan_table(list(item.columns), item.filter, exact=False)
         if item.source == "lake":
             return self._lake_rows(item.table, item.columns, item.filter, None, item.snapshot_id,
-                                   item.as_of_ms)
+                                   item.as_of_ms, stream=stream)
         if item.source in ("partitions", "lake_snapshots", "lake_status"):
             full = self._partitions_table(item.table) if item.source == "partitions" else \
                 self._lake_snapshots_table(item.table) if item.source == "lake_snapshots" else \
@@ -549,6 +550,9 @@ class Executor:
             return False
         try:
             rows = table.row_count()
+            if is_union(table.descriptor):  # most of it may be in the lake (an upper bound)
+                from flightstore.lake.union import union_split
+                rows += union_split(self.lake, table).lake_rows
         except FlightstoreError:
             return False  # a damaged input: the scan itself reports what is wrong
         return rows * _row_width(self._input_schema(item)) <= self.materialize_limit
@@ -657,13 +661,15 @@ class Executor:
         return [lake, log]
 
     def _lake_rows(self, path: TablePath, columns: Sequence[str], filter, limit: int | None,
-                   snapshot_id: int | None, as_of_ms: int | None) -> pa.Table:
-        """``t$lake`` rows (time travel when ``snapshot_id`` / ``as_of_ms`` is set)."""
-        from flightstore.lake.read import read_lake
+                   snapshot_id: int | None, as_of_ms: int | None, stream: bool = False):
+        """``t$lake`` rows (time travel when ``snapshot_id`` / ``as_of_ms`` is set): a table, or
+        with ``stream`` a ``(schema, batches)`` stream (bounded memory)."""
+        from flightstore.lake.read import lake_batches, read_lake
         catalog = self._lake_catalog(path)
         descriptor = self.store.table(path).descriptor
-        return read_lake(catalog, descriptor, columns=list(columns), filter=filter, limit=limit,
-                         snapshot_id=snapshot_id, as_of_ms=as_of_ms)
+        read = lake_batches if stream else read_lake
+        return read(catalog, descriptor, columns=list(columns), filter=filter, limit=limit,
+                    snapshot_id=snapshot_id, as_of_ms=as_of_ms)
 
     def _lake_snapshots_table(self, path: TablePath) -> pa.Table:
         """``t$lake$snapshots``: one row per tiering commit, oldest first."""
@@ -773,12 +779,18 @@ def _routed(table) -> bool:
     return hasattr(table, "peers") and hasattr(table, "local") and not is_union(table.descriptor)
 
 
+def _record_batches(part: pa.RecordBatch | pa.Table) -> list[pa.RecordBatch]:
+    return part.to_batches() if isinstance(part, pa.Table) else [part]
+
+
 def _small_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``batches`` as zero-copy slices of at most :data:`INPUT_BATCH_ROWS` rows: DuckDB reads
-    ahead a fixed number of input batches, so their size bounds what a streamed input holds."""
+    """``batches`` as zero-copy slices of at most :data:`INPUT_BATCH_ROWS` rows (fewer when rows
+    are wide: :func:`flightstore.memory.batch_rows`): DuckDB reads ahead a fixed number of input
+    batches, so their size bounds what a streamed input holds."""
     for batch in batches:
-        for start in range(0, batch.num_rows, INPUT_BATCH_ROWS):
-            yield batch.slice(start, INPUT_BATCH_ROWS)
+        step = memory.batch_rows(batch.schema, INPUT_BATCH_ROWS)  # fewer when rows are wide
+        for start in range(0, batch.num_rows, step):
+            yield batch.slice(start, step)
 
 
 VARIABLE_WIDTH_BYTES = 32  # what a string or nested value is guessed to take in a size estimate

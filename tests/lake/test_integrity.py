@@ -130,16 +130,27 @@ def test_a_missing_or_truncated_file_is_answered_from_the_log_while_it_holds_the
         table.append(events(300, 30))  # a log tail above the tiered offsets
         sql = Executor(store, tierer.catalog, tierer)
         target = _files(tierer, table)[1]
-        if damage == "missing":
-            target.unlink()
-        else:
-            target.write_bytes(target.read_bytes()[:-100])
+        original = target.read_bytes()
+
+        def damage_it() -> None:
+            if damage == "missing":
+                target.unlink()
+            else:
+                target.write_bytes(original[:-100])
+
+        def damaged_files() -> dict:
+            status = sql.execute_table(sql.plan("SELECT bucket, damaged_files FROM events$lake$status"))
+            return {r["bucket"]: r["damaged_files"] for r in status.to_pylist() if r["damaged_files"]}
+
+        damage_it()
         assert _union_seqs(tierer.catalog, table) == list(range(330))
         got = sql.execute_table(sql.plan("SELECT seq FROM events ORDER BY seq"))
         assert got.column("seq").to_pylist() == list(range(330))
-        status = sql.execute_table(sql.plan("SELECT bucket, damaged_files FROM events$lake$status"))
-        damaged = {r["bucket"]: r["damaged_files"] for r in status.to_pylist() if r["damaged_files"]}
-        assert len(damaged) == 1 and target.name in damaged.popitem()[1][0]
+        reported = damaged_files()
+        assert len(reported) == 1 and target.name in reported.popitem()[1][0]
+        target.write_bytes(original)  # restored (from a backup): the next read finds it whole
+        assert _union_seqs(tierer.catalog, table) == list(range(330)) and damaged_files() == {}
+        damage_it()
         with pytest.raises(DataLoss, match=target.name):
             read_lake(tierer.catalog, table.descriptor)  # the lake alone cannot answer
         # Retention deletes the tiered records from the log: nothing can answer that bucket now.
@@ -196,3 +207,28 @@ def test_verify_checks_the_lake_files(data_dir, uncached):
     assert f"{corrupt.name} is corrupt" in found.stdout
     assert f"{truncated.name} is truncated" in found.stdout
     assert f"{missing.name} is missing" in found.stdout
+
+
+def test_a_spark_lake_split_checks_its_files_before_decoding_them(store, uncached):
+    """The server's plan of a union read gives each file's size and CRC; an executor reading a
+    lake split checks them (read_data_files) and fails with DATA_LOSS naming a damaged file."""
+    from flightstore.lake.files import read_data_files
+    from flightstore.lake.layout import lake_schema
+    from flightstore.lake.union import plan_split
+
+    table, tierer = _tiered(store, uncached)
+    try:
+        planned = plan_split(tierer.catalog, table)
+        files = planned["files"]
+        assert len(files) == 3 and all(f["crc32"] is not None and f["bytes"] > 0 for f in files)
+        schema = lake_schema(table.descriptor)
+        whole = pa.Table.from_batches(list(read_data_files(files, {}, schema, ["seq"])))
+        assert sorted(whole.column("seq").to_pylist()) == list(range(300))
+        target = Path(key_path(tierer.catalog.load_table(table.path).io, files[0]["path"]))
+        data = bytearray(target.read_bytes())
+        data[len(data) // 3] ^= 0x20
+        target.write_bytes(bytes(data))
+        with pytest.raises(DataLoss, match=f"{target.name} is corrupt"):
+            list(read_data_files(files, {}, schema, ["seq"]))
+    finally:
+        tierer.stop()
