@@ -21,17 +21,24 @@ __all__ = ["main"]
 PASSWORD_ENV = "FLIGHTSTORE_PASSWORD"
 
 
+def _options(specs: list[str] | None) -> dict[str, str]:
+    """``--option KEY=VALUE`` arguments as a dict."""
+    options = {}
+    for spec in specs or []:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--option expects KEY=VALUE, got {spec!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
 def _serve(args: argparse.Namespace) -> int:
     from flightstore.errors import FlightstoreError
     from flightstore.server.service import serve
     from flightstore.server.tls import TlsConfig
     from flightstore.server.users import UserStore
-    options = {}
-    for spec in args.option or []:
-        key, sep, value = spec.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"--option expects KEY=VALUE, got {spec!r}")
-        options[key.strip()] = value.strip()
+    options = _options(args.option)
+
     def flag_or_option(flag: str | None, key: str) -> str | None:
         """A flag, else the same setting given as ``--option key=value`` (never ignored)."""
         return flag if flag is not None else options.get(key)
@@ -79,7 +86,8 @@ def _lake_status(args: argparse.Namespace) -> int:
     except (pa.ArrowException, FlightstoreError, OSError) as exc:
         print(f"flightstore lake status: {_message(exc)}", file=sys.stderr)
         return 1
-    print("table\tbucket\ttiered_offset\tlog_end_offset\tlag_records\tlag_seconds\tlast_commit\tlast_error")
+    print("table\tbucket\ttiered_offset\tlog_end_offset\tlag_records\tlag_seconds\tlast_commit\tlast_error"
+          "\tdamaged_files")
     for table in tables:
         commit = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(table["last_commit_ms"] / 1000))
                   if table["last_commit_ms"] else "-")
@@ -87,7 +95,7 @@ def _lake_status(args: argparse.Namespace) -> int:
             tiered = "-" if bucket["tiered_offset"] is None else bucket["tiered_offset"]
             print(f"{table['table']}\t{bucket['bucket']}\t{tiered}\t{bucket['log_end_offset']}\t"
                   f"{bucket['lag_records']}\t{bucket['lag_seconds']:.1f}\t{commit}\t"
-                  f"{table['last_error'] or '-'}")
+                  f"{table['last_error'] or '-'}\t{'; '.join(bucket.get('damaged_files') or []) or '-'}")
     return 0
 
 
@@ -206,7 +214,7 @@ def _verify(args: argparse.Namespace) -> int:
     from flightstore.errors import DataDirectoryInUse
     from flightstore.maintenance import verify
     try:
-        report = verify(args.data_dir)
+        report = verify(args.data_dir, _options(args.option))
     except DataDirectoryInUse as exc:
         print(f"flightstore verify: {exc}", file=sys.stderr)
         return 2
@@ -372,8 +380,11 @@ def main(argv: list[str] | None = None) -> None:
     user.add_argument("--replace", action="store_true", help="set a new password for an existing user")
     user.set_defaults(func=_user)
     verify = commands.add_parser("verify", help="check every CRC, checksum and KV block of a data "
-                                 "directory and report, changing nothing (exit 1 if data is lost)")
+                                 "directory and its lake files and report, changing nothing (exit 1 if "
+                                 "data is lost)")
     verify.add_argument("data_dir", metavar="DATA_DIR")
+    verify.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
+                        help="a server option saying where the lake is (datalake.iceberg.*), as for serve")
     verify.set_defaults(func=_verify)
     repair = commands.add_parser("repair", help="make damaged tables readable again: declare the "
                                  "lost offsets, quarantine bad bytes, say what was lost")

@@ -247,7 +247,10 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("query.memory-limit", "size", 1_000_000_000,
                  "Memory the embedded SQL engine (DuckDB) may use for residual SQL (GROUP BY, joins, "
                  "ORDER BY...) across all queries; beyond it, operators spill to `DATA_DIR/.spill` and "
-                 "a query that still does not fit fails with RESOURCE_EXHAUSTED.", minimum=1_000_000),
+                 "a query that still does not fit fails with RESOURCE_EXHAUSTED. Every other read path "
+                 "sizes its batches by it (a 16th of it, 1 to 16 MiB each) and holds at most a quarter "
+                 "of it at once (a lookup's answer, a changelog tail being folded), else answers "
+                 "RESOURCE_EXHAUSTED.", minimum=1_000_000),
     ConfigOption("query.materialize-input-limit", "size", 256_000_000,
                  "A table input of residual SQL whose estimated size (its maintained row count times "
                  "the read columns' widths) is at most this (and at most a quarter of "

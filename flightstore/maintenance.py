@@ -1,7 +1,8 @@
 """Operations on a whole data directory: ``flightstore verify`` and ``flightstore repair``.
 
 ``verify`` checks every CRC and checksum the data directory holds (the catalog, every log record,
-index and summary, every intent, every KV block) and cross-checks the KV's applied offsets against
+index and summary, every intent, every KV block, and the lake files of datalake-enabled tables:
+:mod:`flightstore.lake.verify`) and cross-checks the KV's applied offsets against
 the logs. It changes nothing and runs while no server holds the directory (a shared lock on
 ``DATA_DIR/LOCK``). Findings are errors (data lost or unreadable), warnings (fixed by the next open
 without losing anything acknowledged) and notes.
@@ -20,9 +21,10 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from flightstore.catalog import read_catalog_file, table_directory
 from flightstore.errors import DataDirectoryInUse, FlightstoreError, NotFound
@@ -135,8 +137,9 @@ def _shared_lock(data_dir: Path) -> int | None:
     return fd
 
 
-def verify(data_dir: str | os.PathLike) -> Report:
-    """Check everything in ``data_dir``; change nothing."""
+def verify(data_dir: str | os.PathLike, options: Mapping[str, Any] | None = None) -> Report:
+    """Check everything in ``data_dir``, the lake files of its datalake-enabled tables included
+    (where the lake is: server ``options``, default the embedded lake); change nothing."""
     data_dir = Path(data_dir)
     report = Report()
     if not data_dir.is_dir():
@@ -144,7 +147,8 @@ def verify(data_dir: str | os.PathLike) -> Report:
         return report
     lock = _shared_lock(data_dir)
     try:
-        for table in _tables(data_dir, report):
+        tables = _tables(data_dir, report)
+        for table in tables:
             for _, directory, label in table.buckets():
                 log_dir = directory / "log"
                 if not log_dir.is_dir():
@@ -178,10 +182,31 @@ def verify(data_dir: str | os.PathLike) -> Report:
             elif state == "pending":
                 report.add("note", f"table {table.path}", "a multi-bucket write is pending in the "
                                                           "intent log (completed at the next open)")
+        _verify_lake(data_dir, [t for t in tables if t.descriptor.option("table.datalake.enabled")], options,
+                     report)
     finally:
         if lock is not None:
             os.close(lock)
     return report
+
+
+def _verify_lake(data_dir: Path, tables: list[_TableFiles], options: Mapping[str, Any] | None,
+                 report: Report) -> None:
+    """Check the lake files of datalake-enabled ``tables`` (:mod:`flightstore.lake.verify`)."""
+    if not tables:
+        return
+    from flightstore.lake import LakeCatalog, LakeSettings
+    from flightstore.lake.verify import verify_lake
+    settings = LakeSettings.from_options(data_dir, options)
+    if settings.catalog_uri.startswith("sqlite:///") and \
+            not Path(settings.catalog_uri[len("sqlite:///"):]).exists():
+        return  # the embedded lake was never created: nothing was tiered
+    catalog = LakeCatalog(settings)
+    try:
+        for severity, where, message in verify_lake(catalog, [(t.descriptor, t.directory.name) for t in tables]):
+            report.add(severity, where, message)
+    finally:
+        catalog.reset()
 
 
 def repair(data_dir: str | os.PathLike, tables: Iterable[str] | None = None, *,

@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch
 
+from flightstore import memory
 from flightstore.batches import limited
 from flightstore.errors import CorruptData, DataLoss, FlightstoreError, NotLeader
 from flightstore.expressions import Predicate
@@ -53,7 +54,7 @@ from flightstore.kv.meta import (
 from flightstore.kv.ranges import KeyRange, encode_range, prefix_successor
 from flightstore.kv.scan import FIRST_CHUNK_ROWS, RangeReader, storage_errors
 from flightstore.kv.snapshot import KvSnapshots, SnapshotInfo
-from flightstore.kv.snapshot_read import read_at
+from flightstore.kv.snapshot_read import TailTooLong, read_at
 from flightstore.kv.versions import VersionedRowCodec
 from flightstore.kv.writes import ApplyResult, KvWrites, PreparedWrite, changelog_schema
 from flightstore.log import LogTablet
@@ -65,13 +66,10 @@ __all__ = ["UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES", "ApplyResult", "KvTablet
 
 log = logging.getLogger("flightstore.kv")
 
+LOOKUP_CHUNK_KEYS = 4096  # keys per multi-get of a lookup (its rows are checked against the budget)
 _FOUND, _NOT_FOUND = np.ones(1, bool), np.zeros(1, bool)  # found masks of one key (read-only)
 _FOUND.setflags(write=False)
 _NOT_FOUND.setflags(write=False)
-# A full scan reads the newest snapshot image plus the changelog after it unless that tail holds
-# more than this many rows per image row (then iterating RocksDB is cheaper).
-IMAGE_TAIL_FACTOR = 4
-IMAGE_TAIL_MIN_ROWS = 65_536
 
 
 class KvTablet(KvWrites):
@@ -393,12 +391,29 @@ class KvTablet(KvWrites):
 
     # ---- reads --------------------------------------------------------------------------------
     def lookup(self, keys: pa.Table, columns: Sequence[str] | None = None) -> tuple[np.ndarray, pa.Table]:
-        """Rows of ``keys`` (PK columns) with one multi-get: (found mask, rows of the found keys)."""
+        """Rows of ``keys`` (PK columns): (found mask, rows of the found keys). One multi-get per
+        :data:`LOOKUP_CHUNK_KEYS` keys (fewer when rows are wide: within
+        :func:`flightstore.memory.batch_bytes`); a lookup whose rows pass what a query may hold
+        (:func:`flightstore.memory.work_bytes`) is refused with ResourceExhausted. On a replicated
+        leader it returns once what it read is committed (:meth:`_committed`)."""
         with self._lock:  # not while a truncation cuts the log and rebuilds this KV (see exclusive)
             cuts = self.log.truncations
-        found = self._multi_get(encode_keys(keys, self.primary_key), columns)
+        encoded = encode_keys(keys, self.primary_key)
+        step = memory.batch_rows(self.schema, LOOKUP_CHUNK_KEYS)
+        if len(encoded) <= step:
+            found, rows = self._multi_get(encoded, columns)
+            memory.require(rows.nbytes, f"{self.where}: a lookup of {len(encoded)} keys")
+        else:
+            masks, parts, held = [], [], 0
+            for start in range(0, len(encoded), step):
+                part_found, part_rows = self._multi_get(encoded[start:start + step], columns)
+                held += part_rows.nbytes
+                memory.require(held, f"{self.where}: a lookup of {len(encoded)} keys")
+                masks.append(part_found)
+                parts.append(part_rows)
+            found, rows = np.concatenate(masks), pa.concat_tables(parts)
         self._committed(cuts)
-        return found
+        return found, rows
 
     def committed_row_count(self) -> int:
         """:attr:`row_count` once the changes it counts are committed (see :meth:`_committed`)."""
@@ -429,11 +444,14 @@ class KvTablet(KvWrites):
         wanted = list(columns) if columns is not None else self.schema.names
         parts = []
         remaining = limit
+        held = 0
         with self._lock:
             cuts = self.log.truncations
         for prefix in prefixes:
             for table in self._read(prefix, prefix_successor(prefix), wanted, None, remaining):
                 parts.append(table)
+                held += table.nbytes
+                memory.require(held, f"{self.where}: a prefix lookup")  # its answer is held whole
                 if remaining is not None:
                     remaining -= table.num_rows
             if remaining is not None and remaining <= 0:
@@ -445,44 +463,42 @@ class KvTablet(KvWrites):
 
     def full_scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
                   limit: int | None = None, *, exact: bool = True) -> Iterator[pa.RecordBatch]:
-        """Every current row, filtered exactly, at most ``limit``: the newest snapshot image plus
-        the changelog after it (:mod:`flightstore.kv.snapshot_read`, consistent at the log end
-        when called), or RocksDB (:meth:`scan`) when there is no usable image or the changelog
-        since it is much longer than the image.
+        """Every current row, filtered exactly, at most ``limit``, consistent at the log end when
+        called: the newest snapshot image plus the changelog after it, or without a usable image
+        the whole changelog while the log still holds it from offset 0 with no lost range (the
+        image of offset 0 is empty), folded vectorized (:mod:`flightstore.kv.snapshot_read`):
+        columnar reads, no RocksDB iteration, whatever the snapshot state. RocksDB (:meth:`scan`)
+        answers when neither serves, when the changelog cannot be read, or when folding the
+        changes (updates and deletes; inserts cost nothing) would hold more memory than a query
+        may (:func:`flightstore.memory.work_bytes`): RocksDB is read in bounded chunks (the next
+        KV snapshot makes the tail short again).
 
-        ``exact=False`` is for analytic callers that apply ``filter`` again and need no key order
-        (residual SQL): rows come unfiltered (batches are still skipped by statistics), and a
-        bucket without a usable image is read from its whole changelog (the image of offset 0 is
-        empty) when the log still starts at 0, has no declared-lost range and is not much longer
-        than the bucket: columnar reads instead of a RocksDB iteration."""
+        Rows come image batches first (key order), then the changed rows; ``exact=False`` is for
+        analytic callers that apply ``filter`` again: rows come unfiltered (batches are still
+        skipped by statistics)."""
         snapshot = self.snapshots.newest
         at = self.log.high_watermark
         wanted = columns or self.schema.names
         try:  # read_at reads the changelog part before it returns: damage found there is found here
-            if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows) \
-                    and snapshot.offset >= self.log.local_start_offset:  # its tail is on local disk
+            if snapshot is not None and snapshot.offset >= self.log.local_start_offset:  # its tail is on local disk
                 image = self.snapshots.image(snapshot, self.schema)
                 if image is not None:
                     return read_at(image, snapshot.offset, self.log, at, self.primary_key, wanted, filter,
-                                   limit, where=self.name, exact=exact)
-            if not exact and self._replayable(at):
+                                   limit, where=self.name, exact=exact, max_bytes=memory.work_bytes())
+            if self._replayable():
                 return read_at(None, 0, self.log, at, self.primary_key, wanted, filter, limit,
-                               where=self.name, exact=False)
+                               where=self.name, exact=exact, max_bytes=memory.work_bytes())
+        except TailTooLong as reason:
+            log.info("%s: %s; scanning RocksDB instead", self.name, reason)
         except (DataLoss, CorruptData) as error:
             # RocksDB holds the current rows whatever the changelog lost: answer from it.
             log.warning("%s: the changelog cannot be read (%s); scanning RocksDB instead", self.name, error)
         return self.scan(columns, filter, limit)
 
-    @staticmethod
-    def _tail_is_short(tail_rows: int, image_rows: int) -> bool:
-        return tail_rows <= IMAGE_TAIL_FACTOR * max(image_rows, IMAGE_TAIL_MIN_ROWS)
-
-    def _replayable(self, at: int) -> bool:
-        """Whether the changelog ``[0, at)`` is held whole on local disk and short enough to read
-        instead of RocksDB."""
+    def _replayable(self) -> bool:
+        """Whether the whole changelog (from offset 0) is held on local disk, with no lost range."""
         log_ = self.log
-        return (log_.local_start_offset == 0 and log_.lost_rows == 0 and not log_.damage()
-                and self._tail_is_short(at, self.row_count))
+        return log_.local_start_offset == 0 and log_.lost_rows == 0 and not log_.damage()
 
     def rows_at(self, at: int, columns: Sequence[str] | None = None, filter: Predicate | None = None,
                 limit: int | None = None) -> Iterator[pa.RecordBatch]:
@@ -533,8 +549,10 @@ class KvTablet(KvWrites):
                              expected_rows=expected)
 
         def decoded() -> Iterator[pa.Table]:
-            # With a LIMIT the first chunk is just big enough; chunks grow when the filter drops rows.
-            for values in reader.chunks(FIRST_CHUNK_ROWS if limit is None else limit):
+            # With a LIMIT the first chunk is just big enough; chunks grow when the filter drops rows
+            # (never past the batch bytes: wide rows make short chunks).
+            first = memory.batch_rows(self.schema, FIRST_CHUNK_ROWS if limit is None else limit)
+            for values in reader.chunks(first):
                 with self._io_lock:
                     self._io["rows_read"] += len(values)
                     self._io["chunks_read"] += 1

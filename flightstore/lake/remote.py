@@ -27,7 +27,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io import load_file_io
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.metadata import TableMetadataUtil
@@ -36,6 +35,7 @@ from flightstore import changetype
 from flightstore.client import Connection
 from flightstore.errors import Unsupported
 from flightstore.lake.changes import snapshot_rows
+from flightstore.lake.integrity import FileCheck, write_data_files
 from flightstore.lake.layout import lake_rows, lake_schema
 from flightstore.schema import TableDescriptor
 
@@ -46,8 +46,9 @@ BucketRead = tuple[int, int, int, "int | None"]
 # What reading it gives: (bucket, lake rows as Arrow IPC bytes, offset reached).
 BucketRows = tuple[int, bytes, int]
 MapBuckets = Callable[[Sequence[BucketRead]], list[BucketRows]]
-# What writing it gives: (bucket, data files written, offset reached, rows in them).
-BucketFiles = tuple[int, list[DataFile], int, int]
+# What writing it gives: (bucket, data files written, offset reached, rows in them, the files'
+# checks: :mod:`flightstore.lake.integrity`).
+BucketFiles = tuple[int, list[DataFile], int, int, list[FileCheck]]
 MapWrites = Callable[[Sequence[BucketRead], "LakeTarget"], list[BucketFiles]]
 
 
@@ -110,26 +111,29 @@ class LakeTarget:
     def of(cls, lake_table: IcebergTable) -> LakeTarget:
         return cls(lake_table.metadata.model_dump_json(), dict(lake_table.io.properties))
 
-    def write(self, rows: pa.Table) -> list[DataFile]:
+    def write(self, rows: pa.Table) -> tuple[list[DataFile], list[FileCheck]]:
         """Write ``rows`` (lake rows of one bucket, in offset order) as data files of the table's
-        partition spec, under a fresh write id; returns their metadata. Nothing is committed."""
+        partition spec, under a fresh write id; returns their metadata and checks (the committer
+        records them). Nothing is committed."""
         if rows.num_rows == 0:
-            return []
+            return [], []
         metadata = TableMetadataUtil.parse_raw(self.metadata_json)
         io = load_file_io(self.io_properties, metadata.location)
-        return list(_dataframe_to_data_files(table_metadata=metadata, df=rows, io=io, write_uuid=uuid.uuid4()))
+        return write_data_files(metadata, io, rows, uuid.uuid4())
 
 
 def write_bucket_files(connection: Connection, name: str, descriptor: TableDescriptor, read: BucketRead,
                        target: LakeTarget) -> BucketFiles:
     """Read one bucket of a log table in ``[start, end)`` (as :func:`read_bucket_changes`) and
-    write its rows straight to the lake's warehouse: ``(bucket, data files, offset reached, rows)``."""
+    write its rows straight to the lake's warehouse: ``(bucket, data files, offset reached, rows,
+    the files' checks)``."""
     if descriptor.has_primary_key:
         raise Unsupported(f"table {name} has a primary key: its changelog is folded before it is written")
     bucket, rows, reached = _read_bucket(connection, name, descriptor, read)
     # Buffers straight off the Flight wire may be unaligned, which pyiceberg-core's bucket
     # transform refuses: one copy through IPC aligns them (the driver path gets that copy anyway).
-    return bucket, target.write(_from_ipc(_ipc(rows))), reached, rows.num_rows
+    files, checks = target.write(_from_ipc(_ipc(rows)))
+    return bucket, files, reached, rows.num_rows, checks
 
 
 class FlightSource:
@@ -185,20 +189,22 @@ class FlightSource:
         return rows, kinds, reached
 
     def write_changes(self, lake_table: IcebergTable, start: Mapping[int, int], end: Mapping[int, int],
-                      max_rows: int | None) -> tuple[list[DataFile], dict[int, int], int]:
+                      max_rows: int | None) -> tuple[list[DataFile], list[FileCheck], dict[int, int], int]:
         """A log table's backlog in ``[start, end)`` written as data files of ``lake_table`` where
-        ``map_writes`` runs (each bucket's reader writes its own files): the files, the offset
-        each bucket reached and the rows written. Nothing is committed."""
+        ``map_writes`` runs (each bucket's reader writes its own files): the files, their checks,
+        the offset each bucket reached and the rows written. Nothing is committed."""
         reached = dict(start)
         files: list[DataFile] = []
+        checks: list[FileCheck] = []
         rows = 0
         target = LakeTarget.of(lake_table)
-        for bucket, written, offset, count in sorted(self._map_writes(self._reads(start, end, max_rows), target),
-                                                     key=lambda answer: answer[0]):
+        for bucket, written, offset, count, written_checks in sorted(
+                self._map_writes(self._reads(start, end, max_rows), target), key=lambda answer: answer[0]):
             files.extend(written)
+            checks.extend(written_checks)
             reached[bucket] = offset
             rows += count
-        return files, reached, rows
+        return files, checks, reached, rows
 
     def rows_at(self, bucket: int, at: int, schema: pa.Schema) -> list[pa.RecordBatch]:
         table = self.connection.table(self.name)

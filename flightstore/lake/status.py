@@ -10,6 +10,7 @@ status``. A process that does not tier (a reader of the lake) gets it from the l
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from flightstore.store import Table
@@ -20,13 +21,16 @@ __all__ = ["BucketStatus", "TableStatus", "bucket_statuses", "lake_status"]
 @dataclass(frozen=True)
 class BucketStatus:
     """One bucket: the lake holds offsets below ``tiered_offset`` (None: not known yet), the log
-    ends at ``log_end_offset``; ``lag_records`` rows wait, the oldest since ``lag_seconds``."""
+    ends at ``log_end_offset``; ``lag_records`` rows wait, the oldest since ``lag_seconds``;
+    ``damaged_files``: the bucket's lake files that reads of this process found damaged
+    (missing, truncated, corrupt: :mod:`flightstore.lake.integrity`), each described."""
 
     bucket: int
     tiered_offset: int | None
     log_end_offset: int
     lag_records: int
     lag_seconds: float
+    damaged_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,12 @@ class TableStatus:
         return asdict(self) | {"lag_records": self.lag_records, "lag_seconds": self.lag_seconds}
 
 
-def bucket_statuses(table: Table, tiered: dict[int, int] | None,
-                    now_ms: int | None = None) -> tuple[BucketStatus, ...]:
+def bucket_statuses(table: Table, tiered: dict[int, int] | None, now_ms: int | None = None,
+                    damaged: Mapping[int | None, list[str]] | None = None) -> tuple[BucketStatus, ...]:
     """Per-bucket lag of ``table`` given the ``tiered`` offsets (None: unknown; the lag then counts
-    from the log's start). ``lag_seconds`` is the age of the oldest untiered record."""
+    from the log's start). ``lag_seconds`` is the age of the oldest untiered record. ``damaged``:
+    descriptions of damaged lake files by bucket (:meth:`~flightstore.lake.integrity.DamageLog.damaged`)."""
+    damaged = damaged or {}
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
     statuses = []
     for bucket, (log, _) in sorted(table.tablets().items()):  # table-wide numbers when partitioned
@@ -74,7 +80,8 @@ def bucket_statuses(table: Table, tiered: dict[int, int] | None,
             oldest = next(iter(log.read(first, columns=[], max_rows=1)), None)
             if oldest is not None:
                 lag_seconds = max(0.0, (now - oldest.timestamp_ms) / 1000)
-        statuses.append(BucketStatus(bucket, known, end, max(0, end - first), lag_seconds))
+        statuses.append(BucketStatus(bucket, known, end, max(0, end - first), lag_seconds,
+                                     tuple(damaged.get(bucket, ()))))
     return tuple(statuses)
 
 
@@ -85,12 +92,14 @@ def lake_status(catalog, table: Table) -> TableStatus:
     from flightstore.errors import TableNotFound
     from flightstore.lake.offsets import committed_offsets, tiering_snapshots
 
+    damaged = catalog.damage.damaged(str(table.path))
     try:
         lake_table = catalog.load_table(table.path)
     except TableNotFound:
-        return TableStatus(str(table.path), bucket_statuses(table, None), None, None, None, None, 0, None)
+        return TableStatus(str(table.path), bucket_statuses(table, None, damaged=damaged), None, None, None, None,
+                           0, None)
     latest = next(iter(tiering_snapshots(lake_table)), None) if lake_table.current_snapshot() else None
     tiered = committed_offsets(lake_table) if latest is not None else None
-    return TableStatus(str(table.path), bucket_statuses(table, tiered),
+    return TableStatus(str(table.path), bucket_statuses(table, tiered, damaged=damaged),
                        latest.timestamp_ms if latest is not None else None,
                        latest.snapshot_id if latest is not None else None, None, None, 0, None)

@@ -324,7 +324,8 @@ class LakeTierer:
                         state.last_error_ms, state.failures)
             upkept, upkeep_error = state.last_upkeep, state.upkeep_error
         return TableStatus(
-            str(path), bucket_statuses(table, tiered), *snapshot, tierer=self.holder,
+            str(path), bucket_statuses(table, tiered, damaged=self.catalog.damage.damaged(str(path))), *snapshot,
+            tierer=self.holder,
             last_upkeep_ms=upkept.ran_at_ms if upkept is not None else None,
             upkeep_expired_snapshots=len(upkept.expired_snapshots) if upkept is not None else 0,
             upkeep_removed_files=len(upkept.files_removed) + len(upkept.orphans_removed) if upkept else 0,

@@ -20,6 +20,7 @@ otherwise the read fails with :class:`~flightstore.errors.LakeUnavailable`, neve
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from flightstore import expressions as fs
 from flightstore.batches import limited_sources
 from flightstore.errors import DataLoss, LakeUnavailable, NotFound, TableNotFound, Unsupported
 from flightstore.lake.catalog import LakeCatalog, lake_failures
+from flightstore.lake.integrity import ChecksumStore, DamagedFile, key_path
 from flightstore.lake.layout import BUCKET_COLUMN, lake_schema, table_types
 from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets
 from flightstore.lake.read import scan_snapshot, snapshot_batches
@@ -39,6 +41,8 @@ from flightstore.store import Table
 
 __all__ = ["UnionSplit", "plan_split", "public_io_properties", "read_union", "union_buckets", "union_count",
            "union_split"]
+
+logger = logging.getLogger("flightstore.lake")
 
 _REPLANS = 5  # how often a split whose log part retention deleted meanwhile is planned again
 
@@ -170,26 +174,62 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     if not wanted:
         return
 
+    fall_back = _FallBack(catalog, table, split, logs, wanted)
+
     def lake_part(rows: int | None) -> Iterator[pa.RecordBatch]:
         lake_filter = _lake_filter(table, filter, wanted)
         bound = lake_filter.bind(table_types(table.descriptor)) if lake_filter is not None else None
         cache = catalog.read_cache if catalog is not None else None
-        return snapshot_batches(split.lake_table, split.snapshot, table.descriptor, columns, bound, rows, cache)
+        return snapshot_batches(split.lake_table, split.snapshot, table.descriptor, columns, bound, rows, cache,
+                                damage=fall_back)
 
     def log_part(bucket: int) -> Callable[[int | None], Iterable[pa.RecordBatch]]:
         def open_log(rows: int | None) -> Iterable[pa.RecordBatch]:
             log = logs.get(bucket)
             if log is None or bucket not in split.offsets:
                 return ()  # its partition was dropped, or created, since the split was planned
-            if split.offsets[bucket] < log.start_offset:
+            start = min(split.offsets[bucket], fall_back.taken.get(bucket, split.offsets[bucket]))
+            if start < log.start_offset:
                 raise DataLoss(f"table {table.path} bucket {bucket}: log records from offset "
-                               f"{split.offsets[bucket]} were deleted; plan the read again")
-            return (record.batch for record in log.read(split.offsets[bucket], columns=columns, filter=filter,
-                                                        exact=exact))
+                               f"{start} were deleted; plan the read again")
+            return (record.batch for record in log.read(start, columns=columns, filter=filter, exact=exact))
         return open_log
 
     sources = ([lake_part] if split.snapshot is not None else []) + [log_part(bucket) for bucket in wanted]
     yield from limited_sources(sources, limit)
+
+
+class _FallBack:
+    """A union read's answer to damaged lake files (:class:`~flightstore.lake.integrity.DamageHandler`):
+    a bucket whose log still holds the file's records from its first offset on is read from the
+    log from there (``taken``); each one met is logged and listed in ``t$lake$status``."""
+
+    def __init__(self, catalog: LakeCatalog | None, table: Table, split: UnionSplit, logs: dict[int, LogTablet],
+                 wanted: Sequence[int]) -> None:
+        self.catalog, self.table, self.split, self.logs, self.wanted = catalog, table, split, logs, set(wanted)
+        self.taken: dict[int, int] = {}  # bucket -> first offset read from the log instead
+
+    def take_over(self, damaged: DamagedFile, span: tuple[int, int]) -> bool:
+        bucket, first = span
+        log = self.logs.get(bucket)
+        if bucket not in self.wanted or log is None or bucket not in self.split.offsets:
+            return False
+        if log.start_offset > first or log.lost_rows or log.damage():
+            self._report(bucket, damaged, f"the log of bucket {bucket} no longer holds offsets from {first} "
+                                          f"(it starts at {log.start_offset})")
+            return False
+        self.taken[bucket] = min(self.taken.get(bucket, first), first)
+        self._report(bucket, damaged, f"bucket {bucket} is answered from the log from offset {first} on instead")
+        return True
+
+    def checked(self, locations: Sequence[str]) -> None:
+        if self.catalog is not None:
+            self.catalog.damage.clear(str(self.table.path), locations)
+
+    def _report(self, bucket: int, damaged: DamagedFile, outcome: str) -> None:
+        logger.error("table %s: %s; %s", self.table.path, damaged.describe(), outcome)
+        if self.catalog is not None:
+            self.catalog.damage.report(str(self.table.path), bucket, damaged)
 
 
 def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | None = None,
@@ -244,8 +284,15 @@ def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate |
                                        table_types(table.descriptor).names, bound).plan_files())
         if any(task.delete_files for task in tasks):
             raise Unsupported(f"table {table.path}: its lake has delete files; read it with SQL")
-        files = [{"path": t.file.file_path, "rows": t.file.record_count,
-                  "bytes": t.file.file_size_in_bytes} for t in tasks]
+        store = ChecksumStore.of(split.lake_table)
+        io = split.lake_table.io
+        checks = store.lookup([key_path(io, t.file.file_path) for t in tasks]) if store is not None else {}
+        files = []
+        for task in tasks:
+            check = checks.get(key_path(io, task.file.file_path))
+            files.append({"path": task.file.file_path, "rows": task.file.record_count,
+                          "bytes": task.file.file_size_in_bytes,
+                          "crc32": check.crc32 if check is not None else None})
     io = {} if split.lake_table is None else public_io_properties(split.lake_table.io.properties)
     return {"snapshot_id": split.snapshot.snapshot_id if split.snapshot is not None else None,
             "offsets": {str(b): o for b, o in split.offsets.items()}, "files": files,

@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
+from flightstore import memory
 from flightstore.acl import CLUSTER, Operation, Permission
 from flightstore.cache import LruCache
 from flightstore.cluster.identity import PEER_MIDDLEWARE, PeerMiddlewareFactory, peer_of
@@ -111,6 +112,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         status.quiet_tracebacks()  # until shutdown: no traceback in any error a client gets
         self._quiet = True
         self.store = store
+        memory.configure(server_option(store.options, "query.memory-limit"))  # every read path's budget
         self._hidden_paths = tuple({str(store.data_dir), os.path.abspath(store.data_dir),
                                     os.path.realpath(store.data_dir)})
         self.authz = Authorizer(store.data_dir, enabled=users is not None, super_users=super_users)

@@ -23,6 +23,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from flightstore import memory
 from flightstore.errors import Cancelled, FlightstoreError, ResourceExhausted, SqlError
 from flightstore.sql.control import QueryControl
 
@@ -30,6 +31,7 @@ __all__ = ["WATCHDOG_INTERVAL_S", "InputRescanned", "SqlEngine"]
 
 WATCHDOG_INTERVAL_S = 0.05
 log = logging.getLogger("flightstore.sql.engine")
+_VALUE_BYTES = 16  # a result value's estimated bytes (sizes result batches by their width)
 _CONSUMED = "has already been consumed"
 
 
@@ -125,7 +127,10 @@ class SqlEngine:
                 cursor.register(name, data)
             self._enter(cursor, control)
             try:
-                reader = cursor.sql(sql).to_arrow_reader(batch_rows)
+                relation = cursor.sql(sql)
+                # result batches within the read batch bytes: 65,536 rows of a wide result are GBs
+                reader = relation.to_arrow_reader(
+                    memory.rows_within(len(relation.columns) * _VALUE_BYTES, batch_rows))
                 if schema_only:
                     yield reader.schema
                     return

@@ -152,9 +152,10 @@ def lake_io(options: Options, planned: dict) -> dict[str, str]:
     return {**planned.get("io", {}), **own}
 
 
-def read_lake_files(files: Sequence[str], io: dict[str, str], schema_hex: str,
+def read_lake_files(files: Sequence[str | dict], io: dict[str, str], schema_hex: str,
                     columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-    """Lake data files read on an executor straight from the warehouse (no server in the path)."""
+    """Lake data files read on an executor straight from the warehouse (no server in the path);
+    files planned by the server (dicts with size and CRC-32) are checked before they are decoded."""
     from flightstore.lake.read import read_data_files
     schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schema_hex)))
     yield from read_data_files(files, io, schema, columns)

@@ -175,7 +175,8 @@ class FlightstoreReader(DataSourceReader):
         filter_json = self.pushed.to_dict() if self.pushed is not None else None
         if planned.get("union"):
             io = _flight.lake_io(options, planned)
-            lake = [InputPartition({"lake": {"files": [f["path"]], "io": io, "schema": planned["schema"],
+            # each file with its size and CRC-32: the executor checks it before decoding it
+            lake = [InputPartition({"lake": {"files": [f], "io": io, "schema": planned["schema"],
                                              "columns": columns, "filter": filter_json}})
                     for f in planned["files"]]
             return lake + [InputPartition({"payload": {
