@@ -5,6 +5,8 @@ takes over when the tierer dies, and lake options are honoured or refused, never
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog import load_catalog
@@ -28,13 +30,14 @@ def _lake_options(root) -> list[str]:
             "--option", f"datalake.iceberg.warehouse={root / 'lake' / 'warehouse'}"]
 
 
-def _cluster_args(root, *extra: str) -> list[str]:
-    return ["--option", "default.replication.factor=2", "--option", "log.retention.check-interval=300ms",
+def _cluster_args(root, replication: int, *extra: str) -> list[str]:
+    return ["--option", f"default.replication.factor={replication}",
+            "--option", "log.retention.check-interval=300ms",
             "--option", "datalake.tiering.retry-backoff.max=1s", *_lake_options(root), *extra]
 
 
-def _start_all(servers: Servers, observer, *extra: str) -> dict[int, str]:
-    uris = {i: servers.start(i, *_cluster_args(servers.root, *extra)).uri for i in IDS}
+def _start_all(servers: Servers, observer, replication: int = 2, *extra: str) -> dict[int, str]:
+    uris = {i: servers.start(i, *_cluster_args(servers.root, replication, *extra)).uri for i in IDS}
     observer.wait(lambda v: set(v.servers) == set(IDS) and v.coordinator is not None, "three servers")
     return uris
 
@@ -84,7 +87,8 @@ def test_log_and_pk_tables_tier_in_a_cluster_and_every_server_reads_the_lake(
         for first in range(0, 600, 60):  # several segments per bucket
             ev.append(_events(first, 60))
         ids = list(range(90))
-        users.upsert({"id": ids, "name": [f"n{i}" for i in ids], "score": ids})
+        for version in range(4):  # several records, so segments roll, in every bucket
+            users.upsert({"id": ids, "name": [f"n{i}" for i in ids], "score": [i + version for i in ids]})
         users.upsert({"id": [1, 2, 200], "name": ["one", "two", "new"], "score": [-1, -2, 200]})
         users.delete({"id": [3, 4]})
     view = observer.wait(lambda v: len(v.tables) == 2, "two tables")
@@ -135,16 +139,16 @@ def test_log_and_pk_tables_tier_in_a_cluster_and_every_server_reads_the_lake(
 
 
 def test_another_server_takes_over_tiering_when_the_tierer_dies(servers, observer):
-    uris = _start_all(servers, observer)
+    uris = _start_all(servers, observer, 3, "--option", "log.replica.min-in-sync-replicas-number=2")
     with flightstore.connect(uris[1]) as conn:
         conn.sql(EVENTS_DDL.replace("'table.log.ttl' = '1ms', ", ""))
         conn.table("ev", writer_id="w").append(_events(0, 300))
     wait_until(lambda: _caught_up(uris[2], "default.ev"), "ev tiered", timeout=120)
-    holder = observer.client.get(f"{observer.paths.root}/lake/tierer")[0]
-    import json
-    victim = json.loads(holder)["server_id"]
+    victim = json.loads(observer.client.get(f"{observer.paths.root}/lake/tierer")[0])["server_id"]
     servers.running[victim].kill()  # kill -9: its lease goes with its ZooKeeper session
     live = {i: u for i, u in uris.items() if i != victim}
+    observer.wait(lambda v: all(b.leader in live for r in v.tables.values() for b in r.buckets),
+                  "leaders moving off the dead server")
     entry = next(iter(live.values()))
     with flightstore.connect(entry) as conn:  # writes go on through the survivors (failover)
         conn.table("ev", writer_id="w2").append(_events(300, 200))
