@@ -13,13 +13,15 @@ from pyiceberg.catalog import load_catalog
 
 import flightstore
 from flightstore.cluster.local import ServerProcess
-from flightstore.errors import FlightstoreError
+from flightstore.errors import FlightstoreError, InvalidOption
+from flightstore.lake.cluster import check_cluster_lake, cluster_lake_settings
+from flightstore.lake.settings import LakeSettings
 from tests.cluster.conftest import Servers, describe
 from tests.lake.test_pk_tiering import DUCKDB_PK_QUERY
 from tests.lake.test_read import _duckdb_rows, duckdb_python  # noqa: F401 - a fixture
 from tests.waiting import wait_until
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+pytestmark = pytest.mark.timeout(600)
 
 IDS = (1, 2, 3)
 EVENTS_QUERY = "SELECT seq, k, s, __bucket, __offset FROM iceberg_scan('{location}') ORDER BY __bucket, __offset"
@@ -77,6 +79,7 @@ def _lake_catalog(root):
                         warehouse=(root / "lake" / "warehouse").as_uri())
 
 
+@pytest.mark.slow
 def test_log_and_pk_tables_tier_in_a_cluster_and_every_server_reads_the_lake(
         servers, observer, duckdb_python, tmp_path):  # noqa: F811 - a fixture
     uris = _start_all(servers, observer)
@@ -138,6 +141,7 @@ def test_log_and_pk_tables_tier_in_a_cluster_and_every_server_reads_the_lake(
     assert duck == [[r["id"], r["name"], r["score"]] for r in kv]
 
 
+@pytest.mark.slow
 def test_another_server_takes_over_tiering_when_the_tierer_dies(servers, observer):
     uris = _start_all(servers, observer, 3, "--option", "log.replica.min-in-sync-replicas-number=2")
     with flightstore.connect(uris[1]) as conn:
@@ -171,18 +175,49 @@ def test_another_server_takes_over_tiering_when_the_tierer_dies(servers, observe
     assert committed_offsets(lake) == ends
 
 
-def _refused(servers: Servers, server_id: int, *args: str) -> str:
-    """Start a server that must refuse to start; its error output."""
-    process = ServerProcess(servers.args(server_id, *args), stderr=servers.root / f"refused-{server_id}.log")
-    with pytest.raises(FlightstoreError, match="did not start") as refused:
-        process.start(timeout=120)
-    return str(refused.value)
+@pytest.mark.slow
+def test_the_spark_tiering_job_tiers_a_cluster_through_any_server(servers, observer, spark):
+    from flightstore_spark.pipelines.tiering import tier_tables
+    # The servers only follow what the job commits (retention, status).
+    uris = _start_all(servers, observer, 2, "--option", "datalake.tiering.enabled=false")
+    with flightstore.connect(uris[1]) as conn:
+        conn.sql(EVENTS_DDL)
+        conn.sql(USERS_DDL)
+        for first in range(0, 400, 50):
+            conn.table("ev", writer_id="w").append(_events(first, 50))
+        ids = list(range(60))
+        for version in range(3):
+            conn.table("users", writer_id="u").upsert({"id": ids, "name": [f"n{i}" for i in ids],
+                                                      "score": [i * version for i in ids]})
+        conn.table("users", writer_id="u").delete({"id": [5]})
+    settings = LakeSettings.from_options(servers.root, {
+        "datalake.iceberg.uri": f"sqlite:///{servers.root / 'lake' / 'catalog.db'}",
+        "datalake.iceberg.warehouse": str(servers.root / "lake" / "warehouse")})
+    outcome = tier_tables(spark, uris[2], settings)  # any server: each bucket is read at its leader
+    assert sum(r.rows for r in outcome["default.ev"]) == 400
+    with flightstore.connect(uris[3]) as conn:
+        assert _seqs(conn.sql("SELECT seq FROM ev$lake")) == list(range(400))
+        kv = conn.sql("SELECT id, name, score FROM users ORDER BY id").to_pylist()
+        assert conn.sql("SELECT id, name, score FROM users$lake ORDER BY id").to_pylist() == kv
+        assert len(kv) == 59
+        for table in ("default.ev", "default.users"):
+            status = conn.lake_status(table)[0]
+            assert all(b["tiered_offset"] == b["log_end_offset"] for b in status["buckets"])
+    # Every server follows the job's commits: TTL deletes the tiered segments of every replica.
+    for table in ("default.ev", "default.users"):
+        wait_until(lambda t=table: all(start > 0 for start in _log_starts(uris, t).values()),
+                   f"retention to delete tiered segments of every replica of {table}", timeout=120)
+    with flightstore.connect(uris[1]) as conn:
+        assert _seqs(conn.sql("SELECT seq FROM ev")) == list(range(400))  # the lake answers the rest
 
 
-def test_lake_options_in_a_cluster_are_honoured_or_refused(servers, observer, tmp_path):
+@pytest.mark.slow
+def test_a_cluster_without_a_lake_refuses_lake_options_and_datalake_tables(servers, observer):
     # A lake option without the shared catalog and warehouse: refused at start, naming them.
-    error = _refused(servers, 1, "--option", "datalake.tiering.lease=10s")
-    assert "datalake.iceberg.uri and datalake.iceberg.warehouse" in error
+    process = ServerProcess(servers.args(2, "--option", "datalake.tiering.lease=10s"),
+                            stderr=servers.root / "refused.log")
+    with pytest.raises(FlightstoreError, match="datalake.iceberg.uri and datalake.iceberg.warehouse"):
+        process.start(timeout=120)
     # A cluster without a lake refuses datalake-enabled tables instead of never tiering them.
     uri = servers.start(1).uri
     observer.wait(lambda v: 1 in v.servers and v.coordinator is not None, "server 1")
@@ -190,12 +225,33 @@ def test_lake_options_in_a_cluster_are_honoured_or_refused(servers, observer, tm
         with pytest.raises(Exception, match="needs the cluster's lake"):
             conn.sql(EVENTS_DDL)
         assert conn.sql("SHOW TABLES").num_rows == 0
-    # A server with a lake joining a cluster that has none records it; a server with another
-    # lake, or with none, is refused from then on.
-    servers.start(2, *_lake_options(servers.root))
-    other = tmp_path / "elsewhere"
-    error = _refused(servers, 3, *_lake_options(other))
-    assert "is not the cluster's" in error
-    servers.running[1].stop()
-    error = _refused(servers, 1)
-    assert "this cluster's lake is catalog sqlite:///" in error
+
+
+def test_every_member_must_name_the_clusters_lake(members, tmp_path):
+    lake = LakeSettings.from_options(tmp_path, {"datalake.iceberg.uri": "postgresql://tierer:s3cret@db/lake",
+                                                "datalake.iceberg.warehouse": str(tmp_path / "warehouse")})
+    first = members.start(1)
+    check_cluster_lake(first, None)  # no lake in the cluster, none here: fine
+    check_cluster_lake(first, lake)  # the first member with a lake records it...
+    check_cluster_lake(members.start(2), lake)  # ...the same lake is welcome...
+    recorded = first.client.get(first.paths.lake_settings)[0].decode()
+    assert "s3cret" not in recorded and "tierer:***@db" in recorded  # no credentials in ZooKeeper
+    elsewhere = LakeSettings.from_options(tmp_path, {"datalake.iceberg.uri": "postgresql://tierer:s3cret@db/lake",
+                                                     "datalake.iceberg.warehouse": str(tmp_path / "other")})
+    third = members.start(3)
+    with pytest.raises(InvalidOption, match="is not the cluster's"):  # ...another is not,
+        check_cluster_lake(third, elsewhere)
+    with pytest.raises(InvalidOption, match="this cluster's lake is catalog postgresql://tierer:\\*\\*\\*@db"):
+        check_cluster_lake(third, None)  # ...nor none at all
+
+
+def test_lake_options_of_a_cluster_member():
+    assert cluster_lake_settings("/srv/data", {"log.fsync": True}) is None  # no lake at all
+    for partial in ({"datalake.tiering.enabled": False}, {"datalake.iceberg.uri": "sqlite:////lake/c.db"}):
+        with pytest.raises(InvalidOption, match="set datalake.iceberg"):
+            cluster_lake_settings("/srv/data", partial)
+    shared = cluster_lake_settings("/srv/data", {"datalake.iceberg.uri": "sqlite:////lake/c.db",
+                                                 "datalake.iceberg.warehouse": "/lake/warehouse",
+                                                 "datalake.tiering.max-round-rows": 1000})
+    assert (shared.catalog_uri, shared.warehouse, shared.max_round_rows) == \
+        ("sqlite:////lake/c.db", "file:///lake/warehouse", 1000)
