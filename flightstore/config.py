@@ -332,10 +332,12 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  choices=("iceberg",)),
     ConfigOption("datalake.iceberg.uri", "str", None,
                  "SQLAlchemy URI of the Iceberg SQL catalog (sqlite, PostgreSQL...); default "
-                 "`sqlite:///DATA_DIR/lake/catalog.db`, which needs no other process."),
+                 "`sqlite:///DATA_DIR/lake/catalog.db`, which needs no other process. Cluster mode: "
+                 "required with any `datalake.*` option, the same on every server."),
     ConfigOption("datalake.iceberg.warehouse", "str", None,
                  "Where the lake's data and metadata files go: a local path or `file://` URI, or "
-                 "`s3://bucket/prefix` on S3-compatible storage; default `DATA_DIR/lake/warehouse`."),
+                 "`s3://bucket/prefix` on S3-compatible storage; default `DATA_DIR/lake/warehouse`. "
+                 "Cluster mode: required with any `datalake.*` option, the same on every server."),
     ConfigOption("datalake.iceberg.s3.endpoint", "str", None,
                  "Endpoint URI of the S3-compatible object storage (MinIO, Ceph...); unset: AWS."),
     ConfigOption("datalake.iceberg.s3.access-key-id", "str", None,
@@ -344,7 +346,8 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "Secret key of the object storage; unset: the AWS_SECRET_ACCESS_KEY environment."),
     ConfigOption("datalake.iceberg.s3.region", "str", None, "Region of the object storage bucket."),
     ConfigOption("datalake.tiering.enabled", "bool", True,
-                 "The server tiers datalake-enabled tables itself; `false` leaves them to an "
+                 "The server tiers datalake-enabled tables itself (cluster mode: while it holds the "
+                 "cluster's tiering lease in ZooKeeper); `false` leaves them to an "
                  "external tiering job (the server then follows its commits: log retention, status)."),
     ConfigOption("datalake.tiering.lease", "duration", 60_000,
                  "How long a tierer's lease on a table lasts without renewal: a crashed tierer's "

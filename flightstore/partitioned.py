@@ -97,6 +97,7 @@ class PartitionedTable(Table):
         self.path = descriptor.path
         self.schema = descriptor.schema
         self.directory = Path(directory)
+        self.table_id = self.directory.name  # a cluster's store sets the cluster's id (Store.table)
         self.fsync = fsync
         self._lock = threading.RLock()
         self._projections = Projections(self.schema)

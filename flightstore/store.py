@@ -70,6 +70,7 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         self.path = descriptor.path
         self.schema = descriptor.schema
         self.directory = directory
+        self.table_id = directory.name  # a cluster's store sets the cluster's id (Store.table)
         self._lock = threading.RLock()
         self._projections = Projections(self.schema)
         self._written = threading.Condition()
@@ -466,6 +467,7 @@ class Store:
             else:
                 table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock, remote=remote,
                               leadership=self.initial_leadership)
+            table.table_id = self._remote_table_id(path, directory)  # a cluster: the cluster's id
             with self._lock:
                 closed = self._closed
                 if not closed:
@@ -476,8 +478,8 @@ class Store:
             return table
 
     def _remote_table_id(self, path: TablePath, directory: Path) -> str:
-        """The id of a table's data in remote storage: its directory's (a cluster: the cluster's
-        table id, the same on every replica)."""
+        """The id of a table's data in remote storage and in the lake (``Table.table_id``): its
+        directory's (a cluster: the cluster's table id, the same on every replica)."""
         return directory.name
 
     def local_table(self, path: TablePath | str) -> Table:

@@ -20,6 +20,10 @@ or ``/flightstore`` without one, so several clusters (and tests) share one ZooKe
                                                           (coordinator: elections, moves; leader:
                                                           its ISR), without a catalog version bump
     <root>/decommissioned/<id>               persistent  a server whose replicas move away
+    <root>/lake/settings                     persistent  {"fingerprint", "catalog", "warehouse"}: the
+                                                          lake every server must use (no secrets)
+    <root>/lake/tierer                       ephemeral   {"server_id", "uri"}: the server that tiers
+                                                          (flightstore.lake.cluster)
     <root>/ddl/requests/r-<seq>              persistent sequential: a DDL request
     <root>/ddl/responses/r-<seq>             persistent  its answer, read and deleted by the requester
 
@@ -124,6 +128,18 @@ class ZkPaths:
         return f"{self.decommissioned}/{server_id}"
 
     @property
+    def lake(self) -> str:
+        return f"{self.root}/lake"
+
+    @property
+    def lake_settings(self) -> str:
+        return f"{self.lake}/settings"
+
+    @property
+    def lake_tierer(self) -> str:
+        return f"{self.lake}/tierer"
+
+    @property
     def requests(self) -> str:
         return f"{self.root}/ddl/requests"
 
@@ -137,7 +153,7 @@ class ZkPaths:
     def persistent_parents(self) -> list[str]:
         """The parents every member makes sure exist before using the layout."""
         return [self.servers, self.election, self.databases, self.assignments, self.requests,
-                self.responses, self.decommissioned]
+                self.responses, self.decommissioned, self.lake]
 
 
 def encode(value: dict[str, Any]) -> bytes:

@@ -24,7 +24,7 @@ from flightstore.alter import Change, RenameTable, apply_changes
 from flightstore.cluster.peers import Peers
 from flightstore.cluster.table import ClusterTable
 from flightstore.config import SERVER_OPTIONS
-from flightstore.errors import CoordinatorUnavailable, Unavailable
+from flightstore.errors import CoordinatorUnavailable, InvalidOption, Unavailable
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.store import Store, Table, new_table_descriptor
 from flightstore.table.api import TableApi
@@ -45,6 +45,7 @@ class ClusterStore(Store):
         self.peers = Peers()
         self._routed: dict[TablePath, ClusterTable] = {}
         self.table_ids: dict[str, str] = {}  # table -> the cluster's table id (the catalog mirror's)
+        self.has_lake = False  # the cluster's lake is configured here (flightstore.lake.cluster)
 
     def local_table(self, path: TablePath | str) -> Table:
         """This data directory's table (the buckets this server leads hold its rows)."""
@@ -85,6 +86,14 @@ class ClusterStore(Store):
         table_id = self.table_ids.get(str(path))
         return table_id if table_id is not None else Store._remote_table_id(self, path, directory)
 
+    def _check_lake(self, descriptor: TableDescriptor) -> None:
+        """A datalake-enabled table needs the cluster's lake: without one it would never be
+        tiered (and its log never shrink), so it is refused, not accepted and ignored."""
+        if descriptor.option("table.datalake.enabled") and not self.has_lake:
+            raise InvalidOption(f"table {descriptor.path}: 'table.datalake.enabled' needs the cluster's lake: "
+                                "start every server with datalake.iceberg.uri and datalake.iceberg.warehouse "
+                                "naming one shared catalog and warehouse")
+
     def _ddl(self, request: dict[str, Any]) -> None:
         member = self.member
         if member is None:
@@ -106,6 +115,7 @@ class ClusterStore(Store):
                                           schema, primary_key=primary_key, partition_keys=partition_keys,
                                           options=options, descriptor=descriptor)
         self.partition_limits.check_create(descriptor)  # refused before it is sent
+        self._check_lake(descriptor)
         self._ddl({"op": "create_table", "descriptor": descriptor.to_json(), "if_not_exists": if_not_exists})
         if descriptor.option("table.auto-partition.enabled"):
             Store.auto_partition(self, tables=[descriptor.path])  # its first partitions, at once

@@ -559,6 +559,26 @@ class ClusterTable(TableApi):
                 "columns": list(columns) if columns else None}), CALLER_TOKEN.get())
         return self._stream_retrying(attempt, "a snapshot read")
 
+    def read_log(self, bucket: int, from_offset: int, columns: Sequence[str], *,
+                 filter: Predicate | None = None, limit: int | None = None,
+                 exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """The bucket's log from ``from_offset``, read (pruned, filtered) at its leader."""
+        columns = self.local._check_columns(columns)
+
+        def attempt() -> Iterator[pa.RecordBatch]:
+            place = self._place(bucket)
+            if place.leader == self.server_id:
+                return self._mine([bucket]).read_log(bucket, from_offset, columns, filter=filter,
+                                                     limit=limit, exact=exact)
+            self._require_leader(place.bucket)
+            return self.peers.get(place, self._call(place.leader, [bucket], {
+                "op": "log", "bucket": int(bucket), "from_offset": int(from_offset), "columns": columns,
+                "filter": filter.to_dict() if filter is not None else None, "limit": limit,
+                "exact": exact}), CALLER_TOKEN.get())
+        schema = self.local.projection(columns)
+        for batch in self._retrying(attempt, "a log read"):
+            yield batch if batch.schema.equals(schema) else batch.cast(schema)
+
     def _offsets(self, which: str, extra: Mapping[str, Any]) -> dict[int, int]:
         """Per-bucket offsets, each bucket's from its leader."""
         def attempt() -> dict[int, int]:

@@ -13,6 +13,9 @@ Modules, in the order data flows:
 * :mod:`~flightstore.lake.remote` - a table read through Flight (the Spark tiering job's source);
 * :mod:`~flightstore.lake.lease` - at most one tierer per table;
 * :mod:`~flightstore.lake.tierer` - the server's background tierer (freshness, backoff, retention);
+* :mod:`~flightstore.lake.cluster` - cluster mode: one tierer for the cluster under a ZooKeeper
+  lease, one lake for every server; :mod:`~flightstore.lake.cluster_source` - a round's reads of
+  a cluster table, each bucket at its leader;
 * :mod:`~flightstore.lake.upkeep` - snapshot expiry and orphan files, after the tierer's rounds;
 * :mod:`~flightstore.lake.status` - lag per table and bucket;
 * :mod:`~flightstore.lake.read` - reading the lake (time travel, pruning, filters);

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +39,8 @@ from flightstore.lake.integrity import FileCheck, write_data_files
 from flightstore.lake.layout import lake_rows, lake_schema
 from flightstore.schema import TableDescriptor
 
-__all__ = ["BucketFiles", "BucketRead", "FlightSource", "LakeTarget", "read_bucket_changes", "write_bucket_files"]
+__all__ = ["BucketFiles", "BucketRead", "FlightSource", "LakeTarget", "from_ipc", "ipc", "lake_changes",
+           "read_bucket_changes", "write_bucket_files"]
 
 # One bucket's read: (bucket, start offset, end offset, row budget or None).
 BucketRead = tuple[int, int, int, "int | None"]
@@ -52,14 +53,14 @@ BucketFiles = tuple[int, list[DataFile], int, int, list[FileCheck]]
 MapWrites = Callable[[Sequence[BucketRead], "LakeTarget"], list[BucketFiles]]
 
 
-def _ipc(table: pa.Table) -> bytes:
+def ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
-def _from_ipc(data: bytes) -> pa.Table:
+def from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
@@ -71,32 +72,47 @@ def read_bucket_changes(connection: Connection, name: str, descriptor: TableDesc
     A row budget stops the read after the record that reaches it: rounds end on record
     boundaries, so a ``-U``/``+U`` pair (one write) is never split between two rounds."""
     bucket, rows, reached = _read_bucket(connection, name, descriptor, read)
-    return bucket, _ipc(rows), reached
+    return bucket, ipc(rows), reached
 
 
 def _read_bucket(connection: Connection, name: str, descriptor: TableDescriptor,
                  read: BucketRead) -> tuple[int, pa.Table, int]:
     bucket, start, end, budget = read
+    if start >= end:
+        return bucket, lake_changes((), bucket, descriptor, start, end, budget)[0], start
+    with connection.table(name).subscribe({bucket: start}, until={bucket: end}) as stream:
+        rows, reached = lake_changes(stream, bucket, descriptor, start, end, budget)
+    return bucket, rows, reached
+
+
+def lake_changes(batches: Iterable[pa.RecordBatch], bucket: int, descriptor: TableDescriptor, start: int,
+                 end: int, budget: int | None) -> tuple[pa.Table, int]:
+    """Lake rows of ``batches`` (one bucket's changelog rows, ``t$changelog`` columns, from offset
+    ``start``), with the int8 change kinds in a ``_change_type`` column on a primary-key table, and
+    the offset reached (at most ``end``). A ``budget`` of rows stops after the batch that reaches
+    it (each batch is one record or ends one, so a round never splits a ``-U``/``+U`` pair).
+    Shared by the Spark job's readers and the cluster's tierer
+    (:class:`flightstore.lake.cluster.ClusterSource`)."""
     reached = start
     schema = lake_schema(descriptor)
     out = schema.append(pa.field(changetype.CHANGE_TYPE_COLUMN, pa.int8())) \
         if descriptor.has_primary_key else schema
-    batches = []
-    if start < end:
-        with connection.table(name).subscribe({bucket: start}, until={bucket: end}) as stream:
-            for batch in stream:
-                micros = batch.column(changetype.COMMIT_TIMESTAMP_COLUMN).cast(pa.int64()).to_numpy() * 1000
-                rows = lake_rows(batch, bucket, batch.column(changetype.LOG_OFFSET_COLUMN), micros, schema)
-                if descriptor.has_primary_key:
-                    kinds = changetype.from_strings(batch.column(changetype.CHANGE_TYPE_COLUMN))
-                    rows = pa.RecordBatch.from_arrays(rows.columns + [kinds], schema=out)
-                batches.append(rows)
-                reached = min(end, batch.column(changetype.LOG_OFFSET_COLUMN)[-1].as_py() + 1)
-                if budget is not None:
-                    budget -= rows.num_rows
-                    if budget <= 0:
-                        break
-    return bucket, pa.Table.from_batches(batches, schema=out), reached
+    parts = []
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        micros = batch.column(changetype.COMMIT_TIMESTAMP_COLUMN).cast(pa.int64()).to_numpy() * 1000
+        rows = lake_rows(batch, bucket, batch.column(changetype.LOG_OFFSET_COLUMN), micros, schema)
+        if descriptor.has_primary_key:
+            kinds = changetype.from_strings(batch.column(changetype.CHANGE_TYPE_COLUMN))
+            rows = pa.RecordBatch.from_arrays(rows.columns + [kinds], schema=out)
+        parts.append(rows)
+        reached = min(end, batch.column(changetype.LOG_OFFSET_COLUMN)[-1].as_py() + 1)
+        if budget is not None:
+            budget -= rows.num_rows
+            if budget <= 0:
+                break
+    return pa.Table.from_batches(parts, schema=out), reached
 
 
 @dataclass(frozen=True)
@@ -132,7 +148,7 @@ def write_bucket_files(connection: Connection, name: str, descriptor: TableDescr
     bucket, rows, reached = _read_bucket(connection, name, descriptor, read)
     # Buffers straight off the Flight wire may be unaligned, which pyiceberg-core's bucket
     # transform refuses: one copy through IPC aligns them (the driver path gets that copy anyway).
-    files, checks = target.write(_from_ipc(_ipc(rows)))
+    files, checks = target.write(from_ipc(ipc(rows)))
     return bucket, files, reached, rows.num_rows, checks
 
 
@@ -175,7 +191,7 @@ class FlightSource:
         parts = []
         for bucket, data, offset in sorted(self._map(self._reads(start, end, max_rows)),
                                            key=lambda answer: answer[0]):
-            parts.append(_from_ipc(data))
+            parts.append(from_ipc(data))
             reached[bucket] = offset
         schema = lake_schema(self.descriptor)
         pk = self.descriptor.has_primary_key

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
-from flightstore.store import Table
+import pyarrow as pa
+
+from flightstore.changetype import COMMIT_TIMESTAMP_COLUMN
+from flightstore.errors import OffsetOutOfRange
+from flightstore.table.api import TableApi
 
 __all__ = ["BucketStatus", "TableStatus", "bucket_statuses", "lake_status"]
 
@@ -62,30 +66,51 @@ class TableStatus:
     def to_dict(self) -> dict:
         return asdict(self) | {"lag_records": self.lag_records, "lag_seconds": self.lag_seconds}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> TableStatus:
+        """The status :meth:`to_dict` gave (another server's, in a cluster)."""
+        known = {f.name for f in fields(cls)} - {"buckets"}
+        buckets = tuple(BucketStatus(**b) for b in data["buckets"])
+        return cls(buckets=buckets, **{k: v for k, v in data.items() if k in known})
 
-def bucket_statuses(table: Table, tiered: dict[int, int] | None, now_ms: int | None = None,
+
+def bucket_statuses(table: TableApi, tiered: dict[int, int] | None, now_ms: int | None = None,
                     damaged: Mapping[int | None, list[str]] | None = None) -> tuple[BucketStatus, ...]:
     """Per-bucket lag of ``table`` given the ``tiered`` offsets (None: unknown; the lag then counts
-    from the log's start). ``lag_seconds`` is the age of the oldest untiered record. ``damaged``:
+    from the log's start). ``lag_seconds`` is the age of the oldest untiered record. Only the
+    table interface is read (in a cluster each bucket's offsets come from its leader). ``damaged``:
     descriptions of damaged lake files by bucket (:meth:`~flightstore.lake.integrity.DamageLog.damaged`)."""
     damaged = damaged or {}
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    starts, ends = table.start_offsets(), table.end_offsets()
     statuses = []
-    for bucket, (log, _) in sorted(table.tablets().items()):  # table-wide numbers when partitioned
-        end = log.end_offset
-        known = None if tiered is None else tiered.get(bucket, log.start_offset)
-        first = log.start_offset if known is None else max(known, log.start_offset)
+    for bucket, end in sorted(ends.items()):  # table-wide numbers when partitioned
+        start = starts.get(bucket, 0)
+        known = None if tiered is None else tiered.get(bucket, start)
+        first = start if known is None else max(known, start)
         lag_seconds = 0.0
         if first < end:
-            oldest = next(iter(log.read(first, columns=[], max_rows=1)), None)
+            oldest = _oldest_ms(table, bucket, first)
             if oldest is not None:
-                lag_seconds = max(0.0, (now - oldest.timestamp_ms) / 1000)
+                lag_seconds = max(0.0, (now - oldest) / 1000)
         statuses.append(BucketStatus(bucket, known, end, max(0, end - first), lag_seconds,
                                      tuple(damaged.get(bucket, ()))))
     return tuple(statuses)
 
 
-def lake_status(catalog, table: Table) -> TableStatus:
+def _oldest_ms(table: TableApi, bucket: int, offset: int) -> int | None:
+    """The commit time of the record holding ``offset`` (None: retention deleted it meanwhile)."""
+    try:
+        batch = next(iter(table.read_changelog(bucket, offset, columns=[COMMIT_TIMESTAMP_COLUMN],
+                                               max_rows=1)), None)
+    except OffsetOutOfRange:
+        return None
+    if batch is None or batch.num_rows == 0:
+        return None
+    return batch.column(0).cast(pa.int64())[0].as_py()
+
+
+def lake_status(catalog, table: TableApi) -> TableStatus:
     """The status of ``table`` as its lake tells it (``catalog``: a
     :class:`~flightstore.lake.catalog.LakeCatalog`): tiered offsets and last commit of the latest
     tiering snapshot. Raises LakeUnavailable when the lake cannot be read."""

@@ -13,6 +13,11 @@ short (the snapshot a read plans on is the current one, which expiry always keep
 Filters and column pruning apply to both parts: the lake part through pyiceberg (partition and
 statistics file pruning, then an exact row filter), the log part through the log's batch statistics.
 
+Only the table interface is used (:class:`~flightstore.table.api.TableApi`), so the same read runs
+on a single server and through any server of a cluster: there the lake part is read from the
+shared warehouse where the read runs, and each bucket's log part at the bucket's leader
+(:meth:`~flightstore.table.api.TableApi.read_log`, committed records only).
+
 When the lake cannot be read (catalog down, warehouse gone) while the log still holds every record
 from offset 0 of every bucket, the log alone answers (nothing was deleted, so nothing is missing);
 otherwise the read fails with :class:`~flightstore.errors.LakeUnavailable`, never a short answer.
@@ -36,8 +41,7 @@ from flightstore.lake.integrity import ChecksumStore, DamagedFile, key_path
 from flightstore.lake.layout import BUCKET_COLUMN, lake_schema, table_types
 from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets
 from flightstore.lake.read import scan_snapshot, snapshot_batches
-from flightstore.log import LogTablet
-from flightstore.store import Table
+from flightstore.table.api import TableApi as Table
 
 __all__ = ["UnionSplit", "plan_split", "public_io_properties", "read_union", "union_buckets", "union_count",
            "union_split"]
@@ -72,7 +76,7 @@ def _lake_of(catalog: LakeCatalog, table: Table) -> IcebergTable | None:
         lake_table = catalog.load_table(table.path)
     except TableNotFound:
         return None
-    if lake_table.properties.get(TABLE_ID_PROPERTY) != table.directory.name:
+    if lake_table.properties.get(TABLE_ID_PROPERTY) != table.table_id:
         return None
     return lake_table
 
@@ -120,19 +124,13 @@ def _partitioned(table: Table) -> bool:
     return bool(table.descriptor.partition_keys)
 
 
-def _logs(table: Table) -> dict[int, LogTablet]:
-    """Every bucket's log by table-wide bucket id (a partitioned table: of its live partitions)."""
-    return {bucket: tablets[0] for bucket, tablets in table.tablets().items()}
-
-
-def _wanted(table: Table, filter: fs.Predicate | None, buckets: Sequence[int] | None,
-            logs: dict[int, LogTablet]) -> list[int]:
+def _wanted(table: Table, filter: fs.Predicate | None, buckets: Sequence[int] | None) -> list[int]:
     """The table-wide buckets a read visits: ``buckets`` (default all) of the live partitions
     ``filter`` cannot rule out (partition pruning); a bucket of a dropped partition has no rows."""
     if _partitioned(table):
         live = table.bucket_ids(filter=filter.bind(table.schema) if filter is not None else None)
     else:
-        live = sorted(logs)
+        live = list(range(table.num_buckets))
     if buckets is None:
         return live
     kept = set(live)
@@ -142,7 +140,7 @@ def _wanted(table: Table, filter: fs.Predicate | None, buckets: Sequence[int] | 
 def union_buckets(table: Table, filter: fs.Predicate | None = None) -> list[int]:
     """The table-wide buckets a union read with ``filter`` visits (a partitioned table: those of
     the live partitions the filter cannot rule out): one Flight endpoint each."""
-    return _wanted(table, filter, None, _logs(table))
+    return _wanted(table, filter, None)
 
 
 def _lake_filter(table: Table, filter: fs.Predicate | None, wanted: Sequence[int]) -> fs.Predicate | None:
@@ -169,12 +167,11 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     short answer)."""
     columns = list(columns)
     split = union_split(catalog, table) if split is None else split
-    logs = _logs(table)
-    wanted = _wanted(table, filter, buckets, logs)
+    wanted = _wanted(table, filter, buckets)
     if not wanted:
         return
 
-    fall_back = _FallBack(catalog, table, split, logs, wanted)
+    fall_back = _FallBack(catalog, table, split, wanted)
 
     def lake_part(rows: int | None) -> Iterator[pa.RecordBatch]:
         lake_filter = _lake_filter(table, filter, wanted)
@@ -185,14 +182,10 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
 
     def log_part(bucket: int) -> Callable[[int | None], Iterable[pa.RecordBatch]]:
         def open_log(rows: int | None) -> Iterable[pa.RecordBatch]:
-            log = logs.get(bucket)
-            if log is None or bucket not in split.offsets:
-                return ()  # its partition was dropped, or created, since the split was planned
+            if bucket not in split.offsets:
+                return ()  # its partition was created since the split was planned
             start = min(split.offsets[bucket], fall_back.taken.get(bucket, split.offsets[bucket]))
-            if start < log.start_offset:
-                raise DataLoss(f"table {table.path} bucket {bucket}: log records from offset "
-                               f"{start} were deleted; plan the read again")
-            return (record.batch for record in log.read(start, columns=columns, filter=filter, exact=exact))
+            return table.read_log(bucket, start, columns, filter=filter, limit=rows, exact=exact)
         return open_log
 
     sources = ([lake_part] if split.snapshot is not None else []) + [log_part(bucket) for bucket in wanted]
@@ -204,19 +197,20 @@ class _FallBack:
     a bucket whose log still holds the file's records from its first offset on is read from the
     log from there (``taken``); each one met is logged and listed in ``t$lake$status``."""
 
-    def __init__(self, catalog: LakeCatalog | None, table: Table, split: UnionSplit, logs: dict[int, LogTablet],
-                 wanted: Sequence[int]) -> None:
-        self.catalog, self.table, self.split, self.logs, self.wanted = catalog, table, split, logs, set(wanted)
+    def __init__(self, catalog: LakeCatalog | None, table: Table, split: UnionSplit, wanted: Sequence[int]) -> None:
+        self.catalog, self.table, self.split, self.wanted = catalog, table, split, set(wanted)
         self.taken: dict[int, int] = {}  # bucket -> first offset read from the log instead
 
     def take_over(self, damaged: DamagedFile, span: tuple[int, int]) -> bool:
         bucket, first = span
-        log = self.logs.get(bucket)
-        if bucket not in self.wanted or log is None or bucket not in self.split.offsets:
+        if bucket not in self.wanted or bucket not in self.split.offsets:
             return False
-        if log.start_offset > first or log.lost_rows or log.damage():
+        # Through the table interface (in a cluster the bucket's leader answers); a log damaged or
+        # cut below its start fails the log read itself with DATA_LOSS (never a short answer).
+        start = self.table.start_offsets().get(bucket)
+        if start is None or start > first:
             self._report(bucket, damaged, f"the log of bucket {bucket} no longer holds offsets from {first} "
-                                          f"(it starts at {log.start_offset})")
+                                          f"(it starts at {start})")
             return False
         self.taken[bucket] = min(self.taken.get(bucket, first), first)
         self._report(bucket, damaged, f"bucket {bucket} is answered from the log from offset {first} on instead")
@@ -239,10 +233,9 @@ def union_count(catalog: LakeCatalog | None, table: Table, split: UnionSplit | N
     lake part counts the ``__bucket`` column of its live partitions' buckets (its lake may hold
     dropped partitions' rows), reading that one column only."""
     split = union_split(catalog, table) if split is None else split
-    logs = _logs(table)
-    wanted = table.bucket_ids(partitions) if _partitioned(table) else sorted(logs)
-    tail = sum(max(0, logs[b].high_watermark - split.offsets.get(b, logs[b].high_watermark))
-               for b in wanted if b in logs)
+    ends = table.end_offsets()
+    wanted = table.bucket_ids(partitions) if _partitioned(table) else sorted(ends)
+    tail = sum(max(0, ends[b] - split.offsets.get(b, ends[b])) for b in wanted if b in ends)
     if split.snapshot is None or not _partitioned(table):
         return split.lake_rows + tail
     if not wanted:
@@ -273,7 +266,7 @@ def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate |
     split = union_split(catalog, table, snapshot_id)
     files: list[dict] = []
     if _partitioned(table):  # the live partitions' buckets the filter leaves (pruning)
-        wanted = _wanted(table, filter, None, _logs(table))
+        wanted = _wanted(table, filter, None)
         split = UnionSplit(split.lake_table, split.snapshot,
                            {b: o for b, o in split.offsets.items() if b in set(wanted)})
         filter = _lake_filter(table, filter, wanted)

@@ -100,9 +100,15 @@ class Replica:
         return entries[-1][1] if entries else 0
 
     def appended(self) -> None:
-        """A write appended records: followers waiting on their fetch get them now."""
+        """A write appended records: followers waiting on their fetch get them now, and a leader
+        that is its bucket's only in-sync replica (its followers dropped out) commits them at
+        once (no follower fetch would ever advance its high watermark)."""
+        if not self.leadership.replicated:
+            return
+        with self.lock:
+            self._advance_high_watermark()
         callback = self.on_append
-        if callback is not None and self.leadership.replicated:
+        if callback is not None:
             callback()
 
     @property

@@ -197,7 +197,7 @@ class ActionRpcs:
             self._authorize_table(Operation.DESCRIBE, table)
             start, end = table.start_offsets(), table.end_offsets()
             return tickets.encode_custom({"op": "describe", "descriptor": table.descriptor.to_json(),
-                                          "table_id": table.directory.name,
+                                          "table_id": table.table_id,
                                           "start_offsets": {str(k): v for k, v in start.items()},
                                           "end_offsets": {str(k): v for k, v in end.items()}})
         if kind == "flightstore.writer":
@@ -211,7 +211,8 @@ class ActionRpcs:
             else:
                 self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.tierer is None:
-                raise Unsupported("this server does not tier tables into the lake (cluster mode)")
+                raise Unsupported("this server has no lake (a cluster member started without the "
+                                  "datalake.iceberg.uri and datalake.iceberg.warehouse options)")
             statuses = ([self.tierer.status(payload["table"])] if payload.get("table")
                         else self.tierer.statuses())
             return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})

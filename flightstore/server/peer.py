@@ -100,6 +100,12 @@ class PeerRpcs:
             schema = table.projection(columns or table.schema.names)
             rows = table.scan(columns, filter, payload.get("limit"), buckets, exact=bool(payload.get("exact", True)))
             return schema, self.metrics.metered(str(table.path), rows)
+        if op == "log":  # the log part of a union read (flightstore.lake.union)
+            filter = from_json(payload["filter"]).bind(table.schema) if payload.get("filter") else None
+            schema = table.projection(columns or table.schema.names)
+            rows = table.read_log(int(payload["bucket"]), int(payload["from_offset"]), columns or schema.names,
+                                  filter=filter, limit=payload.get("limit"), exact=bool(payload.get("exact", True)))
+            return schema, self.metrics.metered(str(table.path), rows)
         if op == "subscribe":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
@@ -162,6 +168,13 @@ class PeerRpcs:
                 "sequence": payload.get("sequence")}
 
     def _peer_action(self, kind: str, payload: dict, context: Any) -> bytes:
+        if kind == "flightstore.lake-status":  # asked of the cluster's tierer: its own status
+            if peer_of(context) is None or self.cluster is None or self.tierer is None:
+                raise Unauthorized("this call is open to the cluster's servers only")
+            table = self._visible_table(payload["table"])
+            self._authorize_table(Operation.DESCRIBE, table)
+            return tickets.encode_custom({"op": "lake-status",
+                                          "tables": [self.tierer.status(table.path, here=True).to_dict()]})
         buckets = self._peer_buckets(payload)
         if kind == "flightstore.offsets":
             table = self._peer_table(payload, context, Operation.DESCRIBE, buckets)

@@ -80,12 +80,13 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
                  users: UserStore | dict[str, str] | None = None, super_users: tuple[str, ...] = (),
                  tls: TlsConfig | None = None, token_ttl_ms: int | None = None,
                  max_tokens: int | None = None, lake: Any = None, retention_interval_s: float | None = None,
-                 **kwargs: Any) -> None:
+                 start_tierer: bool = True, **kwargs: Any) -> None:
         """``users`` (a UserStore, or a dict of plain passwords for tests and embedded use) turns
         on authentication and authorization; ``tls`` serves ``grpc+tls://`` (``location`` may say
         ``grpc://``: the scheme follows ``tls``). ``lake`` (a :class:`flightstore.lake.LakeSettings`)
         starts the background tierer of datalake-enabled tables (which only follows the lake's
-        commits for retention and status when its ``tiering_enabled`` is off).
+        commits for retention and status when its ``tiering_enabled`` is off); with
+        ``start_tierer`` off the caller starts it (a cluster member, once it joined).
         A background thread (:mod:`.housekeeping`) takes the KV snapshots ``kv.snapshot.interval``
         makes due and applies ``table.log.ttl`` every ``retention_interval_s`` (default: the
         ``log.retention.check-interval`` option); it stops with :meth:`shutdown`."""
@@ -134,7 +135,9 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         self.tierer: Any = None  # the lake's LakeTierer when this server tiers (flightstore.lake)
         if lake is not None:  # with tiering off it follows what a tiering job commits (retention, status)
             from flightstore.lake.tierer import LakeTierer
-            self.tierer = LakeTierer(store, lake).start()
+            self.tierer = LakeTierer(store, lake)
+            if start_tierer:
+                self.tierer.start()
             self.partition_manager.on_dropped = self.tierer.due_now
         if lake is not None:  # SQL reads the lake too: union reads, t$lake, time travel
             from flightstore.lake.catalog import LakeCatalog
@@ -320,8 +323,11 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         options = validate_server_options(options or {})
         if metrics_port is None:
             metrics_port = options.get("metrics.port")
-        # Cluster mode tiers nothing yet: each server would have to tier only the buckets it leads.
-        lake = None if cluster is not None else LakeSettings.from_options(data_dir, options)
+        if cluster is None:
+            lake = LakeSettings.from_options(data_dir, options)
+        else:  # one lake for the cluster, named explicitly by every server (flightstore.lake.cluster)
+            from flightstore.lake.cluster import cluster_lake_settings
+            lake = cluster_lake_settings(data_dir, options)
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     if cluster is not None:
@@ -335,7 +341,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     try:
         server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users, super_users=super_users,
                                  tls=tls, token_ttl_ms=token_ttl_ms, max_tokens=max_tokens, lake=lake,
-                                 retention_interval_s=server_option(
+                                 start_tierer=cluster is None, retention_interval_s=server_option(
                                      options, "log.retention.check-interval") / 1000)
     except pa.ArrowException as exc:
         store.close()
@@ -350,7 +356,15 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
             if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
                 server.authenticator.secret = server.cluster.secret
                 server.authenticator.peer_identity = server.cluster.identity
+            from flightstore.lake.cluster import ClusterLake, check_cluster_lake
+            check_cluster_lake(server.cluster, lake)  # the cluster's lake, or none on every server
+            store.has_lake = lake is not None
+            if server.tierer is not None:  # tiers while it holds the cluster's lease, else follows
+                server.tierer.cluster = ClusterLake(server.cluster, store.peers)
+                server.tierer.start()
         except FlightstoreError as exc:
+            if server.cluster is not None:  # leave at once: a refused server must not stay a member
+                server.cluster.stop()
             server.shutdown()
             store.close()
             raise SystemExit(f"flightstore: {exc}") from None

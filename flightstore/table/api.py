@@ -27,11 +27,15 @@ __all__ = ["TableApi"]
 
 
 class TableApi(abc.ABC):
-    """See the module docstring. ``path``, ``descriptor`` and ``schema`` are attributes."""
+    """See the module docstring. ``path``, ``descriptor``, ``schema`` and ``table_id`` are
+    attributes."""
 
     path: TablePath
     descriptor: TableDescriptor
     schema: pa.Schema
+    #: The id of this incarnation of the table, the same on every server of a cluster (a table
+    #: dropped and created again gets a new one): the lake and remote storage name its data by it.
+    table_id: str
 
     #: Whether other servers serve some of the table's buckets (a cluster table): work that
     #: must see every row in one place (a fused aggregate) cannot run here alone.
@@ -126,6 +130,15 @@ class TableApi(abc.ABC):
     @abc.abstractmethod
     def read_snapshot(self, bucket: int, at: int, columns: Sequence[str] | None = None
                       ) -> Iterator[pa.RecordBatch]: ...
+
+    @abc.abstractmethod
+    def read_log(self, bucket: int, from_offset: int, columns: Sequence[str], *,
+                 filter: Predicate | None = None, limit: int | None = None,
+                 exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """The committed rows of ``bucket``'s log (table-wide number) from ``from_offset`` on,
+        only ``columns``, pruned and filtered by ``filter`` (bound to the table's schema): the log
+        part of a union read (:mod:`flightstore.lake.union`). A bucket of a dropped partition has
+        none; DataLoss when retention deleted records at or above ``from_offset``."""
 
     @abc.abstractmethod
     def subscribe(self, start: Any = "earliest", *, columns: Sequence[str] | None = None,

@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 
 from flightstore import changetype
-from flightstore.errors import InvalidInput
+from flightstore.errors import DataLoss, InvalidInput
+from flightstore.expressions import Predicate
 from flightstore.log import LogBatch
 from flightstore.log.held import read_held, require_held
 
@@ -75,6 +76,21 @@ class TableChangelog:
                                                   columns=stored, to_offset=to_offset, max_rows=max_rows)
         for record in records:
             yield self.changelog_batch(record, columns)
+
+    def read_log(self, bucket: int, from_offset: int, columns: Sequence[str], *,
+                 filter: Predicate | None = None, limit: int | None = None,
+                 exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """See :meth:`flightstore.table.api.TableApi.read_log` (``limit`` stops after the record
+        that reaches it: the caller cuts the rest)."""
+        tablets = self.tablets().get(int(bucket))
+        if tablets is None:
+            return iter(())  # its partition was dropped (or not created yet)
+        log = tablets[0]
+        if int(from_offset) < log.start_offset:
+            raise DataLoss(f"table {self.path} bucket {bucket}: log records from offset {from_offset} "
+                           "were deleted; plan the read again")
+        return (record.batch for record in log.read(int(from_offset), columns=list(columns), filter=filter,
+                                                    max_rows=limit, exact=exact))
 
     def _where(self, bucket: int) -> str:
         return f"table {self.path} bucket {bucket}"

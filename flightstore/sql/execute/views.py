@@ -2,8 +2,8 @@
 included), ``t$lake$snapshots``, ``t$lake$status``, ``DESCRIBE``, ``SHOW PARTITIONS`` and what
 ``EXPLAIN`` of a union read adds (the lake snapshot and the log offsets it would read now).
 
-Without a lake (an embedded store, cluster mode) the ``$lake`` views are refused: the lake is read
-where the table is tiered.
+Without a lake (an embedded store, a cluster started without a shared lake) the ``$lake`` views
+are refused. In a cluster every server reads the cluster's one lake.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ class SystemViews:
     def lake_catalog(self, path: TablePath) -> Any:
         lake = self.context.lake
         if lake is None:
-            raise Unsupported(f"{path}$lake: this server has no lake (cluster mode, or an embedded "
-                              "store); the lake is read where the table is tiered")
+            raise Unsupported(f"{path}$lake: this server has no lake (an embedded store, or a cluster "
+                              "member started without datalake.iceberg.uri and datalake.iceberg.warehouse)")
         return lake
 
     def union_parts(self, plan: n.UnionScan) -> list[str]:
