@@ -209,6 +209,17 @@ class Connection:
     def table(self, name: str, *, writer_id: str | None = None) -> TableClient:
         return TableClient(self, name, writer_id=writer_id)
 
+    def add_user(self, name: str, password: str, *, replace: bool = False) -> None:
+        """Add user ``name`` (``replace``: set a new password, ending its tokens) through the
+        server: to its users file, or to a cluster's users, on every server when this returns.
+        Needs ALTER on the cluster (super users)."""
+        self._action("flightstore.user", {"action": "add", "name": name, "password": password,
+                                          "replace": replace})
+
+    def remove_user(self, name: str) -> None:
+        """Remove user ``name`` (its tokens end) through the server; see :meth:`add_user`."""
+        self._action("flightstore.user", {"action": "remove", "name": name})
+
     def lake_status(self, table: str | None = None) -> list[dict]:
         """Tiering status of ``table`` (default: every datalake-enabled table): per bucket the
         tiered offset, log end offset and lag, plus last commit time and last error."""

@@ -4,9 +4,15 @@ Every znode flightstore writes sits under one root: the chroot of ``--zookeeper 
 or ``/flightstore`` without one, so several clusters (and tests) share one ZooKeeper::
 
     <root>/cluster-id                        persistent  {"cluster_id"}: a data directory remembers it
-    <root>/secret                            persistent  {"secret"}: signs bearer tokens (any server
-                                                          accepts any server's) - keep ZooKeeper private
-    <root>/servers/<id>                      ephemeral   ServerInfo: uri, pid, catalog_version
+    <root>/secret                            persistent  {"verifier"}: checks the signing secret each
+                                                          server derives from its secret file; or,
+                                                          keyless, {"secret"} (no users allowed)
+    <root>/security/users                    persistent  {"users": {name: Argon2id hash}}: the
+                                                          cluster's users (it authenticates once
+                                                          this exists)
+    <root>/security/grants                   persistent  {"grants": [...]}: the cluster's grants
+    <root>/servers/<id>                      ephemeral   ServerInfo: uri, pid, catalog_version and
+                                                          the users/grants versions it applied
     <root>/coordinator/election/...          kazoo Election (Lock) contenders
     <root>/coordinator/active                ephemeral   {"id", "uri", "epoch"} of the coordinator
     <root>/coordinator/epoch                 persistent  {"epoch"}; its znode version fences writes
@@ -75,6 +81,18 @@ class ZkPaths:
     @property
     def secret(self) -> str:
         return f"{self.root}/secret"
+
+    @property
+    def security(self) -> str:
+        return f"{self.root}/security"
+
+    @property
+    def users(self) -> str:
+        return f"{self.security}/users"
+
+    @property
+    def grants(self) -> str:
+        return f"{self.security}/grants"
 
     @property
     def servers(self) -> str:

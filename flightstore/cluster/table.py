@@ -13,8 +13,9 @@ for the next view (a new leader elected by the coordinator) and retries, for up 
 :attr:`retry_s` (twice the ZooKeeper session timeout plus a margin: the time a failover takes).
 Writes retry safely because every part carries a writer id and batch sequence: the caller's, or
 for a statement without one (SQL INSERT) this server's own writer for the table, one sequence per
-statement. A log table without bucket key sends a batch to the bucket chosen by its writer id and
-sequence, so a retry lands where the first attempt did.
+piece of the statement (a statement's rows are cut into pieces of at most a write chunk, which a
+leader reads as one bounded forwarded write). A log table without bucket key sends a batch to
+the bucket chosen by its writer id and sequence, so a retry lands where the first attempt did.
 
 Before anything is written or streamed, every bucket involved must have a live leader; otherwise
 the call fails with UNAVAILABLE naming the bucket and server (no partial answer).
@@ -41,6 +42,7 @@ from flightstore import changetype
 from flightstore.batches import limited_sources
 from flightstore.cluster.peers import Peers
 from flightstore.cluster.view import BucketLocation, ClusterView
+from flightstore.config import server_option
 from flightstore.errors import (
     BucketUnavailable,
     InvalidInput,
@@ -244,28 +246,31 @@ class ClusterTable(TableApi):
 
     def _write(self, op: str, data: pa.Table, columns: Sequence[str] | None, kinds: pa.Array | None,
                writer_id: str | None, sequence: int | None) -> WriteResult:
-        if writer_id is None or sequence is None:  # a statement: this server's writer, its own sequence
-            writer_id, sequence = self._statement_writer, next(self._statements)
+        statement = writer_id is None or sequence is None
+        if statement:  # a statement: this server's writer, its own sequence per piece
+            writer_id = self._statement_writer
         local = self.local
-        if not local.descriptor.bucket_key:  # a log table without bucket key: the batch's own bucket
-            data = self._conformed(op, data, columns)
-            pinned = (zlib.crc32(writer_id.encode()) + int(sequence)) % self.num_buckets  # round robin
-            buckets = np.full(data.num_rows, pinned, dtype=np.int64)
-        else:
-            data = self._conformed(op, data, columns)  # validates, and types the bucket key
-            buckets = np.asarray(local.buckets_of(data), dtype=np.int64)
+        data = self._conformed(op, data, columns)  # validates, and types the bucket key
+        pending = []
+        for piece, piece_kinds in (self._pieces(data, kinds) if statement else [(data, kinds)]):
+            piece_sequence = next(self._statements) if statement else int(sequence)
+            if not local.descriptor.bucket_key:  # a log table without bucket key: the batch's own bucket
+                pinned = (zlib.crc32(writer_id.encode()) + piece_sequence) % self.num_buckets  # round robin
+                buckets = np.full(piece.num_rows, pinned, dtype=np.int64)
+            else:
+                buckets = np.asarray(local.buckets_of(piece), dtype=np.int64)
+            pending.append((piece, piece_kinds, buckets, piece_sequence))
         result = WriteResult()
-        pending = [(data, kinds, buckets)]
         deadline = time.monotonic() + self.retry_s
         while pending:
             view = self.member.view()
             try:
                 # Every leader live (or none of the write goes out): a bucket without one waits for
                 # the failover, or fails at once when no in-sync replica is left to elect.
-                for _, _, part_buckets in pending:
+                for _, _, part_buckets, _ in pending:
                     for bucket in np.unique(part_buckets):
                         self._require_leader(int(bucket))
-                retry = self._send_parts(pending, op, columns, writer_id, sequence, result)
+                retry = self._send_parts(pending, op, columns, writer_id, result)
             except Unavailable as exc:
                 if time.monotonic() >= deadline or isinstance(exc, NotEnoughReplicas):
                     raise
@@ -281,12 +286,25 @@ class ClusterTable(TableApi):
                                               max(0.0, min(1.0, deadline - time.monotonic())))
         return result
 
+    def _pieces(self, data: pa.Table, kinds: pa.Array | None) -> list[tuple[pa.Table, pa.Array | None]]:
+        """A statement's rows cut into pieces a leader takes as one forwarded write (at most
+        ``write.chunk-rows`` rows and half of ``write.chunk-bytes``: see
+        :func:`~flightstore.server.upload.read_forwarded`); each piece is a batch of its own."""
+        options = self.member.store.options
+        per_row = max(1, data.nbytes // max(1, data.num_rows))
+        step = max(1, min(server_option(options, "write.chunk-rows"),
+                          server_option(options, "write.chunk-bytes") // 2 // per_row))
+        if data.num_rows <= step:
+            return [(data, kinds)]
+        return [(data.slice(start, step), None if kinds is None else kinds.slice(start, step))
+                for start in range(0, data.num_rows, step)]
+
     def _send_parts(self, pending: list, op: str, columns: Sequence[str] | None, writer_id: str,
-                    sequence: int, result: WriteResult) -> list:
+                    result: WriteResult) -> list:
         """Send each part to its leader; the parts whose leader failed (to retry, idempotently)."""
         retry: list = []
         pinned = not self.local.descriptor.bucket_key
-        for part, part_kinds, part_buckets in pending:
+        for part, part_kinds, part_buckets, sequence in pending:
             leaders = self._leaders(part_buckets)
             for leader in np.unique(leaders):
                 mask = leaders == leader
@@ -301,7 +319,7 @@ class ClusterTable(TableApi):
                     raise
                 except Unavailable as exc:
                     log.info("write to %s: %s; retrying at the new leader", self.path, exc)
-                    retry.append((piece, piece_kinds, piece_buckets))
+                    retry.append((piece, piece_kinds, piece_buckets, sequence))
                     continue
                 result.update(outcome[0])
                 result.duplicate |= outcome[1]

@@ -17,6 +17,7 @@ from flightstore.acl import CLUSTER, Operation, Permission
 from flightstore.errors import FlightstoreError, InvalidInput, Unavailable, Unsupported
 from flightstore.expressions import from_json
 from flightstore.server import protocol, tickets
+from flightstore.server.peer import is_peer_call
 from flightstore.server.rpc import _CALLER, _peer, _rpc
 from flightstore.server.session import apply_options, option_values
 from flightstore.server.writes import _probe_value
@@ -39,7 +40,7 @@ class ActionRpcs:
         body = action.body.to_pybytes() if action.body is not None else b""
         if kind.startswith("flightstore."):
             payload = tickets.decode_custom(body)
-            if payload.get("peer"):  # a part of a call another server of the cluster split by leader
+            if is_peer_call(payload):  # a part of a call another server of the cluster split by leader
                 return iter([self._peer_action(kind, payload, context)])
             return iter([self._custom_action(kind, payload)])
         request = protocol.decode_action(kind, body)
@@ -101,7 +102,8 @@ class ActionRpcs:
                 ("flightstore.release", "release the columns a writer owns"),
                 ("flightstore.snapshot", "take a KV snapshot of a primary-key table's buckets now"),
                 ("flightstore.usage", "bytes a table holds on disk (KV, snapshots, log) and its offsets"),
-                ("flightstore.describe", "a table's descriptor, incarnation id and offsets (tiering jobs)")]
+                ("flightstore.describe", "a table's descriptor, incarnation id and offsets (tiering jobs)"),
+                ("flightstore.user", "add or remove a user (the users file, or a cluster's users)")]
 
     def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)
@@ -230,6 +232,8 @@ class ActionRpcs:
                 "op": "locations", "num_buckets": descriptor.num_buckets,
                 "bucket_key": list(descriptor.bucket_key), "partitioned": descriptor.is_partitioned,
                 "primary_key": list(descriptor.primary_key), "leaders": leaders})
+        if kind == "flightstore.user":
+            return self._user_action(payload)
         if kind == "flightstore.decommission":
             self._authorize([Permission(Operation.ALTER, CLUSTER)])
             if self.cluster is None:
@@ -243,6 +247,29 @@ class ActionRpcs:
             return tickets.encode_custom({"op": "cluster", **self.cluster.describe(payload.get("table")),
                                           "partial_aggregates": int(self.metrics.partials._value.get())})
         raise Unsupported(f"action {kind} is not supported by flightstore")
+
+
+    def _user_action(self, payload: dict) -> bytes:
+        """Add a user (or set its password: ``replace``) or remove one, for a caller allowed ALTER
+        on the cluster: in the users file of a single server, or the cluster's users in
+        ZooKeeper (returns once every live server applied it)."""
+        self._authorize([Permission(Operation.ALTER, CLUSTER)])
+        if self.authenticator is None:
+            raise Unsupported("this server has no users (start it with --users-file, or in a cluster)")
+        action, name = payload.get("action"), payload.get("name")
+        if not isinstance(name, str):
+            raise InvalidInput("flightstore.user names the user under 'name'")
+        users = self.authenticator.users
+        if action == "add":
+            password = payload.get("password")
+            if not isinstance(password, str):
+                raise InvalidInput("flightstore.user add needs the password under 'password'")
+            users.add(name, password, replace=bool(payload.get("replace")))
+        elif action == "remove":
+            users.remove(name)
+        else:
+            raise InvalidInput(f"unknown flightstore.user action {action!r}: use add or remove")
+        return tickets.encode_custom({"op": "user", "action": action, "name": name})
 
 
 @dataclass

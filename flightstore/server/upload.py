@@ -30,7 +30,7 @@ import pyarrow as pa
 from flightstore.config import server_option
 from flightstore.errors import InvalidInput
 
-__all__ = ["UploadLimits", "upload_chunks"]
+__all__ = ["UploadLimits", "read_forwarded", "upload_chunks"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,34 @@ def upload_chunks(reader: Any, limits: UploadLimits) -> Iterator[pa.Table]:
             pending, rows, size = [], 0, 0
     if pending:
         yield pa.Table.from_batches(pending, reader.schema)
+
+
+def read_forwarded(reader: Any, limits: UploadLimits) -> pa.Table:
+    """The rows of a write another server of the cluster forwarded: one part of one chunk, which
+    the receiver must apply as one atomic write, so it is held whole but bounded. The sender cuts
+    what it forwards to at most a chunk (a statement's rows to ``limits``; a client's chunk may
+    overshoot them by its last message), so a part above twice the chunk bounds is refused
+    (INVALID_ARGUMENT) as soon as its messages reach that, before it is applied; every message is
+    checked against ``limits.max_message_bytes`` like a client's."""
+    pending: list[pa.RecordBatch] = []
+    rows = size = 0
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            break
+        batch = chunk.data
+        if batch is None or batch.num_rows == 0:
+            continue
+        nbytes = batch.get_total_buffer_size()
+        if nbytes > limits.max_message_bytes:
+            raise InvalidInput(f"a forwarded Flight message of {nbytes} bytes exceeds write.max-message-bytes "
+                               f"({limits.max_message_bytes})")
+        pending.append(batch)
+        rows += batch.num_rows
+        size += nbytes
+        if rows > 2 * limits.chunk_rows or size > 2 * limits.chunk_bytes:
+            raise InvalidInput(f"a forwarded write holds more than a write chunk ({limits.chunk_rows} rows, "
+                               f"{limits.chunk_bytes} bytes: write.chunk-rows / write.chunk-bytes); give "
+                               "every server of the cluster the same write options")
+    return pa.Table.from_batches(pending, reader.schema)
