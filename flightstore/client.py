@@ -495,11 +495,20 @@ class TableClient:
 
     def usage(self) -> dict:
         """Bytes the table holds on disk (``kv``, ``snapshots``, ``log``, ``total``) under ``bytes``,
-        and its ``start_offsets``/``end_offsets`` per bucket."""
+        and its ``start_offsets``/``end_offsets`` per bucket; in a cluster ``bytes`` is one copy
+        (each bucket at its leader) and ``servers`` each leader's share."""
         answer = self.connection._action("flightstore.usage", {"table": self.name})
-        return {"bytes": answer["bytes"],
-                "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
-                "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
+        usage = {"bytes": answer["bytes"],
+                 "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
+                 "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
+        if "servers" in answer:  # a cluster: each leader's bytes of the buckets it leads
+            usage["servers"] = {int(k): v for k, v in answer["servers"].items()}
+        return usage
+
+    def expire_writers(self) -> list[str]:
+        """Forget this table's writers idle past ``table.writer-id.expiration`` now (the server
+        does it on its own every ``log.retention.check-interval``); their ids."""
+        return self.connection._action("flightstore.expire-writers", {"table": self.name})["writers"]
 
     def describe(self) -> dict:
         """The table's descriptor (``descriptor``: :meth:`TableDescriptor.to_json` text), its

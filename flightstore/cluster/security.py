@@ -276,7 +276,7 @@ def wait_applied(client: KazooClient, paths: ZkPaths, kind: str, version: int,
 class ClusterUsers(UserStore):
     """The cluster's users (a :class:`UserStore` over :class:`ClusterSecurity`): until the server
     joined, every check fails closed (Unavailable); while the cluster has no users it is
-    :attr:`open`. Adding or removing a user returns once every live server applied it."""
+    :attr:`is_open`. Adding or removing a user returns once every live server applied it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -284,7 +284,7 @@ class ClusterUsers(UserStore):
         self.apply_timeout_s = APPLY_TIMEOUT_S
 
     @property
-    def open(self) -> bool:
+    def is_open(self) -> bool:
         """Whether this cluster has no users (it does not authenticate), once joined."""
         return self.security is not None and self.security.users() is None
 

@@ -613,28 +613,61 @@ class ClusterTable(TableApi):
             return sources[0]()
         return _merged(sources, stop)
 
-    # ---- upkeep: one server's storage chores, not a cluster's --------------------------------
-    def _refuse(self, what: str) -> Unsupported:
-        return Unsupported(f"table {self.path}: {what} acts on one server's storage; in a cluster run it "
-                           "on each server (it is not forwarded to the buckets' leaders)")
+    # ---- upkeep: every leader over the buckets it leads ----------------------------------------
+    def run_upkeep(self, task: str, **args: Any) -> dict[int, Any]:
+        """Run upkeep ``task`` on every leader of the table over the buckets it leads (a peer
+        ``flightstore.upkeep`` call; this server's own share here), each bucket once; the answer
+        of each server by id. Every leader must be live (else UNAVAILABLE naming the bucket and
+        server, after waiting for a failover as any call does); the tasks are idempotent, so a
+        retry after a failover runs them again where they already ran without harm."""
+        from flightstore.table.upkeep import TASKS, run_task
+        if task not in TASKS:
+            raise InvalidInput(f"unknown upkeep task {task!r}; tasks are {', '.join(TASKS)}")
+
+        def attempt() -> dict[int, Any]:
+            done: dict[int, Any] = {}
+            for leader, numbers in sorted(self._by_leader().items()):
+                if leader == self.server_id:
+                    done[leader] = run_task(self._mine(numbers), task, args, numbers)
+                else:
+                    answer = self.peers.action(self._place(numbers[0]), "flightstore.upkeep", self._call(
+                        leader, numbers, {"task": task, "args": args}), CALLER_TOKEN.get())
+                    done[leader] = answer["result"]
+            return done
+        return self._retrying(attempt, f"the {task} upkeep")
+
+    def _upkeep(self, task: str, **args: Any) -> Any:
+        from flightstore.table.upkeep import merged
+        return merged(task, self.run_upkeep(task, **args))
 
     def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, Any]:
-        raise self._refuse("a KV snapshot")
+        from flightstore.table.upkeep import SnapshotSummary
+        taken = self._upkeep("snapshot", force=force)
+        return {int(b): None if info is None else SnapshotSummary(**info) for b, info in taken.items()}
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
-        raise self._refuse("log retention")
+        if now_ms is not None:
+            raise Unsupported(f"table {self.path}: retention at a given time runs on one server only")
+        return self._upkeep("retention")
 
     def disk_usage(self) -> dict[str, int]:
-        raise self._refuse("disk usage")
+        """Bytes of one copy of the table: each leader's share of the buckets it leads."""
+        return self._upkeep("usage")
 
     def undo(self, writer_id: str, after_sequence: int) -> int:
-        raise self._refuse("undo")
+        return self._upkeep("undo", writer_id=writer_id, after_sequence=int(after_sequence))
 
     def release(self, writer_id: str) -> None:
-        raise self._refuse("releasing a writer's columns")
+        self._upkeep("release", writer_id=writer_id)
 
     def expire_writers(self, now_ms: int | None = None) -> list[str]:
-        raise self._refuse("writer expiry")
+        if now_ms is not None:
+            raise Unsupported(f"table {self.path}: writer expiry at a given time runs on one server only")
+        return self._upkeep("expire_writers")
+
+    def _refuse(self, what: str) -> Unsupported:
+        return Unsupported(f"table {self.path}: {what} acts on one server's storage; in a cluster it is not "
+                           "forwarded to the buckets' leaders")
 
     def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
                 limit: int | None = None) -> Iterator[pa.RecordBatch]:

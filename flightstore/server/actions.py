@@ -25,6 +25,7 @@ from flightstore.sql.execute import is_query
 from flightstore.sql.plan import is_union, parameter_schema
 from flightstore.sql.privileges import plan_resources, required_permissions
 from flightstore.sql.resolve import resolve_database
+from flightstore.table.upkeep import TASKS, merged
 
 __all__ = ["ActionRpcs", "PreparedStatement"]
 
@@ -102,6 +103,7 @@ class ActionRpcs:
                 ("flightstore.release", "release the columns a writer owns"),
                 ("flightstore.snapshot", "take a KV snapshot of a primary-key table's buckets now"),
                 ("flightstore.usage", "bytes a table holds on disk (KV, snapshots, log) and its offsets"),
+                ("flightstore.expire-writers", "forget a table's writers idle past table.writer-id.expiration"),
                 ("flightstore.describe", "a table's descriptor, incarnation id and offsets (tiering jobs)"),
                 ("flightstore.user", "add or remove a user (the users file, or a cluster's users)")]
 
@@ -168,32 +170,30 @@ class ActionRpcs:
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             planned = plan_split(self.executor.lake, table, filter, payload.get("snapshot_id"))
             return tickets.encode_custom({"op": "lake-split", "union": True, **planned})
+        # Upkeep (each task needs what TASKS says): on one server here; in a cluster on every leader of
+        # the table over the buckets it leads, and the answer says what each server did ("servers").
         if kind == "flightstore.undo":
-            table = self._visible_table(payload["table"])
-            self._authorize_table(Operation.WRITE, table)
-            restored = table.undo(payload["writer_id"], int(payload["after_sequence"]))
-            return tickets.encode_custom({"op": "undone", "rows": restored})
+            done = self._upkeep(payload, "undo", writer_id=payload["writer_id"],
+                                after_sequence=int(payload["after_sequence"]))
+            return tickets.encode_custom({"op": "undone", "rows": merged("undo", done), **_servers(done)})
         if kind == "flightstore.release":
-            table = self._visible_table(payload["table"])
-            self._authorize_table(Operation.WRITE, table)
-            table.release(payload["writer_id"])
-            return tickets.encode_custom({"op": "released"})
+            done = self._upkeep(payload, "release", writer_id=payload["writer_id"])
+            return tickets.encode_custom({"op": "released", **_servers(done)})
         if kind == "flightstore.snapshot":
-            table = self._visible_table(payload["table"])
-            self._authorize_table(Operation.ALTER, table)  # storage upkeep of the table, like DDL
-            taken = table.snapshot(force=bool(payload.get("force", False)))
-            table.enforce_retention()  # the new snapshot may let the changelog shrink
-            return tickets.encode_custom({"op": "snapshot", "snapshots": {
-                str(bucket): None if info is None else {"id": info.id, "offset": info.offset,
-                                                        "rows": info.rows, "created_ms": info.created_ms}
-                for bucket, info in taken.items()}})
+            done = self._upkeep(payload, "snapshot", force=bool(payload.get("force", False)))
+            self._upkeep(payload, "retention")  # the new snapshot may let the changelog shrink
+            return tickets.encode_custom({"op": "snapshot", "snapshots": merged("snapshot", done), **_servers(done)})
         if kind == "flightstore.usage":
+            done = self._upkeep(payload, "usage")
             table = self._visible_table(payload["table"])
-            self._authorize_table(Operation.DESCRIBE, table)  # like the offsets
             start, end = table.start_offsets(), table.end_offsets()
-            return tickets.encode_custom({"op": "usage", "bytes": table.disk_usage(),
+            return tickets.encode_custom({"op": "usage", "bytes": merged("usage", done),
                                           "start_offsets": {str(k): v for k, v in start.items()},
-                                          "end_offsets": {str(k): v for k, v in end.items()}})
+                                          "end_offsets": {str(k): v for k, v in end.items()}, **_servers(done)})
+        if kind == "flightstore.expire-writers":
+            done = self._upkeep(payload, "expire_writers")
+            return tickets.encode_custom({"op": "expired", "writers": merged("expire_writers", done),
+                                          **_servers(done)})
         if kind == "flightstore.describe":
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)
@@ -249,6 +249,12 @@ class ActionRpcs:
         raise Unsupported(f"action {kind} is not supported by flightstore")
 
 
+    def _upkeep(self, payload: dict, task: str, **args: Any) -> dict:
+        """Upkeep ``task`` of the table ``payload`` names, for a caller allowed what it needs."""
+        table = self._visible_table(payload["table"])
+        self._authorize_table(TASKS[task], table)
+        return table.run_upkeep(task, **args)
+
     def _user_action(self, payload: dict) -> bytes:
         """Add a user (or set its password: ``replace``) or remove one, for a caller allowed ALTER
         on the cluster: in the users file of a single server, or the cluster's users in
@@ -280,6 +286,12 @@ class PreparedStatement:
     parameter_schema: pa.Schema
     params: list[list[Any]] = field(default_factory=list)
     owner: str | None = None  # the user who prepared it: no one else may bind, run or close it
+
+
+def _servers(done: dict) -> dict:
+    """``{"servers": {id: answer}}`` when a cluster's leaders did the work (nothing on one server)."""
+    by_server = {str(k): v for k, v in done.items() if k is not None}
+    return {"servers": by_server} if by_server else {}
 
 
 def _is_query_ticket(data: bytes) -> bool:

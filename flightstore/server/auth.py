@@ -130,7 +130,7 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
             return len(self._tokens)
 
     def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> flight.ServerMiddleware | None:
-        if getattr(self.users, "open", False):  # a cluster without users: no authentication (yet)
+        if getattr(self.users, "is_open", False):  # a cluster without users: no authentication (yet)
             return None
         try:
             try:

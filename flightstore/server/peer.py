@@ -34,6 +34,7 @@ from flightstore.server.upload import read_forwarded
 from flightstore.sql import nodes
 from flightstore.sql.partial_plan import PartialPlan
 from flightstore.sql.plan import is_union
+from flightstore.table.upkeep import TASKS, run_task
 
 __all__ = ["PEER_ONLY_OPS", "PeerRpcs", "is_peer_call"]
 
@@ -204,6 +205,14 @@ class PeerRpcs:
         if kind == "flightstore.writer":
             table = self._peer_table(payload, context, Operation.WRITE, buckets)
             return tickets.encode_custom({"op": "writer", "sequence": table.writer_sequence(payload["writer_id"])})
+        if kind == "flightstore.upkeep":  # a task over the buckets this server leads
+            task = payload.get("task")
+            if task not in TASKS:
+                raise InvalidInput(f"unknown upkeep task {task!r}")
+            table = self._peer_table(payload, context, TASKS[task], buckets)
+            numbers = sorted({b % table.num_buckets for b in buckets})
+            return tickets.encode_custom({"op": "upkeep", "result": run_task(table, task, payload.get("args") or {},
+                                                                             numbers)})
         raise InvalidInput(f"unknown peer action {kind!r}")
 
 

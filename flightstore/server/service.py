@@ -108,7 +108,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, AccessChecks, f
         self._hidden_paths = tuple({str(store.data_dir), os.path.abspath(store.data_dir),
                                     os.path.realpath(store.data_dir)})
         # A cluster's users: authorization is on once the cluster has users.
-        enabled = (lambda: not users.open) if hasattr(users, "open") else users is not None
+        enabled = (lambda: not users.is_open) if hasattr(users, "is_open") else users is not None
         self.authz = Authorizer(store.data_dir, enabled=enabled, super_users=super_users)
         self.executor = Executor(store)
         self.upload_limits = UploadLimits.from_options(store.options)

@@ -84,13 +84,15 @@ def upload_chunks(reader: Any, limits: UploadLimits) -> Iterator[pa.Table]:
 
 def read_forwarded(reader: Any, limits: UploadLimits) -> pa.Table:
     """The rows of a write another server of the cluster forwarded: one part of one chunk, which
-    the receiver must apply as one atomic write, so it is held whole but bounded. The sender cuts
-    what it forwards to at most a chunk (a statement's rows to ``limits``; a client's chunk may
-    overshoot them by its last message), so a part above twice the chunk bounds is refused
-    (INVALID_ARGUMENT) as soon as its messages reach that, before it is applied; every message is
+    the receiver must apply as one atomic write, so it is held whole, but bounded. A part is at
+    most what the sender's chunk held (a client's chunk: its bounds plus the message that closed
+    it; a statement's rows are cut to a chunk by the sender), so a part whose messages hold more
+    than twice ``chunk_bytes + max_message_bytes`` (room for re-encoding) is refused
+    (INVALID_ARGUMENT) as soon as they reach that, before anything is applied; every message is
     checked against ``limits.max_message_bytes`` like a client's."""
+    bound = 2 * (limits.chunk_bytes + limits.max_message_bytes)
     pending: list[pa.RecordBatch] = []
-    rows = size = 0
+    size = 0
     while True:
         try:
             chunk = reader.read_chunk()
@@ -104,10 +106,9 @@ def read_forwarded(reader: Any, limits: UploadLimits) -> pa.Table:
             raise InvalidInput(f"a forwarded Flight message of {nbytes} bytes exceeds write.max-message-bytes "
                                f"({limits.max_message_bytes})")
         pending.append(batch)
-        rows += batch.num_rows
         size += nbytes
-        if rows > 2 * limits.chunk_rows or size > 2 * limits.chunk_bytes:
-            raise InvalidInput(f"a forwarded write holds more than a write chunk ({limits.chunk_rows} rows, "
-                               f"{limits.chunk_bytes} bytes: write.chunk-rows / write.chunk-bytes); give "
-                               "every server of the cluster the same write options")
+        if size > bound:
+            raise InvalidInput(f"a forwarded write holds more than a write chunk (over {bound} bytes: "
+                               "write.chunk-bytes, write.max-message-bytes); give every server of the cluster "
+                               "the same write options")
     return pa.Table.from_batches(pending, reader.schema)
