@@ -293,7 +293,10 @@ class TableClient:
         self.connection = connection
         self.name = name
         self.writer_id = writer_id or uuid.uuid4().hex
-        self._sequence = None
+        # A writer id made here is new everywhere: its first batch is 0, with no question to the
+        # server (which, in a cluster, asks every leader and cannot answer while one is down).
+        # A given id may have written before: ask where it stands before its first write.
+        self._sequence: int | None = -1 if writer_id is None else None
         self._layout: dict | None = None  # cluster mode: bucketing and leaders (flightstore.locations)
 
     # ---- cluster mode: where buckets live --------------------------------------------------------

@@ -272,7 +272,7 @@ class ClusterTable(TableApi):
                         self._require_leader(int(bucket))
                 retry = self._send_parts(pending, op, columns, writer_id, result)
             except Unavailable as exc:
-                if time.monotonic() >= deadline or isinstance(exc, NotEnoughReplicas):
+                if time.monotonic() >= deadline or isinstance(exc, (NotEnoughReplicas, NoLeaderLeft)):
                     raise
                 log.info("write to %s: %s; waiting for a new leader", self.path, exc)
                 retry = pending
