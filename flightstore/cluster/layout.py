@@ -25,6 +25,9 @@ or ``/flightstore`` without one, so several clusters (and tests) share one ZooKe
                                                           LeaderAndIsr, changed by compare-and-set
                                                           (coordinator: elections, moves; leader:
                                                           its ISR), without a catalog version bump
+    <root>/metadata/dropped/<table_id>       persistent  {"path"}: the DROP of a table (written with
+                                                          it): the only thing that lets a server
+                                                          delete a table's data
     <root>/decommissioned/<id>               persistent  a server whose replicas move away
     <root>/ddl/requests/r-<seq>              persistent sequential: a DDL request
     <root>/ddl/responses/r-<seq>             persistent  its answer, read and deleted by the requester
@@ -135,6 +138,13 @@ class ZkPaths:
         return f"{self.assignments}/{table_id}"
 
     @property
+    def dropped(self) -> str:
+        return f"{self.root}/metadata/dropped"
+
+    def dropped_table(self, table_id: str) -> str:
+        return f"{self.dropped}/{table_id}"
+
+    @property
     def decommissioned(self) -> str:
         return f"{self.root}/decommissioned"
 
@@ -154,7 +164,7 @@ class ZkPaths:
 
     def persistent_parents(self) -> list[str]:
         """The parents every member makes sure exist before using the layout."""
-        return [self.servers, self.election, self.databases, self.assignments, self.requests,
+        return [self.servers, self.election, self.databases, self.assignments, self.dropped, self.requests,
                 self.responses, self.decommissioned]
 
 

@@ -127,6 +127,7 @@ class ClusterView:
     coordinator: int | None = None
     databases: frozenset[str] = frozenset()
     tables: Mapping[TablePath, TableRecord] = field(default_factory=dict)
+    dropped: frozenset[str] = frozenset()  # the ids of the tables a DROP removed
 
     def table(self, path: TablePath) -> TableRecord:
         record = self.tables.get(path)
