@@ -65,6 +65,8 @@ def test_a_rename_committing_while_the_catalog_is_read_keeps_the_tables_data(mem
     cache = MetadataCache(client, paths)
     follower = ClusterStore(tmp_path / "follower")  # a server's data directory following the catalog
     mirror = CatalogMirror(follower, server_id=9)
+    seen: list[set[str]] = []  # the shop tables of every view the cache published
+    cache.add_listener(lambda v: seen.append({p.table for p in v.tables if p.database == "shop"}))
     cache.add_listener(mirror.apply)
     try:
         cache.start()
@@ -79,6 +81,8 @@ def test_a_rename_committing_while_the_catalog_is_read_keeps_the_tables_data(mem
         assert client.hook is None and mirror.wait_applied(view.version, 60)
         assert follower.list_tables("shop") == ["b", "x"]
         assert follower.local_table("shop.b").row_count() == 3  # renamed, never dropped in between
+        since = next(i for i, tables in enumerate(seen) if "a" in tables)
+        assert all(tables & {"a", "b"} for tables in seen[since:]), seen  # no view without the table
     finally:
         cache.stop()
         client.stop()
