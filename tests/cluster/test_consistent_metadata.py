@@ -14,6 +14,7 @@ rows are written to the leader's own table, as these members serve no Flight cal
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from dataclasses import replace
@@ -112,15 +113,15 @@ def test_only_a_drop_deletes_data_and_another_clusters_view_is_refused(members, 
     assert member.store.local_table("shop.kept").row_count() == 3
 
 
-NAMES = ("t0", "t1", "t2", "t3")
 DAYS = ("d1", "d2", "d3")
+INDEX = st.integers(0, 7)  # which of the tables that exist when the step runs
 OPS = st.one_of(
-    st.tuples(st.just("create"), st.sampled_from(NAMES)),
-    st.tuples(st.just("rename"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
-    st.tuples(st.just("add_partition"), st.sampled_from(NAMES), st.sampled_from(DAYS)),
-    st.tuples(st.just("drop_partition"), st.sampled_from(NAMES), st.sampled_from(DAYS)),
-    st.tuples(st.just("write"), st.sampled_from(NAMES), st.sampled_from(DAYS)),
-    st.tuples(st.just("drop"), st.sampled_from(NAMES)),
+    st.tuples(st.just("create")),
+    st.tuples(st.just("rename"), INDEX),
+    st.tuples(st.just("add_partition"), INDEX, st.sampled_from(DAYS)),
+    st.tuples(st.just("drop_partition"), INDEX, st.sampled_from(DAYS)),
+    st.tuples(st.just("write"), INDEX, st.sampled_from(DAYS)),
+    st.tuples(st.just("drop"), INDEX),
     st.tuples(st.just("restart"), st.sampled_from((1, 2))),
 )
 
@@ -131,6 +132,7 @@ class Model:
     def __init__(self, members: Members) -> None:
         self.members = members
         self.tables: dict[str, dict] = {}  # name -> {"id", "rows": {day: count}}
+        self.names = itertools.count()
         self.lock = threading.Lock()
 
     def _member(self, server_id: int):
@@ -144,8 +146,24 @@ class Model:
         record = view.tables[TablePath("shop", name)]
         return self._member(record.buckets[0].leader), record.table_id
 
+    def resolve(self, op: tuple) -> tuple | None:
+        """``op`` on concrete tables: an index names the i-th existing table (modulo), a create or
+        a rename a new name; None when there is no table to act on."""
+        kind = op[0]
+        if kind == "restart":
+            return op
+        if kind == "create":
+            return ("create", f"t{next(self.names)}")
+        names = sorted(self.tables)
+        if not names:
+            return None
+        name = names[op[1] % len(names)]
+        if kind == "rename":
+            return ("rename", name, f"t{next(self.names)}")
+        return (kind, name, *op[2:])
+
     def run(self, op: tuple, via: int) -> None:
-        """Apply ``op`` through server ``via`` (or restart a server) and to the model."""
+        """Apply ``op`` (resolved) through server ``via`` (or restart a server) and to the model."""
         kind = op[0]
         if kind == "restart":
             self.members.stop(op[1])
@@ -153,32 +171,33 @@ class Model:
             return
         store = self._member(via).store
         name, path = op[1], f"shop.{op[1]}"
-        with self.lock:
-            table = self.tables.get(name)
-        if kind == "create" and table is None:
+        table = self.tables.get(name)
+        if kind == "create":
             store.create_table(path, SCHEMA, primary_key=["dt", "id"], partition_keys=["dt"],
                                options={"bucket.num": "1"})
             _, table_id = self._leader(name)
+            table = {"id": table_id, "rows": {}}
             with self.lock:
-                self.tables[name] = {"id": table_id, "rows": {}}
-        elif kind == "rename" and table is not None and op[2] not in self.tables:
+                self.tables[name] = table
+            self.run(("write", name, "d1"), via)
+        elif kind == "rename":
             store.alter_table(path, [RenameTable(TablePath("shop", op[2]))])
             with self.lock:
                 self.tables[op[2]] = self.tables.pop(name)
-        elif kind == "add_partition" and table is not None and op[2] not in table["rows"]:
+        elif kind == "add_partition" and op[2] not in table["rows"]:
             store.alter_table(path, [AddPartition((op[2],))])
             table["rows"][op[2]] = 0
-        elif kind == "drop_partition" and table is not None and op[2] in table["rows"]:
+        elif kind == "drop_partition" and op[2] in table["rows"]:
             store.alter_table(path, [DropPartition((op[2],))])
             del table["rows"][op[2]]
-        elif kind == "write" and table is not None:
+        elif kind == "write":
             leader, _ = self._leader(name)
             start = table["rows"].get(op[2], 0)
             rows = pa.table({"dt": [op[2]] * 2, "id": pa.array([start + 1, start + 2], pa.int64()),
                              "v": ["x", "y"]})
             leader.store.local_table(path).upsert(rows)  # creates the partition if it is new
             table["rows"][op[2]] = start + 2
-        elif kind == "drop" and table is not None:
+        elif kind == "drop":
             store.drop_table(path)
             with self.lock:
                 del self.tables[name]
@@ -198,18 +217,20 @@ class Model:
                 assert name in member.store.list_tables("shop")
 
 
-def _pair(first: tuple, second: tuple) -> list[tuple[tuple, int]]:
-    """The operations of one step with the server each goes through: a restart of one server runs
-    with an operation through the other; operations on the same tables (or two restarts, or a
-    write, whose leader may be the one restarting) run alone."""
-    def names(op: tuple) -> set:
-        return set(op[1:]) & set(NAMES) if op[0] != "restart" else set()
+def _pair(first: tuple | None, second: tuple | None) -> list[tuple[tuple, int]]:
+    """The resolved operations of one step with the server each goes through: a restart of one
+    server runs with an operation through the other; operations on the same table (or two
+    restarts, or a write, whose leader may be the one restarting) run alone."""
+    ops = [op for op in (first, second) if op is not None]
+    if len(ops) < 2:
+        return [(op, 1) for op in ops]
+    first, second = ops
     if first[0] == "restart" or second[0] == "restart":
         restart, other = (first, second) if first[0] == "restart" else (second, first)
-        if other[0] in ("restart", "write"):
+        if other[0] in ("restart", "write", "create"):
             return [(restart, 0)]
         return [(restart, 0), (other, 3 - restart[1])]
-    if names(first) & names(second):
+    if set(first[1:]) & set(second[1:]):
         return [(first, 1)]
     return [(first, 1), (second, 2)]
 
@@ -225,8 +246,10 @@ def test_random_ddl_and_restarts_never_lose_or_recreate_a_table(steps, zookeeper
         members.start(2)
         members.running[1].store.create_database("shop")
         model = Model(members)
+        for _ in range(3):
+            model.run(model.resolve(("create",)), 1)
         for first, second in steps:  # two operations at once, through different servers
-            pair = _pair(first, second)
+            pair = _pair(model.resolve(first), model.resolve(second))
             errors: list[BaseException] = []
 
             def run(op: tuple, via: int) -> None:
