@@ -162,6 +162,12 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("kv.snapshot.num-retained", "int", 2,
                  "KV snapshots kept per bucket; older ones are deleted once a newer one is complete.",
                  minimum=1),
+    ConfigOption("table.log.tiered.local-segments", "int", 2,
+                 "With remote storage (server option `remote.data.dir`): how many closed log segments "
+                 "of each bucket stay on local disk once they are uploaded; older uploaded ones are "
+                 "deleted locally and read from remote storage. A segment is never deleted locally "
+                 "before it is uploaded. Without `remote.data.dir` every segment stays local.",
+                 minimum=1, live=True),
     ConfigOption("table.statistics.columns", "list", ("*",),
                  "Columns with per-batch min/max/null-count statistics used to skip batches in "
                  "filtered reads; `*` means every column of a statistics-capable type."),
@@ -352,6 +358,28 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "rows cost what log reads cost; least recently used files go first, `0` disables "
                  "it. About 1.5x to 3x the lake's compressed Parquet bytes hold all of it.",
                  minimum=0),
+    ConfigOption("remote.data.dir", "str", None,
+                 "Remote storage of closed log segments and KV snapshots: a local path or `file://` "
+                 "URI, or `s3://bucket/prefix` (see `remote.s3.*`). Set, the server uploads each "
+                 "bucket's closed log segments (`table.log.tiered.local-segments` then bounds the "
+                 "local ones) and completed KV snapshots, reads older offsets from there, and "
+                 "rebuilds a lost bucket directory from it. Unset: everything stays local."),
+    ConfigOption("remote.log.task-interval-duration", "duration", 60_000,
+                 "How often the server uploads closed log segments and KV snapshots to remote "
+                 "storage and deletes uploaded local segments (Fluss's remote log task); `0` "
+                 "uploads nothing (remote data already there is still read).", minimum=0),
+    ConfigOption("remote.log.cache-size", "size", 1024**3,
+                 "Disk the server may use under `DATA_DIR/remote-cache` for remote log segments "
+                 "downloaded to serve reads of old offsets (verified against their checksums); "
+                 "least recently used segments go first (a segment being read stays).", minimum=0),
+    ConfigOption("remote.s3.endpoint", "str", None,
+                 "Endpoint URI of the S3-compatible object storage of an `s3://` `remote.data.dir` "
+                 "(MinIO, Ceph...); unset: AWS."),
+    ConfigOption("remote.s3.access-key-id", "str", None,
+                 "Access key of the remote storage; unset: the AWS_ACCESS_KEY_ID environment."),
+    ConfigOption("remote.s3.secret-access-key", "str", None,
+                 "Secret key of the remote storage; unset: the AWS_SECRET_ACCESS_KEY environment."),
+    ConfigOption("remote.s3.region", "str", None, "Region of the remote storage's S3 bucket."),
     ConfigOption("max.partition.num", "int", 1000,
                  "Most partitions one partitioned table may hold; creating more is refused, "
                  "nothing written.", minimum=1),

@@ -35,6 +35,7 @@ __all__ = [
     "BucketUnavailable",
     "CoordinatorUnavailable",
     "LakeUnavailable",
+    "RemoteStorageUnavailable",
     "TieringLeaseHeld",
     "ServerIdInUse",
 ]
@@ -211,6 +212,11 @@ class CoordinatorUnavailable(Unavailable):
 class LakeUnavailable(Unavailable):
     """The lake (its Iceberg catalog or warehouse) cannot be reached or written now. Tiering
     retries with backoff; the log keeps every untiered record meanwhile."""
+
+
+class RemoteStorageUnavailable(Unavailable):
+    """Remote storage (``remote.data.dir``) did not answer: offsets held only there cannot be
+    read now (never answered with fewer rows); retry later."""
 
 
 class TieringLeaseHeld(FlightstoreError):

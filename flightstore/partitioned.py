@@ -88,9 +88,11 @@ class PartitionedTable(Table):
 
     def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
                  clock: Callable[[], int] = system_clock_ms,
-                 create_partitions: CreatePartitions | None = None, leadership: Leadership = SOLO) -> None:
+                 create_partitions: CreatePartitions | None = None, remote: Any = None,
+                 leadership: Leadership = SOLO) -> None:
         # Not Table.__init__: the buckets live in the partition units.
         self._leadership = leadership
+        self._remote = remote  # the table in remote storage (flightstore.remote.RemoteTable)
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
@@ -122,9 +124,12 @@ class PartitionedTable(Table):
         self.expire_writers()
 
     # ---- units --------------------------------------------------------------------------------
-    def _open_unit(self, partition: Partition) -> Table:
+    def _open_unit(self, partition: Partition, fresh: bool = False) -> Table:
+        """The unit of ``partition`` (``fresh``: just created, nothing of it can be in remote
+        storage yet)."""
+        remote = None if self._remote is None else self._remote.partition(partition.id, fresh)
         return Table(self.descriptor, partition_directory(self.directory, partition.id), fsync=self.fsync,
-                     clock=self._clock, leadership=self._leadership)
+                     clock=self._clock, remote=remote, leadership=self._leadership)
 
     @staticmethod
     def _new_merger(descriptor: TableDescriptor) -> Any:
@@ -188,7 +193,7 @@ class PartitionedTable(Table):
             self._merger = self._new_merger(descriptor)
             for partition in descriptor.partitions:
                 if partition.id not in self.units:
-                    self.units[partition.id] = self._open_unit(partition)
+                    self.units[partition.id] = self._open_unit(partition, fresh=True)
         self._notify()  # subscriptions pick up new partitions
 
     evolve = refresh

@@ -38,6 +38,7 @@ from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.snapshot import SnapshotInfo
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogTablet
+from flightstore.remote import RemoteStorage, RemoteTable, restore_missing_bucket
 from flightstore.replica.replica import SOLO, Leadership, Replica
 from flightstore.schema import Projections, TableDescriptor, TablePath
 from flightstore.table.api import TableApi
@@ -58,8 +59,11 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
     """A handle on one table of this server: writes, lookups, scans and changelog reads."""
 
     def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
-                 clock: Callable[[], int] = system_clock_ms, leadership: Leadership = SOLO) -> None:
+                 clock: Callable[[], int] = system_clock_ms, remote: RemoteTable | None = None,
+                 leadership: Leadership = SOLO) -> None:
         """Open the table's buckets; ``clock`` (milliseconds) times writes for writer expiry.
+        ``remote``: the table in remote storage (``remote.data.dir``): each bucket's log reads its
+        uploaded segments from there, and a missing bucket directory is rebuilt from there.
         ``leadership``: every bucket's replica role until a replica manager sets it (a single
         server's buckets are solo leaders; a cluster member's wait for the cluster's decision)."""
         self.descriptor = descriptor
@@ -77,14 +81,21 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         self.logs: list[LogTablet] = []
         self.kvs: list[KvTablet] = []
         ttl = descriptor.option("table.log.ttl")
+        rebuilt: dict[int, Any] = {}  # buckets rebuilt from remote storage (their directory was gone)
         for bucket in range(descriptor.num_buckets):
+            label = f"table {self.path} bucket {bucket}"
+            tier = None if remote is None else remote.bucket(bucket, label, directory / f"bucket-{bucket}")
+            if tier is not None and not remote.fresh:
+                rebuilt[bucket] = restore_missing_bucket(tier, descriptor, directory / f"bucket-{bucket}",
+                                                         fsync=fsync)
             log = LogTablet(
                 directory / f"bucket-{bucket}" / "log", log_schemas[descriptor.version],
                 compression=descriptor.option("table.log.arrow.compression.type"),
                 segment_bytes=descriptor.option("table.log.segment.bytes"),
                 statistics_columns=descriptor.statistics_columns, ttl_ms=ttl, fsync=fsync,
-                schema_version=descriptor.version, past_schemas=log_schemas,
-                label=f"table {self.path} bucket {bucket}")
+                schema_version=descriptor.version, past_schemas=log_schemas, label=label)
+            if tier is not None:
+                log.attach_remote(tier)
             self.logs.append(log)
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
@@ -92,6 +103,8 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         # One replica per bucket: its log and KV, its role and high watermark (flightstore.replica).
         self.replicas = [Replica(log, self.kvs[b] if self.kvs else None, b, fsync=fsync, leadership=leadership)
                          for b, log in enumerate(self.logs)]
+        for bucket, restored in rebuilt.items():
+            self.replicas[bucket].rebuilt = restored
         self.upkeep = TableUpkeep(directory, self.logs, self.kvs, descriptor.option("kv.snapshot.interval"))
         # Per-bucket offsets below which the lake holds the log's records (set by the lake's
         # tierer from its last committed snapshot); see enforce_retention.
@@ -273,7 +286,13 @@ class Store:
             self._unlock()
             raise
         self.fsync = fsync
+        try:  # remote.data.dir: uploaded segments and snapshots (flightstore.remote)
+            self.remote: RemoteStorage | None = RemoteStorage.from_options(self.options, self.data_dir)
+        except BaseException:
+            self._unlock()
+            raise
         self._tables: dict[TablePath, Table] = {}
+        self._created: set[TablePath] = set()  # created by this Store and not opened yet
         self._gates: dict[TablePath, threading.Lock] = {}  # one per table: its open or drop
         self._lock = threading.RLock()  # the two dicts above; never held while a table opens
         self._closed = False
@@ -307,7 +326,9 @@ class Store:
                 if cascade:
                     for path in [p for p in self._tables if p.database == name]:
                         self._tables.pop(path).close()
-                self.catalog.drop_database(name, if_exists, cascade)
+                dropped = self.catalog.drop_database(name, if_exists, cascade)
+        if self.remote is not None:  # their remote data goes with them
+            self.remote.drop_tables(name, [directory.name for directory in dropped])
 
     def create_table(self, path: TablePath | str, schema: pa.Schema | None = None, *,
                      primary_key: Sequence[str] = (), partition_keys: Sequence[str] = (),
@@ -320,6 +341,9 @@ class Store:
         self._check_open()
         self.partition_limits.check_create(descriptor)
         created = self.catalog.create_table(descriptor, if_not_exists)
+        if created:  # new: remote storage cannot hold any of it (its id is new)
+            with self._lock:
+                self._created.add(descriptor.path)
         if created and descriptor.option("table.auto-partition.enabled"):
             self.auto_partition(tables=[descriptor.path])  # its first partitions, at once
         return self.table(descriptor.path)  # outside the store lock: table() takes its gate
@@ -340,7 +364,11 @@ class Store:
                 path, lambda descriptor: apply_changes(descriptor, changes, self.partition_limits))
             if new != old:
                 self._follow(old.path, new)
-            return new
+        kept = {p.id for p in new.partitions}
+        dropped = [p.id for p in old.partitions if p.id not in kept]
+        if dropped and self.remote is not None:  # their remote data goes with them
+            self.remote.drop_partitions(new, self.catalog.table_dir(new.path).name, dropped)
+        return new
 
     def _gates_of(self, *paths: TablePath) -> contextlib.ExitStack:
         """The gates of ``paths``, taken in one order (two DDLs never wait on each other)."""
@@ -403,7 +431,9 @@ class Store:
                 table = self._tables.pop(path, None)
             if table is not None:
                 table.close()
-            self.catalog.drop_table(path, if_exists)
+            dropped = self.catalog.drop_table(path, if_exists)
+        if self.remote is not None and dropped is not None:  # its remote data goes with it
+            self.remote.drop_tables(path.database, [dropped.name])
 
     # ---- access -------------------------------------------------------------------------------
     def _path(self, path: TablePath | str) -> TablePath:
@@ -426,13 +456,18 @@ class Store:
                 return table
             descriptor = self.catalog.get_table(path)
             directory = self.catalog.table_dir(path)
+            with self._lock:
+                fresh = path in self._created
+                self._created.discard(path)
+            remote = None if self.remote is None else self.remote.table(
+                descriptor, self._remote_table_id(path, directory), fresh=fresh)
             if descriptor.is_partitioned:
                 from flightstore.partitioned import PartitionedTable
                 table = PartitionedTable(descriptor, directory, fsync=self.fsync, clock=self.clock,
-                                         create_partitions=self._create_partitions,
+                                         create_partitions=self._create_partitions, remote=remote,
                                          leadership=self.initial_leadership)
             else:
-                table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock,
+                table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock, remote=remote,
                               leadership=self.initial_leadership)
             with self._lock:
                 closed = self._closed
@@ -442,6 +477,11 @@ class Store:
                 table.close()
                 self._check_open()
             return table
+
+    def _remote_table_id(self, path: TablePath, directory: Path) -> str:
+        """The id of a table's data in remote storage: its directory's (a cluster: the cluster's
+        table id, the same on every replica)."""
+        return directory.name
 
     def local_table(self, path: TablePath | str) -> Table:
         """This data directory's own table (its storage: logs, KVs, replicas); on a single server

@@ -54,7 +54,11 @@ class TableUpkeep:
                 floors.append(self.kvs[bucket].snapshots.retention_floor())
             if lake_floor is not None:
                 floors.append(lake_floor.get(bucket, before))
-            dropped += log.enforce_retention(now_ms, floor=min(floors) if floors else None) - before
+            floor = min(floors) if floors else None
+            log.enforce_retention(now_ms, floor=floor)
+            if log.remote is not None:  # uploaded segments expire by the same rule
+                log.remote.expire(now_ms, log.ttl_ms, floor)
+            dropped += log.start_offset - before
         return dropped
 
     def snapshot(self, *, force: bool = False, stop: Any = None,

@@ -341,7 +341,10 @@ class ClusterMember:
                     break
                 record = decode(data)
                 buckets = [BucketAssignment.from_json(b) for b in record["buckets"]]
-                changed = [resign(b, self.server_id) for b in buckets]
+                # The last in-sync copy, when remote storage holds the bucket, is rebuilt from there
+                # as the table opens (up to the last uploaded offset, reported): it keeps its place.
+                changed = [b if self.store.remote is not None and b.isr == (self.server_id,)
+                           else resign(b, self.server_id) for b in buckets]
                 if changed == buckets:
                     break
                 try:

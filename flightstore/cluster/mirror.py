@@ -137,6 +137,9 @@ class CatalogMirror:
         lacks (which a view read at one version never shows, see the metadata cache) keeps its
         data, and a warning says so."""
         store = self.store
+        if view.cluster_id is not None:
+            store.join_remote(view.cluster_id)
+        store.table_ids.update({str(path): record.table_id for path, record in view.tables.items()})
         identity = self._identity or {"server_id": self.server_id, "cluster_id": view.cluster_id,
                                       "tables": {}}
         known: dict[str, str] = dict(identity["tables"])

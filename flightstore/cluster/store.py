@@ -44,6 +44,7 @@ class ClusterStore(Store):
         self.member: ClusterMember | None = None
         self.peers = Peers()
         self._routed: dict[TablePath, ClusterTable] = {}
+        self.table_ids: dict[str, str] = {}  # table -> the cluster's table id (the catalog mirror's)
 
     def local_table(self, path: TablePath | str) -> Table:
         """This data directory's table (the buckets this server leads hold its rows)."""
@@ -72,6 +73,17 @@ class ClusterStore(Store):
     def close(self) -> None:
         self.peers.close()
         super().close()
+
+    # ---- remote storage: one copy per bucket for the whole cluster -----------------------------
+    def join_remote(self, cluster_id: str) -> None:
+        """Every server of the cluster reads and (as leader) writes the same remote bucket
+        directories: the namespace is the cluster's (set before any table opens)."""
+        if self.remote is not None:
+            self.remote.namespace = f"cluster-{cluster_id}"
+
+    def _remote_table_id(self, path: TablePath, directory: Any) -> str:
+        table_id = self.table_ids.get(str(path))
+        return table_id if table_id is not None else Store._remote_table_id(self, path, directory)
 
     def _ddl(self, request: dict[str, Any]) -> None:
         member = self.member

@@ -189,8 +189,9 @@ class KvTablet:
                 self._open_db()
             except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception("Corruption: ...")
                 return self._restore(f"cannot be opened ({exc})")
-            applied, start = self.applied_offset, self.log.start_offset
-            if applied >= start:
+            applied = self.applied_offset
+            # (the local start first: what remote storage holds is then not needed to open)
+            if applied >= self.log.local_start_offset or applied >= (start := self.log.start_offset):
                 return "kv"
             self.close()
             return self._restore(f"lags behind the log (applied offset {applied}, the log starts at {start})")
@@ -478,7 +479,7 @@ class KvTablet:
                           end, end, applied - 1)
                 self.log.skip_to(applied)
                 return 0
-            if applied < self.log.start_offset:
+            if applied < self.log.local_start_offset and applied < self.log.start_offset:
                 raise CorruptData(f"{self.log.label}: the log no longer holds offsets {applied}.."
                                   f"{self.log.start_offset}; cannot catch up the KV")
             replayed = 0
@@ -574,7 +575,8 @@ class KvTablet:
         at = self.log.high_watermark
         wanted = columns or self.schema.names
         try:  # read_at reads the changelog part before it returns: damage found there is found here
-            if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows):
+            if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows) \
+                    and snapshot.offset >= self.log.local_start_offset:  # its tail is on local disk
                 image = self.snapshots.image(snapshot, self.schema)
                 if image is not None:
                     return read_at(image, snapshot.offset, self.log, at, self.primary_key, wanted, filter,
@@ -592,10 +594,10 @@ class KvTablet:
         return tail_rows <= IMAGE_TAIL_FACTOR * max(image_rows, IMAGE_TAIL_MIN_ROWS)
 
     def _replayable(self, at: int) -> bool:
-        """Whether the changelog ``[0, at)`` is held whole and short enough to read instead of
-        RocksDB."""
+        """Whether the changelog ``[0, at)`` is held whole on local disk and short enough to read
+        instead of RocksDB."""
         log_ = self.log
-        return (log_.start_offset == 0 and log_.lost_rows == 0 and not log_.damage()
+        return (log_.local_start_offset == 0 and log_.lost_rows == 0 and not log_.damage()
                 and self._tail_is_short(at, self.row_count))
 
     def rows_at(self, at: int, columns: Sequence[str] | None = None, filter: Predicate | None = None,

@@ -162,6 +162,15 @@ class PayloadReader:
         self._decoded[record.payload_position] = (schema, batch, verified)
         return batch, verified
 
+    def open_now(self) -> None:
+        """Map the file (and open it for compressed reads) now, so reads go on after it is
+        unlinked (a released segment)."""
+        if self._map is None:
+            with pa.memory_map(str(self.path), "r") as source:
+                self._map = source.read_buffer(source.size())
+        if self._reader is None:
+            self._reader = pa.OSFile(str(self.path), "r")
+
     def close(self) -> None:
         """Drop the map and the decoded records (batches already read keep their mapping alive)."""
         self._map = None

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -128,6 +129,8 @@ class Segment:
     Not thread-safe by itself for appends: :class:`~flightstore.log.tablet.LogTablet` serializes
     them. Reads are positional and may run concurrently with an append.
     """
+
+    _released = False  # see release(): files gone, everything a reader needs held open
 
     def __init__(self, directory: Path, base_offset: int, label: str = "") -> None:
         self.directory = directory
@@ -316,7 +319,7 @@ class Segment:
                     raise self._gone() from None
                 index.extend(self._pending)
                 self._index, self._pending = index, SegmentIndex()
-        if self.sealed:  # weighed as if every header were loaded: reads load them as they go
+        if self.sealed and not self._released:  # weighed as if every header were loaded
             LOADED.touch(self, len(index))
         return index
 
@@ -397,7 +400,7 @@ class Segment:
     def _unload(self) -> None:
         """Drop the index and headers of a sealed segment (re-read when needed)."""
         with self._load_lock:
-            if self.sealed:
+            if self.sealed and not self._released:
                 self._index, self._pending, self._headers = None, SegmentIndex(), {}
 
     @property
@@ -483,6 +486,8 @@ class Segment:
 
     def close(self) -> None:
         """Release every file handle (batches already read keep their mapping alive)."""
+        if self._released:  # its descriptor closes with the object (release())
+            return
         with self._load_lock:
             for fd in (self._log_fd, self._index_fd, self._read_fd):
                 if fd is not None:
@@ -490,6 +495,22 @@ class Segment:
             self._log_fd = self._index_fd = self._read_fd = None
         self._payloads.close()
         LOADED.forget(self)
+
+    def release(self) -> None:
+        """Remove the files of a sealed segment that readers may still hold (the log dropped it
+        because another copy holds its records: remote storage). What a read needs (the index,
+        a descriptor for headers, the payload map) is opened first and kept until the last
+        reader drops the object, so a read that took the segment before finishes whole."""
+        with self._load_lock:
+            self.view()
+            if self._read_fd is None:
+                self._read_fd = os.open(self.path, os.O_RDONLY)
+            self._payloads.open_now()
+            self._released = True
+            weakref.finalize(self, os.close, self._read_fd)
+        LOADED.forget(self)
+        for path in (self.path, self.index_path, self.summary_path):
+            path.unlink(missing_ok=True)
 
     def delete(self) -> None:
         """Remove the segment's files (a reader that already opened it keeps its handle)."""

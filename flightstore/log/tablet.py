@@ -91,6 +91,10 @@ class LogBatch:
 class LogTablet:
     """The log of one bucket: a directory of append-only segment files."""
 
+    # The bucket's remote storage tier (flightstore.remote.bucket.RemoteBucket), when the server
+    # has `remote.data.dir`: it holds the uploaded segments below the local ones (attach_remote).
+    remote = None
+
     def __init__(self, directory: str | os.PathLike, schema: pa.Schema, *,
                  compression: str = "NONE", segment_bytes: int = 256 * 1024 * 1024,
                  statistics_columns: Sequence[str] = (), ttl_ms: int | None = None,
@@ -152,6 +156,8 @@ class LogTablet:
         self._hw: int | None = None
         # A follower replica's log takes records (and their schema versions) from its leader only.
         self.following = False
+        # Whether this replica leads its bucket (uploads to remote storage are the leader's).
+        self.leading = True
         self.commit_timeout_s = 30.0  # reads waiting for the high watermark (set by the replica)
         # A new leader answers reads only once its high watermark covers the log it took office
         # with: before that, what it would answer may be shorter than what was acknowledged.
@@ -182,7 +188,13 @@ class LogTablet:
 
     @property
     def start_offset(self) -> int:
-        """The first offset still retained."""
+        """The first offset still retained (in remote storage when older segments are there)."""
+        local = self._segments[0].base_offset
+        return local if self.remote is None else self.remote.start_offset(local)
+
+    @property
+    def local_start_offset(self) -> int:
+        """The first offset held on local disk."""
         return self._segments[0].base_offset
 
     @property
@@ -238,7 +250,10 @@ class LogTablet:
     @property
     def lost_rows(self) -> int:
         """Offsets of retained segments that ``flightstore repair`` declared lost."""
-        return sum(segment.lost_rows for segment in self._segments)
+        local = sum(segment.lost_rows for segment in self._segments)
+        if self.remote is None:
+            return local
+        return local + self.remote.lost_rows(self._segments[0].base_offset)
 
     def damage(self) -> list[tuple[int, int]]:
         """Offset ranges ``[start, end)`` known to be lost and not declared yet (reads crossing
@@ -408,6 +423,8 @@ class LogTablet:
             segments = self._segments
             end = self._end_offset if uncommitted else self.high_watermark
         upper = end if to_offset is None else min(int(to_offset), end)
+        if self.remote is not None and int(from_offset) < segments[0].base_offset:
+            segments = self.remote.segments_below(segments[0].base_offset) + segments
         lower = max(int(from_offset), segments[0].base_offset)
         return self._read(segments, lower, upper, names, filter, max_bytes, max_rows, exact)
 
@@ -686,6 +703,10 @@ class LogTablet:
         """The first offset of the first record whose timestamp is >= ``timestamp_ms``;
         :attr:`end_offset` if there is none. A binary search over segments' max timestamps, then
         over the segment's time index (running maximum, so monotonic): no header is read."""
+        earlier = None if self.remote is None else self.remote.offset_for_timestamp(
+            timestamp_ms, self.local_start_offset)
+        if earlier is not None:
+            return earlier
         with self._lock:
             segments, end = self._segments, self.high_watermark
         for segment in segments:
@@ -741,6 +762,37 @@ class LogTablet:
         with self._lock:
             for writer in writer_ids:
                 self._writers.pop(writer, None)
+
+    # -- remote storage (flightstore.remote) -------------------------------------------------
+
+    def attach_remote(self, tier) -> None:
+        """Read offsets below the local segments from ``tier`` (a bucket of remote storage, see
+        :mod:`flightstore.remote.bucket`) from now on, and take the writer state of the uploaded
+        segments that are no longer local (a writer's newest local state wins)."""
+        activity = tier.writer_activity(self.local_start_offset)
+        with self._lock:
+            self.remote = tier
+            for writer, state in activity.items():
+                self._writers.setdefault(writer, state)
+
+    def sealed_segments(self) -> list[Segment]:
+        """The closed local segments, oldest first (immutable: what remote storage uploads)."""
+        with self._lock:
+            return self._segments[:-1]
+
+    def release_local(self, upto: int) -> int:
+        """Delete the oldest closed local segments whose offsets are all below ``upto`` (the
+        caller holds them elsewhere: uploaded to remote storage); never the active one. A reader
+        already reading one keeps it: its files go when the last reader lets go of it. Returns the
+        number of segments released."""
+        with self._lock:
+            keep = 0
+            while keep < len(self._segments) - 1 and self._segments[keep].next_offset <= upto:
+                keep += 1
+            released, self._segments = self._segments[:keep], self._segments[keep:]
+        for segment in released:
+            segment.release()
+        return len(released)
 
     # -- waiting and closing -----------------------------------------------------------------
 

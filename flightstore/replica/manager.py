@@ -357,6 +357,10 @@ class ReplicaManager:
                      "epoch": lead.epoch, "replicas": list(lead.replicas), "isr": list(lead.isr),
                      "log_start": min(r.log.start_offset for r in replicas) if replicas else 0,
                      "log_end": leo, "high_watermark": hw, "rows": rows}
+            rebuilt = [r.rebuilt for r in replicas if r.rebuilt is not None]
+            if rebuilt:  # never silent: what remote storage gave back, and what it could not
+                entry["rebuilt_from_remote"] = [{"offset": b.offset, "log_start": b.log_start,
+                                                 "lost": list(b.lost) if b.lost else None} for b in rebuilt]
             if lead.leader == self.me:
                 lag: dict[str, int | None] = {}
                 for follower in lead.followers:

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from flightstore.errors import NotEnoughReplicas, NotLeader
 from flightstore.log import LogTablet
@@ -84,10 +85,12 @@ class Replica:
         self.bucket = bucket
         self.epochs = LeaderEpochCache(log_tablet.directory, fsync=fsync)
         self.leadership: Leadership = leadership
+        log_tablet.leading = leadership.is_leader
         self.lock = threading.RLock()
         self._progress: dict[int, FollowerProgress] = {}
         self.leader_since_s = time.monotonic()
         self.on_append: Callable[[], None] | None = None  # the replica manager wakes fetch answers
+        self.rebuilt: Any = None  # flightstore.remote.RebuiltBucket when rebuilt from remote storage
 
     @property
     def epoch_start(self) -> int:
@@ -247,6 +250,9 @@ class Replica:
         with self.lock:
             previous = self.leadership
             self.log.following = False
+            self.log.leading = True
+            if self.log.remote is not None:  # what the previous leader uploaded
+                self.log.remote.refresh()
             if leadership.replicated:
                 self.epochs.assign(leadership.epoch, self.log.end_offset)
                 self.log.read_floor = self.log.end_offset  # no answer shorter than what was acknowledged
@@ -272,6 +278,7 @@ class Replica:
             self.leadership = leadership
             self._progress = {}
             self.log.following = True
+            self.log.leading = False
             hw = self.log.high_watermark
             self.log.set_high_watermark(min(hw, self.log.end_offset))
 

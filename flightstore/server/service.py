@@ -33,6 +33,7 @@ from flightstore.errors import (
     Unauthorized,
     Unsupported,
 )
+from flightstore.remote import RemoteLogManager
 from flightstore.replica.protocol import FETCH_OP
 from flightstore.server import status, tickets
 from flightstore.server.access import AccessChecks
@@ -135,6 +136,10 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, AccessChecks, f
         if retention_interval_s is None:
             retention_interval_s = server_option({}, "log.retention.check-interval") / 1000
         self.housekeeping = Housekeeping(store, retention_interval_s).start()
+        self.remote_log: RemoteLogManager | None = None  # uploads to remote.data.dir
+        if store.remote is not None:
+            self.remote_log = RemoteLogManager(store, server_option(
+                store.options, "remote.log.task-interval-duration")).start()
 
     def session(self, context: flight.ServerCallContext | None) -> Session:
         """The session of the connection ``context`` arrived on, keyed by its gRPC peer address
@@ -168,6 +173,8 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, PeerRpcs, AccessChecks, f
             status.loud_tracebacks()
         self.partition_manager.stop()
         self.housekeeping.stop()
+        if self.remote_log is not None:
+            self.remote_log.stop()
         finished = threading.Event()
 
         def abort_after_grace() -> None:
@@ -307,7 +314,7 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         store_class = Store
     try:
         store = store_class(data_dir, fsync=fsync, options=options)
-    except DataDirectoryInUse as exc:
+    except (DataDirectoryInUse, InvalidOption) as exc:  # another server; remote.* options
         raise SystemExit(f"flightstore: {exc}") from None
     if cluster is not None:
         store.peers.tls = tls.client_kwargs() if tls is not None else {}

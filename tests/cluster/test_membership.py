@@ -3,6 +3,7 @@ copying its leader's KV snapshot, and ``flightstore cluster status`` / metrics s
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -112,3 +113,42 @@ def test_replica_metrics_name_the_leader_and_the_in_sync_replicas(servers, obser
     assert 'flightstore_replica_in_sync{bucket="0",table="default.ev"} 3.0' in body
     assert 'flightstore_replica_under_replicated{bucket="0",table="default.ev"} 0.0' in body
     assert 'flightstore_replica_high_watermark{bucket="0",table="default.ev"} 3.0' in body
+
+
+def test_a_bucket_whose_replicas_all_lost_their_disks_is_rebuilt_from_remote_storage(servers, observer, tmp_path):
+    remote = tmp_path / "remote"
+    options = ("--option", "default.replication.factor=2", "--option", f"remote.data.dir={remote}",
+               "--option", "remote.log.task-interval-duration=200ms")
+    uris = {i: servers.start(i, *options).uri for i in (1, 2)}
+    observer.wait(lambda v: set(v.servers) == {1, 2} and v.coordinator is not None, "two servers")
+    with flightstore.connect(uris[1]) as conn:
+        conn.sql("CREATE TABLE ev (k BIGINT, v STRING) WITH ('bucket.num' = '1', 'bucket.key' = 'k', "
+                 "'table.log.segment.bytes' = '1024')")
+        for start in range(0, 200, 10):  # about one segment per batch: closed segments get uploaded
+            keys = list(range(start, start + 10))
+            conn.table("ev").append({"k": keys, "v": [f"v{k}" for k in keys]})
+    leader = observer.wait(lambda v: len(v.tables) == 1, "the table").tables[
+        next(iter(observer.cache.view().tables))].buckets[0].leader
+    uploaded = wait_until(lambda: _uploaded_end(remote), "segments uploaded", timeout=120)
+    with flightstore.connect(uris[1]) as conn:  # acknowledged, but in the active segment: never uploaded
+        conn.table("ev").append({"k": [1000], "v": ["late"]})
+    for server in (1, 2):  # both replicas lose their disks
+        servers.running[server].kill()
+        shutil.rmtree(servers.root / f"server-{server}")
+    uris = {i: servers.start(i, *options).uri for i in (1, 2)}
+    rebuilt = wait_until(lambda: [r for i in (1, 2) for r in describe(uris[i], "default.ev")["replicas"]
+                                  if r["role"] == "leader" and r.get("rebuilt_from_remote")], "the rebuild")
+    assert rebuilt[0]["rebuilt_from_remote"][0]["offset"] == uploaded  # says where it stopped
+    with flightstore.connect(uris[leader]) as conn:
+        rows = conn.sql("SELECT k FROM ev ORDER BY k").column("k").to_pylist()
+    assert rows == list(range(uploaded))  # what was uploaded, whole; the rest reported lost
+
+
+def _uploaded_end(remote) -> int:
+    """The end offset of the newest log manifest in remote storage (0: nothing uploaded yet)."""
+    import json
+    ends = [0]
+    for path in remote.rglob("log/manifest/*.json"):
+        body = json.loads(path.read_bytes().rstrip(b"\n").rpartition(b"\n")[0])
+        ends += [s["next"] for s in body["segments"]]
+    return max(ends)
