@@ -155,8 +155,10 @@ def _cluster_user(args: argparse.Namespace) -> int:
 def _cluster_config(args: argparse.Namespace, secret_file: str | None = None):
     """The ClusterConfig of ``serve --zookeeper ...``; None for a single server."""
     if not args.zookeeper:
-        if args.server_id is not None or args.advertised_uri or secret_file:
-            raise SystemExit("--server-id, --advertised-uri and --cluster-secret-file need --zookeeper")
+        if args.server_id is not None or args.advertised_uri:
+            raise SystemExit("--server-id and --advertised-uri need --zookeeper")
+        if secret_file:
+            raise SystemExit("--cluster-secret-file needs --zookeeper")
         return None
     if args.server_id is None:
         raise SystemExit("--zookeeper needs --server-id N (unique in the cluster, kept across restarts)")

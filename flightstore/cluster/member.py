@@ -101,7 +101,7 @@ class ClusterMember:
                                        adjust_isr=self.adjust_isr)
         self.ddl = DdlClient(self.client, self.paths, config.server_id)
         self.secret: bytes | None = None  # set on joining (flightstore.cluster.security.cluster_secret)
-        self.security = ClusterSecurity(self.client, self.paths, config.secret_key)  # users and grants
+        self.security = ClusterSecurity(self.client, self.paths, keyed=config.secret_key is not None)
         self.identity: PeerIdentity | None = None  # this server's peer credential (same)
         self.on_decommissioned: Callable[[], None] | None = None  # the server stops itself
         self._registered = threading.Event()

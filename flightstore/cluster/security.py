@@ -129,10 +129,10 @@ class ClusterSecurity:
     compare-and-set changes to them. ``on_applied()`` is called after each new version is cached
     (the member then publishes :attr:`versions` in its registration)."""
 
-    def __init__(self, client: KazooClient, paths: ZkPaths, key: bytes | None = None) -> None:
+    def __init__(self, client: KazooClient, paths: ZkPaths, keyed: bool = False) -> None:
         self.client = client
         self.paths = paths
-        self.key = key  # the secret file's bytes (None: keyless, no users allowed)
+        self.keyed = keyed  # the signing secret is derived from a secret file (else: no users allowed)
         self.on_applied: Callable[[], None] | None = None
         self.on_change: list[Callable[[], None]] = []  # e.g. streams re-check at once
         self._cond = threading.Condition()
@@ -206,7 +206,7 @@ class ClusterSecurity:
         """Apply ``change`` (current value -> new value, or None for no change) by
         compare-and-set; returns (new znode version, change's result). The users' current value
         is None when the cluster has none (the znode is then created)."""
-        if kind == "users" and self.key is None:
+        if kind == "users" and not self.keyed:
             raise InvalidInput("a cluster with users signs their tokens with a secret derived from "
                                "--cluster-secret-file; start every server with one before adding users")
         path = self._path(kind)
@@ -288,10 +288,6 @@ class ClusterUsers(UserStore):
         """Whether this cluster has no users (it does not authenticate), once joined."""
         return self.security is not None and self.security.users() is None
 
-    @property
-    def ready(self) -> bool:
-        return self.security is not None
-
     def _reload(self) -> None:
         if self.security is None:
             raise Unavailable("this server has not joined its cluster yet (its users are in ZooKeeper); retry")
@@ -303,11 +299,7 @@ class ClusterUsers(UserStore):
         self._change(lambda users: _added(users, name, digest, replace))
 
     def remove(self, name: str) -> None:
-        def removed(users: Mapping[str, str] | None) -> dict[str, str]:
-            if not users or name not in users:
-                raise NotFound(f"no user {name!r}")
-            return {k: v for k, v in users.items() if k != name}
-        self._change(removed)
+        self._change(lambda users: _removed(users, name))
 
     def _change(self, change: Callable[[Any], Any]) -> None:
         if self.security is None:
@@ -354,6 +346,12 @@ def _added(users: Mapping[str, str] | None, name: str, digest: str, replace: boo
     return {**(users or {}), name: digest}
 
 
+def _removed(users: Mapping[str, str] | None, name: str) -> dict[str, str]:
+    if not users or name not in users:
+        raise NotFound(f"no user {name!r}")
+    return {k: v for k, v in users.items() if k != name}
+
+
 def _applied_everywhere(security: ClusterSecurity, kind: str, version: int, timeout: float) -> None:
     """Return once this server and every other live one applied ``kind`` at ``version``;
     Unavailable naming the servers still behind after ``timeout`` (the change is committed)."""
@@ -383,7 +381,7 @@ def zookeeper_users(address: str, action: str, name: str | None = None, password
     try:
         if client.exists(paths.cluster_id) is None:
             raise NotFound(f"ZooKeeper at {address} holds no flightstore cluster (start a server first)")
-        security = ClusterSecurity(client, paths, key=_keyed(client, paths))
+        security = ClusterSecurity(client, paths, keyed=_derives_secret(client, paths))
         if action == "list":
             try:
                 return sorted(json.loads(client.get(paths.users)[0]).get("users", {}))
@@ -394,11 +392,7 @@ def zookeeper_users(address: str, action: str, name: str | None = None, password
             digest = _DEFAULT.hash(_check_password(password))  # type: ignore[arg-type]
             version, _ = security.update("users", lambda users: _added(users, name, digest, replace))
         elif action == "remove":
-            def removed(users: Mapping[str, str] | None) -> dict[str, str]:
-                if not users or name not in users:
-                    raise NotFound(f"no user {name!r}")
-                return {k: v for k, v in users.items() if k != name}
-            version, _ = security.update("users", removed)
+            version, _ = security.update("users", lambda users: _removed(users, name))
         else:
             raise InvalidInput(f"unknown user action {action!r}")
         behind = wait_applied(client, paths, "users", version, timeout)
@@ -410,11 +404,10 @@ def zookeeper_users(address: str, action: str, name: str | None = None, password
         client.close()
 
 
-def _keyed(client: KazooClient, paths: ZkPaths) -> bytes | None:
-    """A stand-in key when the cluster derives its secret from a file (the CLI needs no file:
-    only servers sign tokens), None when it keeps a plaintext secret (no users allowed)."""
+def _derives_secret(client: KazooClient, paths: ZkPaths) -> bool:
+    """Whether the cluster's servers derive the signing secret from a secret file (the CLI needs
+    no file: only servers sign tokens); a keyless cluster takes no users."""
     try:
-        found = decode(client.get(paths.secret)[0])
+        return "verifier" in decode(client.get(paths.secret)[0])
     except NoNodeError:
-        return None
-    return b"derived" if "verifier" in found else None
+        return False
