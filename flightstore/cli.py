@@ -48,14 +48,17 @@ def _serve(args: argparse.Namespace) -> int:
         users = UserStore.open(users_file) if users_file else None
         tls_cert, tls_key = flag_or_option(args.tls_cert, "tls.cert"), flag_or_option(args.tls_key, "tls.key")
         tls_client_ca = flag_or_option(args.tls_client_ca, "tls.client-ca")
+        tls_root = flag_or_option(args.tls_root, "tls.root")
         if (tls_cert is None) != (tls_key is None):
             raise SystemExit("--tls-cert and --tls-key go together")
         if tls_client_ca and not tls_cert:
             raise SystemExit("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
-        tls = TlsConfig.from_files(tls_cert, tls_key, tls_client_ca) if tls_cert else None
+        if tls_root and not (tls_cert and args.zookeeper):
+            raise SystemExit("--tls-root (the CA of a cluster's servers) needs --tls-cert, --tls-key and --zookeeper")
+        tls = TlsConfig.from_files(tls_cert, tls_key, tls_client_ca, tls_root) if tls_cert else None
         super_users = SERVER_OPTIONS["authorizer.super-users"].parse(
             ",".join(args.super_user) if args.super_user else options.get("authorizer.super-users", ""))
-        if super_users and users is None:
+        if super_users and users is None and not args.zookeeper:
             raise SystemExit("--super-user needs --users-file (without users everyone is a super user)")
         token_ttl = flag_or_option(args.token_ttl, "auth.token-ttl")
         token_ttl_ms = SERVER_OPTIONS["auth.token-ttl"].parse(token_ttl) if token_ttl is not None else None
@@ -66,7 +69,8 @@ def _serve(args: argparse.Namespace) -> int:
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users,
-          cluster=_cluster_config(args), super_users=super_users, tls=tls, token_ttl_ms=token_ttl_ms,
+          cluster=_cluster_config(args, flag_or_option(args.cluster_secret_file, "cluster.secret-file")),
+          super_users=super_users, tls=tls, token_ttl_ms=token_ttl_ms,
           max_tokens=max_tokens, metrics_port=metrics_port, options=options)
     return 0
 
@@ -115,6 +119,11 @@ def _password(args: argparse.Namespace, confirm: bool) -> str:
 def _user(args: argparse.Namespace) -> int:
     from flightstore.errors import FlightstoreError
     from flightstore.server.users import UserStore
+    if (args.users_file is None) == (args.zookeeper is None):
+        raise SystemExit("flightstore user: give --users-file FILE (one server) or --zookeeper HOST:PORT[/chroot] "
+                         "(a cluster)")
+    if args.zookeeper:
+        return _cluster_user(args)
     try:
         users = UserStore.open(args.users_file, create=args.action == "add")
         if args.action == "add":
@@ -131,19 +140,43 @@ def _user(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cluster_config(args: argparse.Namespace):
+def _cluster_user(args: argparse.Namespace) -> int:
+    """``flightstore user ... --zookeeper``: the cluster's users, changed in ZooKeeper; returns
+    once every live server applied the change."""
+    from flightstore.cluster.security import zookeeper_users
+    from flightstore.errors import FlightstoreError
+    where = f"the cluster at {args.zookeeper}"
+    try:
+        if args.action == "list":
+            for name in zookeeper_users(args.zookeeper, "list"):
+                print(name)
+            return 0
+        password = _password(args, confirm=True) if args.action == "add" else None
+        zookeeper_users(args.zookeeper, args.action, args.name, password, replace=args.replace)
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore user: {exc}") from None
+    verb = {"add": "updated" if args.replace else "added", "remove": "removed"}[args.action]
+    print(f"user {args.name} {verb} in {where}")
+    return 0
+
+
+def _cluster_config(args: argparse.Namespace, secret_file: str | None = None):
     """The ClusterConfig of ``serve --zookeeper ...``; None for a single server."""
     if not args.zookeeper:
         if args.server_id is not None or args.advertised_uri:
             raise SystemExit("--server-id and --advertised-uri need --zookeeper")
+        if secret_file:
+            raise SystemExit("--cluster-secret-file needs --zookeeper")
         return None
     if args.server_id is None:
         raise SystemExit("--zookeeper needs --server-id N (unique in the cluster, kept across restarts)")
     from flightstore.cluster.layout import ZkAddress
     from flightstore.cluster.member import ClusterConfig
+    from flightstore.cluster.security import read_secret_file
     from flightstore.errors import InvalidInput
     try:
         return ClusterConfig(
+            secret_key=read_secret_file(secret_file) if secret_file else None,
             zookeeper=ZkAddress.parse(args.zookeeper),
             server_id=SERVER_OPTIONS["server.id"].parse(args.server_id),
             advertised_uri=args.advertised_uri or None,
@@ -312,6 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--tls-cert", metavar="PEM", help=SERVER_OPTIONS["tls.cert"].doc)
     serve.add_argument("--tls-key", metavar="PEM", help=SERVER_OPTIONS["tls.key"].doc)
     serve.add_argument("--tls-client-ca", metavar="PEM", help=SERVER_OPTIONS["tls.client-ca"].doc)
+    serve.add_argument("--tls-root", metavar="PEM", help=SERVER_OPTIONS["tls.root"].doc)
     serve.add_argument("--metrics-port", help=SERVER_OPTIONS["metrics.port"].doc)
     serve.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
                        help="any server option of `flightstore options` (repeatable), e.g. "
@@ -319,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", help=SERVER_OPTIONS["zookeeper.address"].doc)
     serve.add_argument("--server-id", help=SERVER_OPTIONS["server.id"].doc)
     serve.add_argument("--advertised-uri", metavar="grpc://HOST:PORT", help=SERVER_OPTIONS["advertised-uri"].doc)
+    serve.add_argument("--cluster-secret-file", metavar="FILE", help=SERVER_OPTIONS["cluster.secret-file"].doc)
     _session_timeout_argument(serve)
     serve.add_argument("--ddl-timeout", default=f'{SERVER_OPTIONS["cluster.ddl-timeout"].default}ms',
                        help=SERVER_OPTIONS["cluster.ddl-timeout"].doc)
@@ -371,10 +406,14 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"authenticate as NAME (password from ${PASSWORD_ENV}, stdin or a prompt)")
     status.add_argument("table", nargs="?", help="database.table (default: every datalake-enabled table)")
     status.set_defaults(func=_lake_status)
-    user = commands.add_parser("user", help="manage the users file (salted Argon2id password hashes)")
+    user = commands.add_parser("user", help="manage users (salted Argon2id password hashes): a server's users "
+                                            "file, or a cluster's users in ZooKeeper")
     user.add_argument("action", choices=("add", "remove", "list"))
     user.add_argument("name", nargs="?", help="the user (add, remove)")
-    user.add_argument("--users-file", required=True, metavar="FILE", help="the users file (serve --users-file)")
+    user.add_argument("--users-file", metavar="FILE", help="the users file (serve --users-file)")
+    user.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]",
+                      help="the cluster's users (serve --zookeeper); a change returns once every live server "
+                           "applied it")
     user.add_argument("--password-stdin", action="store_true",
                       help=f"read the password from standard input (else ${PASSWORD_ENV} or a prompt)")
     user.add_argument("--replace", action="store_true", help="set a new password for an existing user")

@@ -284,6 +284,17 @@ class Connection:
     def table(self, name: str, *, writer_id: str | None = None) -> TableClient:
         return TableClient(self, name, writer_id=writer_id)
 
+    def add_user(self, name: str, password: str, *, replace: bool = False) -> None:
+        """Add user ``name`` (``replace``: set a new password, ending its tokens) through the
+        server: to its users file, or to a cluster's users, on every server when this returns.
+        Needs ALTER on the cluster (super users)."""
+        self._action("flightstore.user", {"action": "add", "name": name, "password": password,
+                                          "replace": replace})
+
+    def remove_user(self, name: str) -> None:
+        """Remove user ``name`` (its tokens end) through the server; see :meth:`add_user`."""
+        self._action("flightstore.user", {"action": "remove", "name": name})
+
     def lake_status(self, table: str | None = None) -> list[dict]:
         """Tiering status of ``table`` (default: every datalake-enabled table): per bucket the
         tiered offset, log end offset and lag, plus last commit time and last error."""
@@ -455,7 +466,10 @@ class TableClient:
         self.connection = connection
         self.name = name
         self.writer_id = writer_id or uuid.uuid4().hex
-        self._sequence = None
+        # A writer id made here is new everywhere: its first batch is 0, with no question to the
+        # server (which, in a cluster, asks every leader and cannot answer while one is down).
+        # A given id may have written before: ask where it stands before its first write.
+        self._sequence: int | None = -1 if writer_id is None else None
         self._unsettled: _Batch | None = None  # a batch whose outcome a DeliveryTimeout left unknown
         self._layout: dict | None = None  # cluster mode: bucketing and leaders (flightstore.locations)
 
@@ -747,11 +761,20 @@ class TableClient:
 
     def usage(self) -> dict:
         """Bytes the table holds on disk (``kv``, ``snapshots``, ``log``, ``total``) under ``bytes``,
-        and its ``start_offsets``/``end_offsets`` per bucket."""
+        and its ``start_offsets``/``end_offsets`` per bucket; in a cluster ``bytes`` is one copy
+        (each bucket at its leader) and ``servers`` each leader's share."""
         answer = self.connection._action("flightstore.usage", {"table": self.name})
-        return {"bytes": answer["bytes"],
-                "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
-                "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
+        usage = {"bytes": answer["bytes"],
+                 "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
+                 "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
+        if "servers" in answer:  # a cluster: each leader's bytes of the buckets it leads
+            usage["servers"] = {int(k): v for k, v in answer["servers"].items()}
+        return usage
+
+    def expire_writers(self) -> list[str]:
+        """Forget this table's writers idle past ``table.writer-id.expiration`` now (the server
+        does it on its own every ``log.retention.check-interval``); their ids."""
+        return self.connection._action("flightstore.expire-writers", {"table": self.name})["writers"]
 
     def describe(self) -> dict:
         """The table's descriptor (``descriptor``: :meth:`TableDescriptor.to_json` text), its

@@ -414,6 +414,16 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("tls.client-ca", "str", None,
                  "PEM CA certificates for mutual TLS: a client must present a certificate signed by "
                  "one of them, or its connection is refused."),
+    ConfigOption("tls.root", "str", None,
+                 "PEM CA certificates the servers of a cluster verify each other's certificates "
+                 "against when they call each other over TLS (each presents its own `tls.cert`, which "
+                 "a server with `tls.client-ca` checks as mutual TLS); default `tls.client-ca`, else "
+                 "the system's roots."),
+    ConfigOption("cluster.secret-file", "str", None,
+                 "A file of at least 32 random bytes, the same on every server of a cluster: the "
+                 "secret that signs bearer tokens and peer credentials is derived from it and never "
+                 "stored (ZooKeeper keeps a verifier only). Needed once the cluster has users; "
+                 "without it the cluster keeps a random secret in ZooKeeper and refuses users."),
     ConfigOption("auth.users-file", "str", None,
                  "Users file of salted password hashes (`flightstore user add`); set, every call must "
                  "authenticate (HTTP Basic, then a bearer token) and is authorized by grants. Unset, "

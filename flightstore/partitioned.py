@@ -326,9 +326,10 @@ class PartitionedTable(Table):
             return False
         return len(np.unique(bucket_ids(table, key, self.num_buckets))) > 1
 
-    def undo(self, writer_id: str, after_sequence: int) -> int:
-        """Undo the writer's batches after ``after_sequence`` in every partition: everything is
-        checked, across partitions, before anything is restored (see :mod:`flightstore.kv.undo`)."""
+    def undo(self, writer_id: str, after_sequence: int, buckets: Sequence[int] | None = None) -> int:
+        """Undo the writer's batches after ``after_sequence`` in every partition (``buckets``:
+        only those numbers in each): everything is checked, across partitions, before anything is
+        restored (see :mod:`flightstore.kv.undo`)."""
         from flightstore.kv.undo import undo_writer
         self._require_pk("undo")
         with self._lock:
@@ -336,7 +337,8 @@ class PartitionedTable(Table):
             units = list(self.units.values())
             if writer_id not in self._writers or not units:
                 return 0
-            restored = undo_writer([kv for unit in units for kv in unit.kvs], writer_id, after_sequence)
+            kvs = [kv for unit in units for b, kv in enumerate(unit.kvs) if buckets is None or b in buckets]
+            restored = undo_writer(kvs, writer_id, after_sequence)
             for unit in units:
                 unit._writers.reset(writer_id, int(after_sequence))
             self._writers.reset(writer_id, int(after_sequence))
@@ -458,13 +460,15 @@ class PartitionedTable(Table):
         """Retention and KV snapshots of every partition (see :mod:`flightstore.upkeep`)."""
         return PartitionsUpkeep(self)
 
-    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, Any]:
-        """A KV snapshot of every bucket of every partition now, by table-wide bucket number."""
+    def snapshot(self, *, force: bool = False, stop: Any = None,
+                 buckets: Sequence[int] | None = None) -> dict[int, Any]:
+        """A KV snapshot of every bucket (``buckets``: those numbers) of every partition now, by
+        table-wide bucket number."""
         self._require_pk("a KV snapshot")
-        return self.upkeep.snapshot(force=force, stop=stop)
+        return self.upkeep.snapshot(force=force, stop=stop, buckets=buckets)
 
-    def disk_usage(self) -> dict[str, int]:
-        return self.upkeep.disk_usage()
+    def disk_usage(self, buckets: Sequence[int] | None = None) -> dict[str, int]:
+        return self.upkeep.disk_usage(buckets)
 
     def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
                 limit: int | None = None) -> Iterator[pa.RecordBatch]:
@@ -591,14 +595,15 @@ class PartitionsUpkeep:
         dues = [due for unit in self._units.values() if (due := unit.upkeep.next_due_ms()) is not None]
         return min(dues) if dues else None
 
-    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, Any]:
+    def snapshot(self, *, force: bool = False, stop: Any = None,
+                 buckets: Sequence[int] | None = None) -> dict[int, Any]:
         return {bucket_id(pid, b, self._num_buckets): info for pid, unit in self._units.items()
-                for b, info in unit.upkeep.snapshot(force=force, stop=stop).items()}
+                for b, info in unit.upkeep.snapshot(force=force, stop=stop, buckets=buckets).items()}
 
-    def disk_usage(self) -> dict[str, int]:
+    def disk_usage(self, buckets: Sequence[int] | None = None) -> dict[str, int]:
         usage: dict[str, int] = {}
         for unit in self._units.values():
-            for key, value in unit.upkeep.disk_usage().items():
+            for key, value in unit.upkeep.disk_usage(buckets).items():
                 usage[key] = usage.get(key, 0) + value
         return usage or {"kv": 0, "snapshots": 0, "log": 0, "total": 0}
 

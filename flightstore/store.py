@@ -181,14 +181,17 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
             lake_floor = dict(self.retention_floor or self.start_offsets())
         return self.upkeep.enforce_retention(now_ms, lake_floor)
 
-    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, SnapshotInfo | None]:
-        """Take a KV snapshot of every bucket now; see :meth:`TableUpkeep.snapshot`."""
+    def snapshot(self, *, force: bool = False, stop: Any = None,
+                 buckets: Sequence[int] | None = None) -> dict[int, SnapshotInfo | None]:
+        """Take a KV snapshot of every bucket (or of ``buckets``: the ones a cluster leader
+        leads) now; see :meth:`TableUpkeep.snapshot`."""
         self._require_pk("a KV snapshot")
-        return self.upkeep.snapshot(force=force, stop=stop)
+        return self.upkeep.snapshot(force=force, stop=stop, buckets=buckets)
 
-    def disk_usage(self) -> dict[str, int]:
-        """Bytes on disk: ``kv``, ``snapshots``, ``log`` and ``total`` (see :mod:`flightstore.upkeep`)."""
-        return self.upkeep.disk_usage()
+    def disk_usage(self, buckets: Sequence[int] | None = None) -> dict[str, int]:
+        """Bytes on disk of every bucket (or of ``buckets``): ``kv``, ``snapshots``, ``log`` and
+        ``total`` (see :mod:`flightstore.upkeep`)."""
+        return self.upkeep.disk_usage(buckets)
 
 
     def release(self, writer_id: str) -> None:

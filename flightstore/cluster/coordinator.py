@@ -440,6 +440,10 @@ class Coordinator:
         return {"changed": True, "dropped": True}
 
     def _delete_table(self, path: TablePath, transaction: Any) -> None:
+        """Remove the table from the catalog and record its DROP (the record is what lets every
+        server delete the table's data: a view that merely lacks a table never does)."""
         data, _ = self._client.get(self._paths.table(path.database, path.table))
-        transaction.delete(self._paths.assignment(decode(data)["table_id"]))
+        table_id = decode(data)["table_id"]
+        transaction.delete(self._paths.assignment(table_id))
         transaction.delete(self._paths.table(path.database, path.table))
+        transaction.create(self._paths.dropped_table(table_id), encode({"path": str(path)}))

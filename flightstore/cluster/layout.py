@@ -4,9 +4,15 @@ Every znode flightstore writes sits under one root: the chroot of ``--zookeeper 
 or ``/flightstore`` without one, so several clusters (and tests) share one ZooKeeper::
 
     <root>/cluster-id                        persistent  {"cluster_id"}: a data directory remembers it
-    <root>/secret                            persistent  {"secret"}: signs bearer tokens (any server
-                                                          accepts any server's) - keep ZooKeeper private
-    <root>/servers/<id>                      ephemeral   ServerInfo: uri, pid, catalog_version
+    <root>/secret                            persistent  {"verifier"}: checks the signing secret each
+                                                          server derives from its secret file; or,
+                                                          keyless, {"secret"} (no users allowed)
+    <root>/security/users                    persistent  {"users": {name: Argon2id hash}}: the
+                                                          cluster's users (it authenticates once
+                                                          this exists)
+    <root>/security/grants                   persistent  {"grants": [...]}: the cluster's grants
+    <root>/servers/<id>                      ephemeral   ServerInfo: uri, pid, catalog_version and
+                                                          the users/grants versions it applied
     <root>/coordinator/election/...          kazoo Election (Lock) contenders
     <root>/coordinator/active                ephemeral   {"id", "uri", "epoch"} of the coordinator
     <root>/coordinator/epoch                 persistent  {"epoch"}; its znode version fences writes
@@ -19,6 +25,9 @@ or ``/flightstore`` without one, so several clusters (and tests) share one ZooKe
                                                           LeaderAndIsr, changed by compare-and-set
                                                           (coordinator: elections, moves; leader:
                                                           its ISR), without a catalog version bump
+    <root>/metadata/dropped/<table_id>       persistent  {"path"}: the DROP of a table (written with
+                                                          it): the only thing that lets a server
+                                                          delete a table's data
     <root>/decommissioned/<id>               persistent  a server whose replicas move away
     <root>/lake/settings                     persistent  {"fingerprint", "catalog", "warehouse"}: the
                                                           lake every server must use (no secrets)
@@ -81,6 +90,18 @@ class ZkPaths:
         return f"{self.root}/secret"
 
     @property
+    def security(self) -> str:
+        return f"{self.root}/security"
+
+    @property
+    def users(self) -> str:
+        return f"{self.security}/users"
+
+    @property
+    def grants(self) -> str:
+        return f"{self.security}/grants"
+
+    @property
     def servers(self) -> str:
         return f"{self.root}/servers"
 
@@ -121,6 +142,13 @@ class ZkPaths:
         return f"{self.assignments}/{table_id}"
 
     @property
+    def dropped(self) -> str:
+        return f"{self.root}/metadata/dropped"
+
+    def dropped_table(self, table_id: str) -> str:
+        return f"{self.dropped}/{table_id}"
+
+    @property
     def decommissioned(self) -> str:
         return f"{self.root}/decommissioned"
 
@@ -152,7 +180,7 @@ class ZkPaths:
 
     def persistent_parents(self) -> list[str]:
         """The parents every member makes sure exist before using the layout."""
-        return [self.servers, self.election, self.databases, self.assignments, self.requests,
+        return [self.servers, self.election, self.databases, self.assignments, self.dropped, self.requests,
                 self.responses, self.decommissioned, self.lake]
 
 

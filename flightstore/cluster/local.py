@@ -102,16 +102,23 @@ class LocalCluster:
             raise FlightstoreError("a cluster needs at least one server")
         self.data_dir = Path(data_dir)
         self.zookeeper = ZooKeeperServer(self.data_dir / "zookeeper", port=zookeeper_port, host=host)
+        # Every server derives the token-signing secret from this file (flightstore.cluster.security).
+        self.secret_file = self.data_dir / "cluster-secret"
         self.servers = {
             server_id: ServerProcess(
                 ["--zookeeper", f"{self.zookeeper.address}/flightstore", "--server-id", str(server_id),
                  "--data-dir", str(self.data_dir / f"server-{server_id}"), "--host", host,
-                 "--port", str(port + server_id - 1 if port else 0), *extra_args],
+                 "--port", str(port + server_id - 1 if port else 0),
+                 "--cluster-secret-file", str(self.secret_file), *extra_args],
                 stderr=self.data_dir / f"server-{server_id}.log", echo=echo)
             for server_id in range(1, servers + 1)}
 
     def start(self, timeout: float = 180.0) -> LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.secret_file.exists():  # made once, kept with the cluster's data
+            fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(os.urandom(32).hex())
         self.zookeeper.start(timeout)
         try:
             for server in self.servers.values():

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from flightstore.cluster.identity import PeerIdentity
 from flightstore.cluster.layout import ZkAddress, ZkPaths, decode, encode
 from flightstore.cluster.metadata import MetadataCache
 from flightstore.cluster.mirror import CatalogMirror
+from flightstore.cluster.security import ClusterSecurity, cluster_secret
 from flightstore.cluster.store import ClusterStore
 from flightstore.cluster.view import BucketAssignment, ClusterView, ServerInfo
 from flightstore.config import SERVER_OPTIONS
@@ -60,12 +60,18 @@ class ClusterConfig:
     advertised_uri: str | None = None  # None: grpc://HOST:PORT of the listening address
     session_timeout_ms: int = SERVER_OPTIONS["zookeeper.session-timeout"].default
     ddl_timeout_ms: int = SERVER_OPTIONS["cluster.ddl-timeout"].default
+    secret_key: bytes | None = None  # the bytes of --cluster-secret-file (flightstore.cluster.security)
 
 
-def join(config: ClusterConfig, store: ClusterStore, host: str, port: int) -> ClusterMember:
-    """Start the membership of a server listening on ``host:port`` (the server's one hook)."""
+def join(config: ClusterConfig, store: ClusterStore, host: str, port: int, *, tls: bool = False) -> ClusterMember:
+    """Start the membership of a server listening on ``host:port`` (the server's one hook);
+    ``tls``: it serves ``grpc+tls://`` only, and so must advertise."""
+    scheme = "grpc+tls" if tls else "grpc"
     if config.advertised_uri is None:
-        config = replace(config, advertised_uri=f"grpc://{host}:{port}")
+        config = replace(config, advertised_uri=f"{scheme}://{host}:{port}")
+    elif not config.advertised_uri.startswith(f"{scheme}://"):
+        raise InvalidInput(f"--advertised-uri {config.advertised_uri} must start with {scheme}:// (the server "
+                           f"{'serves TLS only' if tls else 'has no TLS certificate'})")
     member = ClusterMember(config, store)
     member.start()
     return member
@@ -94,7 +100,8 @@ class ClusterMember:
                                        connect=store.peers.client, call_options=store.peers.stream_options,
                                        adjust_isr=self.adjust_isr)
         self.ddl = DdlClient(self.client, self.paths, config.server_id)
-        self.secret: bytes | None = None  # set on joining (see _secret)
+        self.secret: bytes | None = None  # set on joining (flightstore.cluster.security.cluster_secret)
+        self.security = ClusterSecurity(self.client, self.paths, keyed=config.secret_key is not None)
         self.identity: PeerIdentity | None = None  # this server's peer credential (same)
         self.on_decommissioned: Callable[[], None] | None = None  # the server stops itself
         self._registered = threading.Event()
@@ -132,7 +139,12 @@ class ClusterMember:
                 self.client.ensure_path(parent)
             cluster_id = self._cluster_id()
             fresh = self.mirror.check(cluster_id)
-            self.secret = self._secret()
+            self.secret = cluster_secret(self.client, self.paths, self.config.secret_key)
+            self.security.on_applied = self._publish_async
+            self.security.start(max(1.0, deadline - time.monotonic()))
+            if self.security.users() is not None and self.config.secret_key is None:
+                raise InvalidInput("this cluster has users: their tokens are signed with a secret derived from "
+                                   "--cluster-secret-file; start this server with it (the same file as the others)")
             self.identity = PeerIdentity(self.secret, self.server_id)
             self.store.peers.identity = self.identity
             self.mirror.on_applied = self._publish_applied
@@ -176,14 +188,6 @@ class ClusterMember:
         finally:
             self.client.close()
 
-    def _secret(self) -> bytes:
-        """The cluster secret that signs bearer tokens (the first server to join creates it)."""
-        try:
-            self.client.create(self.paths.secret, encode({"secret": secrets.token_hex(32)}))
-        except NodeExistsError:
-            pass
-        return bytes.fromhex(decode(self.client.get(self.paths.secret)[0])["secret"])
-
     def _cluster_id(self) -> str | None:
         try:
             return decode(self.client.get(self.paths.cluster_id)[0])["cluster_id"]
@@ -193,7 +197,8 @@ class ClusterMember:
     # ---- registration -------------------------------------------------------------------------
     def _info(self) -> bytes:
         return encode(ServerInfo(self.server_id, self.config.advertised_uri, os.getpid(),
-                                 self.mirror.applied_version).to_json())
+                                 self.mirror.applied_version,
+                                 tuple(sorted(self.security.versions.items()))).to_json())
 
     def _register(self, deadline: float) -> None:
         path = self.paths.server(self.server_id)
@@ -351,6 +356,12 @@ class ClusterMember:
                     break
                 except BadVersionError:
                     continue
+
+    def _publish_async(self) -> None:
+        """Publish the users and grants versions this server applied (called on kazoo's watch
+        thread: the write is sent, not awaited; one session's writes apply in order)."""
+        if self._registered.is_set():
+            self.client.set_async(self.paths.server(self.server_id), self._info())
 
     def _publish_applied(self, version: int) -> None:
         """Tell the others (and DDL requesters) which catalog version this server has applied."""

@@ -12,7 +12,12 @@ Guards, checked before a server joins:
 
 * a directory of another server id, or of another cluster (wrong ``--zookeeper`` address or
   chroot, or a ZooKeeper that lost its data), is refused: joining would drop its tables;
-* a directory with databases or tables made outside the cluster (a single server's) is refused.
+* a directory with databases or tables made outside the cluster (a single server's) is refused;
+* every view applied is checked to be of the directory's cluster (a ZooKeeper that lost its data
+  would otherwise bootstrap a new, empty catalog that drops every table).
+
+A table's data is deleted only by its DROP (``view.dropped``, the table ids DROP TABLE and DROP
+DATABASE recorded in ZooKeeper), never because a view lacks it.
 """
 
 from __future__ import annotations
@@ -93,10 +98,13 @@ class CatalogMirror:
 
     # ---- applying -----------------------------------------------------------------------------
     def apply(self, view: ClusterView) -> None:
-        """Make the local catalog equal to ``view``'s (a no-op for a version already applied)."""
+        """Make the local catalog equal to ``view``'s (a no-op for a version already applied).
+        A view of another cluster (ZooKeeper lost its data, or the address moved to another
+        chroot) is refused every time, before anything is changed."""
         if view.version == 0 or view.version <= self.applied_version:
             return
         try:
+            self._check_cluster(view)
             self._reconcile(view)
             if self.after_reconcile is not None:  # replica roles, before anyone is told "applied"
                 self.after_reconcile(view)
@@ -116,7 +124,18 @@ class CatalogMirror:
         with self._cond:
             return self._cond.wait_for(lambda: self.applied_version >= version, timeout)
 
+    def _check_cluster(self, view: ClusterView) -> None:
+        """InvalidInput unless ``view`` is of the cluster this directory belongs to."""
+        if self._identity is not None and view.cluster_id != self._identity["cluster_id"]:
+            raise InvalidInput(f"the cluster view is of cluster {view.cluster_id}, but data directory "
+                               f"{self.store.data_dir} belongs to cluster {self._identity['cluster_id']}: "
+                               "nothing is applied (did ZooKeeper lose its data?)")
+
     def _reconcile(self, view: ClusterView) -> None:
+        """Make the local catalog ``view``'s. A table's data is deleted only for an explicit DROP
+        (its id in ``view.dropped``) or when the same id comes back new; a table a view merely
+        lacks (which a view read at one version never shows, see the metadata cache) keeps its
+        data, and a warning says so."""
         store = self.store
         if view.cluster_id is not None:
             store.join_remote(view.cluster_id)
@@ -127,6 +146,7 @@ class CatalogMirror:
         desired = {str(path): record for path, record in view.tables.items()}
         by_id = {record.table_id: name for name, record in desired.items()}
         local_tables = {str(p) for p in store.catalog.all_tables()}
+        kept: set[str] = set()  # known tables the view lacks without a DROP: their data stays
         for name, table_id in list(known.items()):
             record = desired.get(name)
             renamed = by_id.get(table_id)
@@ -136,12 +156,21 @@ class CatalogMirror:
                 del known[name]
                 known[renamed] = table_id
                 self._save(identity, known, view.version)
-            elif record is None or record.table_id != table_id:
-                store.local_drop_table(TablePath.parse(name))
+            elif (record is None or record.table_id != table_id) and table_id in view.dropped:
+                store.local_drop_table(TablePath.parse(name))  # its DROP: the one reason to delete data
                 del known[name]
                 self._save(identity, known, view.version)
+            elif record is None or record.table_id != table_id:
+                if record is not None:  # another table took the name without a DROP of this one
+                    raise InvalidInput(f"table {name} (id {record.table_id}) replaces table id {table_id} here, "
+                                       "which no DROP removed: its data is kept and the view is not applied")
+                log.warning("table %s (id %s) is not in cluster catalog version %d and no DROP removed it: its "
+                            "data is kept", name, table_id, view.version)
+                kept.add(name)
         for database in store.list_databases():
             if database not in view.databases:
+                if any(name.split(".", 1)[0] == database for name in kept):
+                    continue  # it holds a table that no DROP removed
                 store.local_drop_database(database)
         local_databases = set(store.list_databases())
         for database in sorted(view.databases - local_databases):

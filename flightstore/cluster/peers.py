@@ -1,6 +1,8 @@
 """Flight calls from one server of a cluster to another (forwarding to bucket leaders).
 
-One :class:`pyarrow.flight.FlightClient` per server URI, reused by every forwarded call. Each call
+One :class:`pyarrow.flight.FlightClient` per server URI, reused by every forwarded call (over TLS
+when the cluster serves ``grpc+tls://``: the callee is verified against the cluster's CA and this
+server presents its own certificate, for mutual TLS). Each call
 carries the caller's bearer token (every server accepts it: tokens are signed with the cluster
 secret), this server's peer credential (:mod:`flightstore.cluster.identity`) and ``"peer": true``
 (the receiver serves it from the buckets it leads only, see :mod:`flightstore.cluster.table` and
@@ -26,6 +28,7 @@ from flightstore.streams import read_batches
 __all__ = ["FORWARD_TIMEOUT_S", "Peers"]
 
 FORWARD_TIMEOUT_S = 120.0
+MESSAGE_BYTES = 4 * 1024 * 1024  # per forwarded Flight message, far below gRPC's limit
 
 
 class Peers:
@@ -36,6 +39,9 @@ class Peers:
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
         self.identity: Any = None  # this server's PeerIdentity, once it joined its cluster
+        # FlightClient TLS arguments (root CA, this server's certificate and key) when the
+        # cluster speaks grpc+tls (flightstore.server.tls.TlsConfig.client_kwargs)
+        self.tls: dict[str, Any] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -57,7 +63,8 @@ class Peers:
         with self._lock:
             client = self._clients.get(uri)
             if client is None:
-                client = self._clients[uri] = flight.FlightClient(uri)
+                tls = self.tls if uri.startswith("grpc+tls") else {}
+                client = self._clients[uri] = flight.FlightClient(uri, **tls)
             return client
 
     def options(self, token: str | None) -> flight.FlightCallOptions:
@@ -85,7 +92,8 @@ class Peers:
         descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom({**payload, "peer": True}))
         with _remote_errors(target):
             writer, reader = self._client(uri).do_put(descriptor, data.schema, self.options(token))
-            writer.write_table(data, max_chunksize=65_536)
+            per_row = max(1, data.nbytes // max(data.num_rows, 1))  # messages of at most ~4 MiB
+            writer.write_table(data, max_chunksize=max(1, min(65_536, MESSAGE_BYTES // per_row)))
             writer.done_writing()
             answer = reader.read()
             writer.close()

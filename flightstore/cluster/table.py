@@ -13,8 +13,9 @@ for the next view (a new leader elected by the coordinator) and retries, for up 
 :attr:`retry_s` (twice the ZooKeeper session timeout plus a margin: the time a failover takes).
 Writes retry safely because every part carries a writer id and batch sequence: the caller's, or
 for a statement without one (SQL INSERT) this server's own writer for the table, one sequence per
-statement. A log table without bucket key sends a batch to the bucket chosen by its writer id and
-sequence, so a retry lands where the first attempt did.
+piece of the statement (a statement's rows are cut into pieces of at most a write chunk, which a
+leader reads as one bounded forwarded write). A log table without bucket key sends a batch to
+the bucket chosen by its writer id and sequence, so a retry lands where the first attempt did.
 
 Before anything is written or streamed, every bucket involved must have a live leader; otherwise
 the call fails with UNAVAILABLE naming the bucket and server (no partial answer).
@@ -41,6 +42,7 @@ from flightstore import changetype
 from flightstore.batches import limited_sources
 from flightstore.cluster.peers import Peers
 from flightstore.cluster.view import BucketLocation, ClusterView
+from flightstore.config import server_option
 from flightstore.errors import (
     BucketUnavailable,
     InvalidInput,
@@ -264,30 +266,33 @@ class ClusterTable(TableApi):
 
     def _write(self, op: str, data: pa.Table, columns: Sequence[str] | None, kinds: pa.Array | None,
                writer_id: str | None, sequence: int | None) -> WriteResult:
-        if writer_id is None or sequence is None:  # a statement: this server's writer, its own sequence
-            writer_id, sequence = self._statement_writer, next(self._statements)
+        statement = writer_id is None or sequence is None
+        if statement:  # a statement: this server's writer, its own sequence per piece
+            writer_id = self._statement_writer
         local = self.local
-        if not local.descriptor.bucket_key:  # a log table without bucket key: the batch's own bucket
-            data = self._conformed(op, data, columns)
-            pinned = (zlib.crc32(writer_id.encode()) + int(sequence)) % self.num_buckets  # round robin
-            buckets = np.full(data.num_rows, pinned, dtype=np.int64)
-        else:
-            data = self._conformed(op, data, columns)  # validates, and types the bucket key
-            buckets = np.asarray(local.buckets_of(data), dtype=np.int64)
+        data = self._conformed(op, data, columns)  # validates, and types the bucket key
+        pending = []
+        for piece, piece_kinds in (self._pieces(data, kinds) if statement else [(data, kinds)]):
+            piece_sequence = next(self._statements) if statement else int(sequence)
+            if not local.descriptor.bucket_key:  # a log table without bucket key: the batch's own bucket
+                pinned = (zlib.crc32(writer_id.encode()) + piece_sequence) % self.num_buckets  # round robin
+                buckets = np.full(piece.num_rows, pinned, dtype=np.int64)
+            else:
+                buckets = np.asarray(local.buckets_of(piece), dtype=np.int64)
+            pending.append((piece, piece_kinds, buckets, piece_sequence))
         result = WriteResult()
-        pending = [(data, kinds, buckets)]
         deadline = time.monotonic() + self.retry_s
         while pending:
             view = self.member.view()
             try:
                 # Every leader live (or none of the write goes out): a bucket without one waits for
                 # the failover, or fails at once when no in-sync replica is left to elect.
-                for _, _, part_buckets in pending:
+                for _, _, part_buckets, _ in pending:
                     for bucket in np.unique(part_buckets):
                         self._require_leader(int(bucket))
-                retry = self._send_parts(pending, op, columns, writer_id, sequence, result)
+                retry = self._send_parts(pending, op, columns, writer_id, result)
             except Unavailable as exc:
-                if time.monotonic() >= deadline or isinstance(exc, NotEnoughReplicas):
+                if time.monotonic() >= deadline or isinstance(exc, (NotEnoughReplicas, NoLeaderLeft)):
                     raise
                 log.info("write to %s: %s; waiting for a new leader", self.path, exc)
                 retry = pending
@@ -301,12 +306,25 @@ class ClusterTable(TableApi):
                                               max(0.0, min(1.0, deadline - time.monotonic())))
         return result
 
+    def _pieces(self, data: pa.Table, kinds: pa.Array | None) -> list[tuple[pa.Table, pa.Array | None]]:
+        """A statement's rows cut into pieces a leader takes as one forwarded write (at most
+        ``write.chunk-rows`` rows and half of ``write.chunk-bytes``: see
+        :func:`~flightstore.server.upload.read_forwarded`); each piece is a batch of its own."""
+        options = self.member.store.options
+        per_row = max(1, data.nbytes // max(1, data.num_rows))
+        step = max(1, min(server_option(options, "write.chunk-rows"),
+                          server_option(options, "write.chunk-bytes") // 2 // per_row))
+        if data.num_rows <= step:
+            return [(data, kinds)]
+        return [(data.slice(start, step), None if kinds is None else kinds.slice(start, step))
+                for start in range(0, data.num_rows, step)]
+
     def _send_parts(self, pending: list, op: str, columns: Sequence[str] | None, writer_id: str,
-                    sequence: int, result: WriteResult) -> list:
+                    result: WriteResult) -> list:
         """Send each part to its leader; the parts whose leader failed (to retry, idempotently)."""
         retry: list = []
         pinned = not self.local.descriptor.bucket_key
-        for part, part_kinds, part_buckets in pending:
+        for part, part_kinds, part_buckets, sequence in pending:
             leaders = self._leaders(part_buckets)
             for leader in np.unique(leaders):
                 mask = leaders == leader
@@ -321,7 +339,7 @@ class ClusterTable(TableApi):
                     raise
                 except Unavailable as exc:
                     log.info("write to %s: %s; retrying at the new leader", self.path, exc)
-                    retry.append((piece, piece_kinds, piece_buckets))
+                    retry.append((piece, piece_kinds, piece_buckets, sequence))
                     continue
                 result.update(outcome[0])
                 result.duplicate |= outcome[1]
@@ -656,28 +674,61 @@ class ClusterTable(TableApi):
             return sources[0]()
         return _merged(sources, stop)
 
-    # ---- upkeep: one server's storage chores, not a cluster's --------------------------------
-    def _refuse(self, what: str) -> Unsupported:
-        return Unsupported(f"table {self.path}: {what} acts on one server's storage; in a cluster run it "
-                           "on each server (it is not forwarded to the buckets' leaders)")
+    # ---- upkeep: every leader over the buckets it leads ----------------------------------------
+    def run_upkeep(self, task: str, **args: Any) -> dict[int, Any]:
+        """Run upkeep ``task`` on every leader of the table over the buckets it leads (a peer
+        ``flightstore.upkeep`` call; this server's own share here), each bucket once; the answer
+        of each server by id. Every leader must be live (else UNAVAILABLE naming the bucket and
+        server, after waiting for a failover as any call does); the tasks are idempotent, so a
+        retry after a failover runs them again where they already ran without harm."""
+        from flightstore.table.upkeep import TASKS, run_task
+        if task not in TASKS:
+            raise InvalidInput(f"unknown upkeep task {task!r}; tasks are {', '.join(TASKS)}")
+
+        def attempt() -> dict[int, Any]:
+            done: dict[int, Any] = {}
+            for leader, numbers in sorted(self._by_leader().items()):
+                if leader == self.server_id:
+                    done[leader] = run_task(self._mine(numbers), task, args, numbers)
+                else:
+                    answer = self.peers.action(self._place(numbers[0]), "flightstore.upkeep", self._call(
+                        leader, numbers, {"task": task, "args": args}), CALLER_TOKEN.get())
+                    done[leader] = answer["result"]
+            return done
+        return self._retrying(attempt, f"the {task} upkeep")
+
+    def _upkeep(self, task: str, **args: Any) -> Any:
+        from flightstore.table.upkeep import merged
+        return merged(task, self.run_upkeep(task, **args))
 
     def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, Any]:
-        raise self._refuse("a KV snapshot")
+        from flightstore.table.upkeep import SnapshotSummary
+        taken = self._upkeep("snapshot", force=force)
+        return {int(b): None if info is None else SnapshotSummary(**info) for b, info in taken.items()}
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
-        raise self._refuse("log retention")
+        if now_ms is not None:
+            raise Unsupported(f"table {self.path}: retention at a given time runs on one server only")
+        return self._upkeep("retention")
 
     def disk_usage(self) -> dict[str, int]:
-        raise self._refuse("disk usage")
+        """Bytes of one copy of the table: each leader's share of the buckets it leads."""
+        return self._upkeep("usage")
 
     def undo(self, writer_id: str, after_sequence: int) -> int:
-        raise self._refuse("undo")
+        return self._upkeep("undo", writer_id=writer_id, after_sequence=int(after_sequence))
 
     def release(self, writer_id: str) -> None:
-        raise self._refuse("releasing a writer's columns")
+        self._upkeep("release", writer_id=writer_id)
 
     def expire_writers(self, now_ms: int | None = None) -> list[str]:
-        raise self._refuse("writer expiry")
+        if now_ms is not None:
+            raise Unsupported(f"table {self.path}: writer expiry at a given time runs on one server only")
+        return self._upkeep("expire_writers")
+
+    def _refuse(self, what: str) -> Unsupported:
+        return Unsupported(f"table {self.path}: {what} acts on one server's storage; in a cluster it is not "
+                           "forwarded to the buckets' leaders")
 
     def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
                 limit: int | None = None) -> Iterator[pa.RecordBatch]:

@@ -29,14 +29,18 @@ class ServerInfo:
     uri: str
     pid: int = 0
     catalog_version: int = 0  # the catalog version its local mirror has applied
+    # The znode versions of the cluster's users and grants it applied (flightstore.cluster.security).
+    security: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ServerInfo:
         return cls(id=int(data["id"]), uri=str(data["uri"]), pid=int(data.get("pid", 0)),
-                   catalog_version=int(data.get("catalog_version", 0)))
+                   catalog_version=int(data.get("catalog_version", 0)),
+                   security=tuple(sorted((str(k), int(v)) for k, v in (data.get("security") or {}).items())))
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "uri": self.uri, "pid": self.pid, "catalog_version": self.catalog_version}
+        return {"id": self.id, "uri": self.uri, "pid": self.pid, "catalog_version": self.catalog_version,
+                "security": dict(self.security)}
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class ClusterView:
     coordinator: int | None = None
     databases: frozenset[str] = frozenset()
     tables: Mapping[TablePath, TableRecord] = field(default_factory=dict)
+    dropped: frozenset[str] = frozenset()  # the ids of the tables a DROP removed
 
     def table(self, path: TablePath) -> TableRecord:
         record = self.tables.get(path)

@@ -4,8 +4,11 @@ A :class:`~flightstore.cluster.table.ClusterTable` splits a call by bucket leade
 leader its part as a flightstore command with ``"peer": true``, the table id, and the leader epoch
 of each bucket it touches. They arrive here only (the client-facing handlers never see them), and
 only from an authenticated peer (:func:`~flightstore.cluster.identity.peer_of`): a client that
-sends ``"peer": true`` is refused. The caller's bearer token travels too, so the leader still
-authorizes the original caller.
+sends ``"peer": true``, or a command only peers send (:data:`PEER_ONLY_OPS`), is refused with
+PERMISSION_DENIED before anything of it is read. The caller's bearer token travels too, so the
+leader still authorizes the original caller. What a peer may ask is bounded as a client's is: a
+partial aggregate is a checked plan (:mod:`flightstore.sql.partial_plan`), never SQL text, and a
+forwarded write is read in the server's bounded upload chunks.
 
 Each part is served from this server's own table, after the replica manager confirmed that this
 server leads every bucket named at the epoch the sender knows (else UNAVAILABLE: the sender
@@ -25,23 +28,47 @@ from flightstore.acl import Operation
 from flightstore.cluster.identity import peer_of
 from flightstore.errors import Cancelled, InvalidInput, Unauthorized, Unavailable
 from flightstore.expressions import from_json
-from flightstore.replica.protocol import SNAPSHOT_FILES, SNAPSHOT_OP
+from flightstore.replica.protocol import FETCH_OP, SNAPSHOT_FILES, SNAPSHOT_OP
 from flightstore.server import tickets
 from flightstore.server.rpc import CallStop
+from flightstore.server.upload import read_forwarded
 from flightstore.sql import nodes
+from flightstore.sql.partial_plan import PartialPlan
 from flightstore.sql.plan import is_union
+from flightstore.table.upkeep import TASKS, run_task
 
-__all__ = ["PeerRpcs"]
+__all__ = ["PEER_ONLY_OPS", "PeerRpcs", "is_peer_call"]
+
+PARTIAL_INPUT = "__rows"  # what a forwarded partial aggregate's rows are registered as
+
+
+#: Commands only a peer sends, whether or not they say ``"peer": true``.
+PEER_ONLY_OPS = frozenset({SNAPSHOT_OP, FETCH_OP, "partial"})
+
+
+def is_peer_call(payload: dict) -> bool:
+    """Whether a flightstore command is an internal one (served by :class:`PeerRpcs` only)."""
+    return bool(payload.get("peer")) or payload.get("op") in PEER_ONLY_OPS
 
 
 class PeerRpcs:
     """The peer side of :class:`~flightstore.server.service.FlightSqlServer` (mixed into it)."""
 
+    def _require_peer(self, context: Any) -> int:
+        """The id of the peer server making this call; Unauthorized (PERMISSION_DENIED) for a
+        client, before anything of the call is looked at: an internal call is open to the
+        cluster's servers only (their peer credential, checked by
+        :class:`~flightstore.cluster.identity.PeerMiddlewareFactory`, and with mutual TLS their
+        certificate)."""
+        peer = peer_of(context)
+        if peer is None or self.cluster is None:
+            raise Unauthorized("this call is open to the cluster's servers only")
+        return peer
+
     def _peer_table(self, payload: dict, context: Any, operation: Operation, buckets: list[int]) -> Any:
         """This server's table for a peer call on ``buckets``, once the caller is a peer, the
         original caller may ``operation`` it, and this server leads them at the epochs sent."""
-        if peer_of(context) is None or self.cluster is None:
-            raise Unauthorized("this call is open to the cluster's servers only")
+        self._require_peer(context)
         table = self.store.local_table(payload["table"])
         self._authorize_table(operation, table)
         record = self.cluster.view().tables.get(table.path)
@@ -65,10 +92,9 @@ class PeerRpcs:
         return [int(b) for b in buckets]
 
     def _peer_get(self, payload: dict, context: Any) -> tuple[pa.Schema, Any]:
-        op = payload["op"]
+        self._require_peer(context)
+        op = payload.get("op")
         if op == SNAPSHOT_OP:  # a follower behind the log start copies the newest KV snapshot
-            if peer_of(context) is None or self.cluster is None:
-                raise Unauthorized("this call is open to the cluster's servers only")
             key = payload["key"]
             offset, files = self.cluster.replicas.snapshot_files((str(key[0]), int(key[1]), int(key[2])))
             schema = SNAPSHOT_FILES.with_metadata({"offset": str(offset)})
@@ -85,13 +111,15 @@ class PeerRpcs:
                 table.prefix_lookup(keys, columns, payload.get("limit"))
             self.metrics.sent(str(table.path), found)
             return schema, found
-        if op == "partial":
-            if not isinstance(payload.get("partial"), str) or not isinstance(payload.get("name"), str):
-                raise InvalidInput("a partial aggregate names its partial SQL and input name")
+        if op == "partial":  # a plan, checked and turned into SQL here (never SQL text)
+            columns = list(columns or table.schema.names)
+            unknown = [c for c in columns if c not in table.schema.names]
+            if unknown:
+                raise InvalidInput(f"table {table.path} has no column {unknown[0]!r}")
+            sql = PartialPlan.from_json(payload.get("plan")).sql(PARTIAL_INPUT, columns)
             filter = from_json(payload["filter"]) if payload.get("filter") else None
-            item = nodes.ResidualInput(payload["name"], table.path, "table", tuple(columns or table.schema.names),
-                                       filter.bind(table.schema) if filter is not None else None,
-                                       partial=payload["partial"])
+            item = nodes.ResidualInput(PARTIAL_INPUT, table.path, "table", tuple(columns),
+                                       filter.bind(table.schema) if filter is not None else None, partial=sql)
             rows = self.executor.partial_rows(table, item, buckets)
             self.metrics.partials.inc()
             return rows.schema, self.metrics.metered(str(table.path), iter([rows]))
@@ -140,12 +168,13 @@ class PeerRpcs:
         """A part of a write a peer forwarded (at most one of its chunks): one batch, applied to
         the buckets this server leads (a log table without bucket key: the bucket it names)."""
         from flightstore.cluster.table import apply_write
-        op = payload["op"]
+        self._require_peer(context)
+        op = payload.get("op")
         if op not in ("append", "upsert", "delete", "write"):
             raise InvalidInput(f"unknown peer write command {op!r}")
         buckets = self._peer_buckets(payload)
         table = self._peer_table(payload, context, Operation.WRITE, buckets)
-        data = reader.read_all()
+        data = read_forwarded(reader, self.upload_limits)  # bounded, as a client's chunks are
         if context is not None and context.is_cancelled():  # the peer went away mid-upload
             raise Cancelled("the forwarded upload was cancelled before it finished; nothing written")
         kinds = None
@@ -168,8 +197,9 @@ class PeerRpcs:
                 "sequence": payload.get("sequence")}
 
     def _peer_action(self, kind: str, payload: dict, context: Any) -> bytes:
+        self._require_peer(context)
         if kind == "flightstore.lake-status":  # asked of the cluster's tierer: its own status
-            if peer_of(context) is None or self.cluster is None or self.tierer is None:
+            if self.cluster is None or self.tierer is None:
                 raise Unauthorized("this call is open to the cluster's servers only")
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)
@@ -193,4 +223,12 @@ class PeerRpcs:
         if kind == "flightstore.writer":
             table = self._peer_table(payload, context, Operation.WRITE, buckets)
             return tickets.encode_custom({"op": "writer", "sequence": table.writer_sequence(payload["writer_id"])})
+        if kind == "flightstore.upkeep":  # a task over the buckets this server leads
+            task = payload.get("task")
+            if task not in TASKS:
+                raise InvalidInput(f"unknown upkeep task {task!r}")
+            table = self._peer_table(payload, context, TASKS[task], buckets)
+            numbers = sorted({b % table.num_buckets for b in buckets})
+            return tickets.encode_custom({"op": "upkeep", "result": run_task(table, task, payload.get("args") or {},
+                                                                             numbers)})
         raise InvalidInput(f"unknown peer action {kind!r}")

@@ -26,6 +26,7 @@ from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.messages import _IPC_OPTIONS, _messages, rechunk
+from flightstore.server.peer import is_peer_call
 from flightstore.server.rpc import _CALLER, CallStop, _guarded, _in_call_context, _rpc
 from flightstore.server.session import Session
 from flightstore.sql import nodes
@@ -269,7 +270,7 @@ class ReadRpcs:
             if entry is None or entry[2] != _CALLER.get():  # absent, or bound to another user
                 raise InvalidInput("this result expired or was already read")
             return entry[1].schema, entry[1]
-        if payload.get("peer"):  # a part of a call another server of the cluster split by leader
+        if is_peer_call(payload):  # a part of a call another server of the cluster split by leader
             return self._peer_get(payload, context)
         table = self._visible_table(payload["table"])
         self._authorize_table(Operation.READ, table)

@@ -116,7 +116,9 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         memory.configure(server_option(store.options, "query.memory-limit"))  # every read path's budget
         self._hidden_paths = tuple({str(store.data_dir), os.path.abspath(store.data_dir),
                                     os.path.realpath(store.data_dir)})
-        self.authz = Authorizer(store.data_dir, enabled=users is not None, super_users=super_users)
+        # A cluster's users: authorization is on once the cluster has users.
+        enabled = (lambda: not users.is_open) if hasattr(users, "is_open") else users is not None
+        self.authz = Authorizer(store.data_dir, enabled=enabled, super_users=super_users)
         self.executor = Executor(store)
         self.upload_limits = UploadLimits.from_options(store.options)
         self.max_batch_rows = server_option(store.options, "server.max-batch-rows")  # see .messages
@@ -256,6 +258,20 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         self._lookup_exchange(context, descriptor, reader, writer)
 
 
+def _secure_cluster(server: FlightSqlServer, seed: UserStore | None) -> None:
+    """Turn a joined server to the cluster's security: its users and grants from ZooKeeper
+    (``seed``, the users of ``--users-file``, become the cluster's users if it has none yet), and
+    tokens signed with the cluster secret, so every server takes every server's tokens."""
+    from flightstore.cluster.security import ClusterGrants
+    member = server.cluster
+    if seed is not None:
+        member.security.seed_users(seed)
+    server.authenticator.users.security = member.security
+    server.authenticator.secret = member.secret
+    server.authenticator.peer_identity = member.identity
+    server.authz.store = ClusterGrants(member.security)
+
+
 def _wait_for_signal(grace_s: float) -> None:
     """Return at SIGTERM/SIGINT. The server listens from its construction: the main thread waits
     here, in Python, where signal handlers run (Arrow's own ``serve()`` would shut the server down
@@ -330,14 +346,19 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
             lake = cluster_lake_settings(data_dir, options)
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
+    seed = None
     if cluster is not None:
+        from flightstore.cluster.security import ClusterUsers
         from flightstore.cluster.store import ClusterStore as store_class
+        seed, users = users, ClusterUsers()  # the cluster's users, in ZooKeeper; a users file seeds them
     else:
         store_class = Store
     try:
         store = store_class(data_dir, fsync=fsync, options=options)
     except (DataDirectoryInUse, InvalidOption) as exc:  # another server; remote.* options
         raise SystemExit(f"flightstore: {exc}") from None
+    if cluster is not None:
+        store.peers.tls = tls.client_kwargs() if tls is not None else {}
     try:
         server = FlightSqlServer(store, f"grpc://{host}:{port}", users=users, super_users=super_users,
                                  tls=tls, token_ttl_ms=token_ttl_ms, max_tokens=max_tokens, lake=lake,
@@ -349,13 +370,11 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     if cluster is not None:
         from flightstore.cluster.member import join
         try:
-            server.cluster = join(cluster, store, host, server.port)
+            server.cluster = join(cluster, store, host, server.port, tls=tls is not None)
             server.peers.identity = server.cluster.identity
             server.metrics.watch_replicas(server.cluster.replicas)
             server.cluster.on_decommissioned = lambda: os.kill(os.getpid(), signal.SIGTERM)
-            if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
-                server.authenticator.secret = server.cluster.secret
-                server.authenticator.peer_identity = server.cluster.identity
+            _secure_cluster(server, seed)
             from flightstore.lake.cluster import ClusterLake, check_cluster_lake
             check_cluster_lake(server.cluster, lake)  # the cluster's lake, or none on every server
             store.has_lake = lake is not None

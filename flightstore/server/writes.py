@@ -16,6 +16,7 @@ from flightstore.acl import Operation, Permission, Resource
 from flightstore.errors import FlightstoreError, InvalidInput, TableNotFound, Unsupported
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import protocol, tickets
+from flightstore.server.peer import is_peer_call
 from flightstore.server.rpc import _rpc
 from flightstore.server.session import Session
 from flightstore.server.upload import upload_chunks
@@ -42,7 +43,7 @@ class WriteRpcs:
         command_bytes = descriptor.command
         if tickets.is_custom(command_bytes):
             payload = tickets.decode_custom(command_bytes)
-            result = (self._peer_put(payload, reader, context) if payload.get("peer")
+            result = (self._peer_put(payload, reader, context) if is_peer_call(payload)
                       else self._custom_put(payload, reader, context))
             writer.write(pa.py_buffer(tickets.encode_custom(result)))
             return

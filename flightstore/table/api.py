@@ -146,6 +146,15 @@ class TableApi(abc.ABC):
                   until: Mapping | None = None) -> Iterator[pa.RecordBatch]: ...
 
     # ---- upkeep -------------------------------------------------------------------------------
+    def run_upkeep(self, task: str, **args: Any) -> dict[int | None, Any]:
+        """Run upkeep ``task`` (:data:`flightstore.table.upkeep.TASKS`: undo, release, snapshot,
+        retention, usage, expire_writers) and answer what each server that did it found, by
+        server id: here, ``{None: answer}``; in a cluster, every leader of the table over the
+        buckets it leads (:meth:`flightstore.cluster.table.ClusterTable.run_upkeep`).
+        :func:`flightstore.table.upkeep.merged` makes the table-wide answer of them."""
+        from flightstore.table.upkeep import run_task
+        return {None: run_task(self, task, args)}
+
     @abc.abstractmethod
     def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, Any]: ...
 

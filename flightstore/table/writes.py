@@ -55,19 +55,22 @@ class TableWrites(PendingWrites):
         if writer_id is not None and sequence is not None:
             self._writers.note(writer_id, sequence, now_ms)
 
-    def undo(self, writer_id: str, after_sequence: int) -> int:
+    def undo(self, writer_id: str, after_sequence: int, buckets: Sequence[int] | None = None) -> int:
         """Undo every batch ``writer_id`` wrote after ``after_sequence`` (exactly-once restarts of
         jobs), leaving other writers' work; returns rows restored. A writer without state here
-        (it never wrote, or expired) has nothing to undo. See :mod:`flightstore.kv.undo`."""
+        (it never wrote, or expired) has nothing to undo. See :mod:`flightstore.kv.undo`.
+        ``buckets``: only those (the ones a cluster leader leads; a follower's replicas only
+        take what their leader's log says)."""
         from flightstore.kv.undo import check_undoable, undo_writer
         if not self.has_primary_key:
             raise Unsupported(f"undo needs a primary-key table; {self.path} is a log table")
-        check_undoable(self.kvs, writer_id)
+        kvs = self.kvs if buckets is None else [kv for b, kv in enumerate(self.kvs) if b in buckets]
+        check_undoable(kvs, writer_id)
         with self._lock:
             self._settle_pending()
             if writer_id not in self._writers:
                 return 0
-            restored = undo_writer(self.kvs, writer_id, after_sequence)
+            restored = undo_writer(kvs, writer_id, after_sequence)
             self._writers.reset(writer_id, int(after_sequence))
         self._notify()
         return restored
