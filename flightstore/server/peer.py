@@ -159,6 +159,11 @@ class PeerRpcs:
                 "sequence": payload.get("sequence")}
 
     def _peer_action(self, kind: str, payload: dict, context: Any) -> bytes:
+        if kind.startswith("flightstore.workers."):  # a machine's workers (flightstore.cluster.workers)
+            handle = getattr(self.cluster, "handle", None)
+            if handle is None:
+                raise Unauthorized("this call is open to the server's workers only")
+            return tickets.encode_custom(handle(kind, payload, peer_of(context)))
         buckets = self._peer_buckets(payload)
         if kind == "flightstore.offsets":
             table = self._peer_table(payload, context, Operation.DESCRIBE, buckets)

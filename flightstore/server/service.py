@@ -306,9 +306,12 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
           users: UserStore | dict[str, str] | None = None, cluster: Any = None,
           super_users: tuple[str, ...] = (), tls: TlsConfig | None = None,
           token_ttl_ms: int | None = None, max_tokens: int | None = None,
-          metrics_port: int | None = None, options: Mapping[str, Any] | None = None) -> None:
+          metrics_port: int | None = None, options: Mapping[str, Any] | None = None,
+          workers: Any = None) -> None:
     """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store.
     ``cluster`` (a :class:`flightstore.cluster.member.ClusterConfig`) joins a cluster first;
+    ``workers`` (a :class:`flightstore.cluster.workers.launch.WorkerLaunch`) runs this process as
+    one of a machine's workers (worker 0 starts the others and stops them on SIGTERM);
     ``metrics_port`` serves Prometheus metrics on ``host``; ``options`` are further server options
     (``serve --option``): retention, partitions and the lake."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -319,15 +322,24 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         if metrics_port is None:
             metrics_port = options.get("metrics.port")
         # Cluster mode tiers nothing yet: each server would have to tier only the buckets it leads.
-        lake = None if cluster is not None else LakeSettings.from_options(data_dir, options)
+        distributed = cluster is not None or workers is not None
+        lake = None if distributed else LakeSettings.from_options(data_dir, options)
+        store_dir = data_dir
+        if workers is not None:
+            from flightstore.cluster.workers.launch import WorkerLaunch
+            assert isinstance(workers, WorkerLaunch)
+            store_dir = workers.data_dir(data_dir)
+        elif cluster is None:
+            from flightstore.cluster.workers.launch import check_single_server_dir
+            check_single_server_dir(data_dir)
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
-    if cluster is not None:
+    if distributed:
         from flightstore.cluster.store import ClusterStore as store_class
     else:
         store_class = Store
     try:
-        store = store_class(data_dir, fsync=fsync, options=options)
+        store = store_class(store_dir, fsync=fsync, options=options)
     except (DataDirectoryInUse, InvalidOption) as exc:  # another server; remote.* options
         raise SystemExit(f"flightstore: {exc}") from None
     try:
@@ -338,17 +350,25 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     except pa.ArrowException as exc:
         store.close()
         raise SystemExit(f"flightstore: {_listen_failure(host, port, tls, exc)}") from None
-    if cluster is not None:
-        from flightstore.cluster.member import join
+    supervisor = None  # worker 0's children (--workers)
+    if distributed:
         try:
-            server.cluster = join(cluster, store, host, server.port)
+            if cluster is not None:
+                from flightstore.cluster.member import join
+                server.cluster = join(cluster, store, host, server.port)
+            else:
+                server.cluster = workers.join(store, data_dir, host, server.port)
             server.peers.identity = server.cluster.identity
             server.metrics.watch_replicas(server.cluster.replicas)
             server.cluster.on_decommissioned = lambda: os.kill(os.getpid(), signal.SIGTERM)
             if server.authenticator is not None:  # tokens signed: every server of the cluster takes them
                 server.authenticator.secret = server.cluster.secret
                 server.authenticator.peer_identity = server.cluster.identity
+            if workers is not None and workers.worker_id == 0:
+                supervisor = workers.start_children(server.cluster, data_dir)
         except FlightstoreError as exc:
+            if server.cluster is not None:
+                server.cluster.stop()
             server.shutdown()
             store.close()
             raise SystemExit(f"flightstore: {exc}") from None
@@ -372,11 +392,17 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     finished = threading.Event()
     guard = threading.Thread(target=_exit_unless, args=(finished, grace_s + HARD_EXIT_MARGIN_S),
                              name="flightstore-exit-guard", daemon=True)
+    children = threading.Thread(target=supervisor.stop, name="flightstore-workers-stop", daemon=True) \
+        if supervisor is not None else None
     try:
         _wait_for_signal(grace_s)
+        if children is not None:  # the workers stop alongside worker 0
+            children.start()
         guard.start()
         server.shutdown(grace_s)  # stops accepting, waits grace_s, then stops running queries
     finally:
+        if children is not None and children.is_alive():
+            children.join(grace_s + HARD_EXIT_MARGIN_S)
         if server.cluster is not None:
             server.cluster.stop()
         if server.tierer is not None:
