@@ -68,11 +68,54 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port = SERVER_OPTIONS["metrics.port"].parse(metrics_port) if metrics_port is not None else None
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
+    cluster = _cluster_config(args, flag_or_option(args.cluster_secret_file, "cluster.secret-file"))
     serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users,
-          cluster=_cluster_config(args, flag_or_option(args.cluster_secret_file, "cluster.secret-file")),
-          super_users=super_users, tls=tls, token_ttl_ms=token_ttl_ms,
-          max_tokens=max_tokens, metrics_port=metrics_port, options=options)
+          cluster=cluster, super_users=super_users, tls=tls, token_ttl_ms=token_ttl_ms,
+          max_tokens=max_tokens, metrics_port=metrics_port, options=options,
+          workers=_workers(args, options, cluster, tls, metrics_port))
     return 0
+
+
+def _workers(args: argparse.Namespace, options: dict[str, str], cluster, tls, metrics_port: int | None):
+    """The WorkerLaunch of ``serve --workers N`` (N > 1), or of a worker worker 0 started; None
+    for one server process."""
+    from flightstore.errors import FlightstoreError
+    try:
+        count = SERVER_OPTIONS["server.workers"].parse(
+            args.workers if args.workers is not None else options.get("server.workers", "1"))
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore: {exc}") from None
+    if args.worker_of is None and args.worker_id is not None:
+        raise SystemExit("--worker-id is set by worker 0 for the workers it starts")
+    if count == 1 and args.worker_of is None:
+        return None
+    if cluster is not None:
+        raise SystemExit("--workers runs a group of processes on one machine without ZooKeeper; "
+                         "in a cluster run one server per core with --zookeeper instead")
+    if tls is not None:
+        raise SystemExit("--workers with TLS is not supported yet: the calls between workers do not "
+                         "verify certificates")
+    lake = sorted(key for key in options if key.startswith("datalake."))
+    if lake:
+        raise SystemExit(f"--workers does not tier into a lake yet (as a cluster): drop {', '.join(lake)}")
+    from flightstore.cluster.workers.launch import WorkerLaunch
+    if args.worker_of is not None:
+        worker_id = SERVER_OPTIONS["server.id"].parse(args.worker_id or "0")
+        if not 0 < worker_id < count:
+            raise SystemExit(f"--worker-id {worker_id} is not a worker of {count}")
+        return WorkerLaunch(count, worker_id, args.worker_of)
+    shared = ["--host", args.host, "--fsync" if args.fsync else "--no-fsync"]
+    if args.users_file or options.get("auth.users-file"):
+        shared += ["--users-file", args.users_file or options["auth.users-file"]]
+    for name in args.super_user or []:
+        shared += ["--super-user", name]
+    for flag, value in (("--token-ttl", args.token_ttl), ("--max-tokens", args.max_tokens)):
+        if value is not None:
+            shared += [flag, value]
+    for key, value in options.items():
+        if key not in ("server.workers", "metrics.port", "auth.users-file"):
+            shared += ["--option", f"{key}={value}"]
+    return WorkerLaunch(count, 0, None, tuple(shared), metrics_port)
 
 
 def _lake_status(args: argparse.Namespace) -> int:
@@ -350,6 +393,9 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
                        help="any server option of `flightstore options` (repeatable), e.g. "
                             "-o max.partition.num=100 or -o datalake.iceberg.warehouse=s3://bucket/lake")
+    serve.add_argument("--workers", metavar="N", help=SERVER_OPTIONS["server.workers"].doc)
+    serve.add_argument("--worker-id", help=argparse.SUPPRESS)  # set by worker 0 for its children
+    serve.add_argument("--worker-of", metavar="URI", help=argparse.SUPPRESS)
     serve.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", help=SERVER_OPTIONS["zookeeper.address"].doc)
     serve.add_argument("--server-id", help=SERVER_OPTIONS["server.id"].doc)
     serve.add_argument("--advertised-uri", metavar="grpc://HOST:PORT", help=SERVER_OPTIONS["advertised-uri"].doc)

@@ -268,6 +268,10 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("query.max-result-rows", "int", 1_000_000_000,
                  "Most rows one residual-SQL query may return; past it the stream ends with "
                  "RESOURCE_EXHAUSTED (`0`: no cap).", minimum=0),
+    ConfigOption("server.workers", "int", 1,
+                 "Server processes on this machine (`serve --workers N`): worker 0 serves the port given "
+                 "and starts the others, each leading buckets `b % N` in `DATA_DIR/worker-<k>`; clients "
+                 "find them as in cluster mode. Fixed at a data directory's first start.", minimum=1),
     ConfigOption("server.shutdown-grace", "duration", 10_000,
                  "On SIGTERM/SIGINT the server stops accepting calls and waits this long for running "
                  "ones, then stops them (UNAVAILABLE: server shutting down) and exits.", minimum=0),

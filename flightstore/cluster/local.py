@@ -27,8 +27,15 @@ class ServerProcess:
     """``flightstore serve`` as a child process; :attr:`uri` once it serves (it printed so)."""
 
     def __init__(self, args: Sequence[str], *, stderr: Path | None = None,
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None, env: dict[str, str] | None = None,
+                 stdin: int = subprocess.DEVNULL, own_session: bool = False) -> None:
+        """``env``: the process environment (default: this one's); ``stdin``: ``subprocess.PIPE``
+        for a worker, which stops when its parent's end of the pipe closes; ``own_session``: a
+        terminal's Ctrl-C reaches only the parent, which stops the process itself."""
         self.args = list(args)
+        self.env = env
+        self.stdin = stdin
+        self.own_session = own_session
         self.stderr = stderr
         self.echo = echo
         self.uri: str | None = None
@@ -48,8 +55,9 @@ class ServerProcess:
         self._serving.clear()
         with open(self.stderr, "ab") if self.stderr is not None else nullcontext() as err:
             self.process = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", *self.args],
-                                            stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                            text=True, bufsize=1)
+                                            stdout=subprocess.PIPE, stderr=err, stdin=self.stdin,
+                                            text=True, bufsize=1, env=self.env,
+                                            start_new_session=self.own_session)
         threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
         if not self._serving.wait(timeout) or self.uri is None:
             code = self.process.poll()

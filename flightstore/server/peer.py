@@ -197,6 +197,11 @@ class PeerRpcs:
                 "sequence": payload.get("sequence")}
 
     def _peer_action(self, kind: str, payload: dict, context: Any) -> bytes:
+        if kind.startswith("flightstore.workers."):  # a machine's workers (flightstore.cluster.workers)
+            handle = getattr(self.cluster, "handle", None)
+            if handle is None:
+                raise Unauthorized("this call is open to the server's workers only")
+            return tickets.encode_custom(handle(kind, payload, peer_of(context)))
         self._require_peer(context)
         if kind == "flightstore.lake-status":  # asked of the cluster's tierer: its own status
             if self.cluster is None or self.tierer is None:

@@ -327,9 +327,12 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
           users: UserStore | dict[str, str] | None = None, cluster: Any = None,
           super_users: tuple[str, ...] = (), tls: TlsConfig | None = None,
           token_ttl_ms: int | None = None, max_tokens: int | None = None,
-          metrics_port: int | None = None, options: Mapping[str, Any] | None = None) -> None:
+          metrics_port: int | None = None, options: Mapping[str, Any] | None = None,
+          workers: Any = None) -> None:
     """Run the server until SIGTERM/SIGINT, then shut down cleanly and close the store.
     ``cluster`` (a :class:`flightstore.cluster.member.ClusterConfig`) joins a cluster first;
+    ``workers`` (a :class:`flightstore.cluster.workers.launch.WorkerLaunch`) runs this process as
+    one of a machine's workers (worker 0 starts the others and stops them on SIGTERM);
     ``metrics_port`` serves Prometheus metrics on ``host``; ``options`` are further server options
     (``serve --option``): retention, partitions and the lake."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -339,22 +342,32 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
         options = validate_server_options(options or {})
         if metrics_port is None:
             metrics_port = options.get("metrics.port")
-        if cluster is None:
-            lake = LakeSettings.from_options(data_dir, options)
-        else:  # one lake for the cluster, named explicitly by every server (flightstore.lake.cluster)
+        distributed = cluster is not None or workers is not None
+        if cluster is not None:  # one lake for the cluster, named explicitly by every server (flightstore.lake.cluster)
             from flightstore.lake.cluster import cluster_lake_settings
             lake = cluster_lake_settings(data_dir, options)
+        else:  # a machine's workers tier nothing yet: each would tier only the buckets it leads
+            lake = None if workers is not None else LakeSettings.from_options(data_dir, options)
+        store_dir = data_dir
+        if workers is not None:
+            from flightstore.cluster.workers.launch import WorkerLaunch
+            assert isinstance(workers, WorkerLaunch)
+            store_dir = workers.data_dir(data_dir)
+        elif cluster is None:
+            from flightstore.cluster.workers.launch import check_single_server_dir
+            check_single_server_dir(data_dir)
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     seed = None
-    if cluster is not None:
-        from flightstore.cluster.security import ClusterUsers
+    if distributed:
+        if cluster is not None:
+            from flightstore.cluster.security import ClusterUsers
+            seed, users = users, ClusterUsers()  # the cluster's users, in ZooKeeper; a users file seeds them
         from flightstore.cluster.store import ClusterStore as store_class
-        seed, users = users, ClusterUsers()  # the cluster's users, in ZooKeeper; a users file seeds them
     else:
         store_class = Store
     try:
-        store = store_class(data_dir, fsync=fsync, options=options)
+        store = store_class(store_dir, fsync=fsync, options=options)
     except (DataDirectoryInUse, InvalidOption) as exc:  # another server; remote.* options
         raise SystemExit(f"flightstore: {exc}") from None
     if cluster is not None:
@@ -367,20 +380,30 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     except pa.ArrowException as exc:
         store.close()
         raise SystemExit(f"flightstore: {_listen_failure(host, port, tls, exc)}") from None
-    if cluster is not None:
-        from flightstore.cluster.member import join
+    supervisor = None  # worker 0's children (--workers)
+    if distributed:
         try:
-            server.cluster = join(cluster, store, host, server.port, tls=tls is not None)
+            if cluster is not None:
+                from flightstore.cluster.member import join
+                server.cluster = join(cluster, store, host, server.port, tls=tls is not None)
+            else:
+                server.cluster = workers.join(store, data_dir, host, server.port)
             server.peers.identity = server.cluster.identity
             server.metrics.watch_replicas(server.cluster.replicas)
             server.cluster.on_decommissioned = lambda: os.kill(os.getpid(), signal.SIGTERM)
-            _secure_cluster(server, seed)
-            from flightstore.lake.cluster import ClusterLake, check_cluster_lake
-            check_cluster_lake(server.cluster, lake)  # the cluster's lake, or none on every server
             store.has_lake = lake is not None
-            if server.tierer is not None:  # tiers while it holds the cluster's lease, else follows
-                server.tierer.cluster = ClusterLake(server.cluster, store.peers)
-                server.tierer.start()
+            if cluster is not None:
+                _secure_cluster(server, seed)
+                from flightstore.lake.cluster import ClusterLake, check_cluster_lake
+                check_cluster_lake(server.cluster, lake)  # the cluster's lake, or none on every server
+                if server.tierer is not None:  # tiers while it holds the cluster's lease, else follows
+                    server.tierer.cluster = ClusterLake(server.cluster, store.peers)
+                    server.tierer.start()
+            elif server.authenticator is not None:  # tokens signed: every worker takes them
+                server.authenticator.secret = server.cluster.secret
+                server.authenticator.peer_identity = server.cluster.identity
+            if workers is not None and workers.worker_id == 0:
+                supervisor = workers.start_children(server.cluster, data_dir)
         except FlightstoreError as exc:
             if server.cluster is not None:  # leave at once: a refused server must not stay a member
                 server.cluster.stop()
@@ -407,11 +430,17 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     finished = threading.Event()
     guard = threading.Thread(target=_exit_unless, args=(finished, grace_s + HARD_EXIT_MARGIN_S),
                              name="flightstore-exit-guard", daemon=True)
+    children = threading.Thread(target=supervisor.stop, name="flightstore-workers-stop", daemon=True) \
+        if supervisor is not None else None
     try:
         _wait_for_signal(grace_s)
+        if children is not None:  # the workers stop alongside worker 0
+            children.start()
         guard.start()
         server.shutdown(grace_s)  # stops accepting, waits grace_s, then stops running queries
     finally:
+        if children is not None and children.is_alive():
+            children.join(grace_s + HARD_EXIT_MARGIN_S)
         if server.cluster is not None:
             server.cluster.stop()
         if server.tierer is not None:
