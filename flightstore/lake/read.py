@@ -25,9 +25,11 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from pyiceberg import expressions as ice
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import ManifestEntryStatus
@@ -51,6 +53,7 @@ __all__ = [
     "plan_lake_files",
     "read_data_files",
     "read_lake",
+    "read_live_rows",
     "resolve_snapshot",
     "scan_snapshot",
     "snapshot_batches",
@@ -367,6 +370,34 @@ def read_data_files(locations: Sequence[str], io_properties: dict[str, str], sch
     what = "reading lake data files"
     with missing_files(what):
         yield from _parquet_batches(io, locations, pa.schema([schema.field(c) for c in columns]), what)
+
+
+def read_live_rows(location: str, delete_locations: Sequence[str], io_properties: dict[str, str],
+                   schema: pa.Schema, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """``columns`` of one lake data file of a primary-key table without the rows its position
+    delete files (``delete_locations``, as planned for this file) delete: a Spark executor's
+    read of a lake snapshot, straight from the warehouse."""
+    io = PyArrowFileIO(dict(io_properties))
+    what = f"reading lake data file {location}"
+    if not delete_locations:
+        yield from read_data_files([location], io_properties, schema, columns)
+        return
+    with missing_files(what), lake_failures(what):
+        deleted = []
+        for delete in delete_locations:
+            with io.new_input(delete).open() as stream:
+                positions = pq.read_table(stream, columns=["file_path", "pos"])
+            deleted.append(positions.filter(pc.equal(positions.column("file_path"), location)).column("pos")
+                           .to_numpy())
+        gone = np.unique(np.concatenate(deleted)) if deleted else np.empty(0, np.int64)
+        fields = pa.schema([schema.field(c) for c in columns])
+        with io.new_input(location).open() as stream:
+            at = 0
+            for batch in pq.ParquetFile(stream).iter_batches(columns=list(columns)):
+                keep = ~np.isin(np.arange(at, at + batch.num_rows, dtype=np.int64), gone, assume_unique=True)
+                at += batch.num_rows
+                if keep.any():
+                    yield batch.filter(pa.array(keep)).cast(fields)
 
 
 def _batches_of(batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:

@@ -64,7 +64,7 @@ def read_lake_split(split: dict, schema: StructType) -> Iterator[pa.RecordBatch]
     """One lake split on an executor: its data file's ``columns``, cast to ``schema`` and filtered
     by the pushed filter exactly (Spark does not filter pushed predicates again)."""
     batches = conform_batches(_flight.read_lake_files(split["files"], split["io"], split["schema"],
-                                                      split["columns"]), schema)
+                                                      split["columns"], split.get("deletes")), schema)
     if split.get("filter") is None:
         yield from batches
         return
@@ -157,6 +157,8 @@ class FlightstoreReader(DataSourceReader):
                 info = _flight.query_endpoints(conn, options.query)
                 return [InputPartition({"ticket": e.ticket.ticket, "uri": _flight.endpoint_uri(e)})
                         for e in info.endpoints]
+            if options.get("snapshot.id") is not None:
+                return self._lake_snapshot(conn, int(options.get("snapshot.id")))
             client = conn.table(options.table)
             leaders = _flight.leaders(conn, options.table)  # in a cluster: read each bucket at its leader
             if wants_changelog(options):
@@ -187,8 +189,24 @@ class FlightstoreReader(DataSourceReader):
                                 "uri": leaders[bucket % len(leaders)] if leaders else None})
                 for bucket in buckets]
 
+    def _lake_snapshot(self, conn: Any, snapshot_id: int) -> list[InputPartition]:
+        """``snapshot.id``: that lake snapshot alone, one partition per data file read straight
+        from the warehouse (a primary-key table's position deletes applied by the reader)."""
+        planned = _flight.lake_split(conn, self.options.table, self.pushed, snapshot_id, lake_only=True)
+        if "files" not in planned:
+            raise ValueError(f"table {self.options.table} has no lake: option('snapshot.id') reads a "
+                             "datalake-enabled table's lake snapshot")
+        io = _flight.lake_io(self.options, planned)
+        columns = self.options.columns or self.schema.fieldNames()
+        filter_json = self.pushed.to_dict() if self.pushed is not None else None
+        return [InputPartition({"lake": {"files": [f["path"]], "deletes": f.get("deletes") or None, "io": io,
+                                         "schema": planned["schema"], "columns": columns, "filter": filter_json}})
+                for f in planned["files"]] or [InputPartition({"empty": True})]
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         value = partition.value
+        if "empty" in value:  # a lake snapshot with no data file
+            return
         if "lake" in value:  # straight from the warehouse: no server in the path
             yield from read_lake_split(value["lake"], self.schema)
             return
