@@ -141,6 +141,7 @@ def _state(checkpoint: Path) -> str | None:
     return json.loads(path.read_text())["state"] if path.exists() else None
 
 
+@pytest.mark.timeout(1500)  # four Spark jobs, each a JVM start, on a busy 2-core machine
 def test_lake_backfill_then_stream_survives_kill_9_at_each_phase_and_a_server_restart(lake, tmp_path):
     conn = connect(lake.uri)
     _setup(conn)

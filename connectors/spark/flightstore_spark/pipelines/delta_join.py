@@ -129,7 +129,11 @@ class DeltaJoin:
             if left.num_rows:
                 self._left_changes(conn, left, writer_prefix, caches, written)
             if right.num_rows:
-                self._right_changes(conn, right, writer_prefix, caches, written)
+                # Left rows this task just wrote (or deleted) already hold a right row at least as
+                # new as this batch's change of their key (the caches saw it first; the table is
+                # never behind the stream): the right changes skip them.
+                done = left.select(self.left_key) if left.num_rows else None
+                self._right_changes(conn, right, writer_prefix, caches, written, done)
         return written
 
     def _left_changes(self, conn, left: pa.Table, prefix: str, caches: ShardCaches | None,
@@ -157,7 +161,7 @@ class DeltaJoin:
             written["left_deletes"] = deletes.num_rows
 
     def _right_changes(self, conn, right: pa.Table, prefix: str, caches: ShardCaches | None,
-                       written: dict[str, int]) -> None:
+                       written: dict[str, int], done: pa.Table | None) -> None:
         """Right changes reach the sink rows of every left row of their key: left join, a partial
         update of right's columns (nulls for ``-D``); inner join, whole wide rows (``-D``: the
         rows leave the sink)."""
@@ -167,6 +171,8 @@ class DeltaJoin:
             column = right.column(name)
             values = values.append_column(name, pc.if_else(deleted, pa.nulls(len(column), column.type), column))
         rows = self._left_rows(conn, distinct_keys(values, self.key), caches)
+        if done is not None and rows.num_rows:
+            rows = rows.filter(match_rows(rows.select(self.left_key), done, self.left_key).is_null())
         if rows.num_rows == 0:
             return
         at = match_rows(rows, values, self.key)
