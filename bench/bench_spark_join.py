@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from bench.bench_spark import BUCKETS, _spark
+from bench.bench_spark import BUCKETS, _spark, warm
 from bench.report import Row
 from flightstore.client import connect
 from flightstore.lake import LakeSettings
@@ -43,6 +43,7 @@ def run() -> list[Row]:
         thread.start()
         spark = _spark()
         try:
+            warm(spark, server.uri, Path(tmp))
             conn = connect(server.uri)
             rows = _delta_vs_stream_stream(spark, conn, server.uri, Path(tmp))
             rows += _backfill_vs_replay(spark, conn, server, Path(tmp))

@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from flightstore_spark import _flight
 from flightstore_spark.pipelines import backfill as lake_backfill
-from flightstore_spark.pipelines import delta_join
 
 from flightstore.client import connect
 from flightstore.lake import LakeSettings
@@ -93,35 +93,6 @@ def _sink(conn) -> list[tuple]:
     return sorted((r["cust"], r["oid"], r["amount"], r["name"]) for r in conn.table("wide").scan().to_pylist())
 
 
-def test_backfill_joins_the_lake_snapshots_then_streams_from_their_offsets(spark, lake, tmp_path):
-    conn = connect(lake.uri)
-    _setup(conn)
-    _changes(conn, 0)
-    lake.tier("default.orders", "default.customers")
-    _changes(conn, 1)  # merge-on-read: the next round writes position deletes
-    lake.tier("default.orders", "default.customers")
-    _changes(conn, 2)  # after the snapshots: only the stream brings these (a gap would lose them)
-    from flightstore_spark import _flight
-    planned = _flight.lake_split(conn, "orders", lake_only=True)
-    assert any(f["deletes"] for f in planned["files"])  # the executors apply position deletes
-    checkpoint = tmp_path / "ck"
-    offsets = lake_backfill.backfill(spark, lake.uri, "orders", "customers", ["cust"], "wide", str(checkpoint))
-    record = json.loads((checkpoint / lake_backfill.RECORD).read_text())
-    assert record["state"] == "written"
-    assert offsets == {side: {int(b): o for b, o in record[side]["offsets"].items()} for side in ("left", "right")}
-    assert offsets["left"] != conn.table("orders").offsets("end")  # the snapshots are behind the log
-    snapshot_join = _sink(conn)
-    assert snapshot_join and snapshot_join != _batch_join(conn)
-    query = delta_join.start(spark, lake.uri, "orders", "customers", ["cust"], "wide", str(checkpoint / "stream"),
-                             startup_offsets=offsets)
-    query.awaitTermination()
-    assert query.exception() is None
-    assert _sink(conn) == _batch_join(conn)
-    with pytest.raises(ValueError, match="not empty"):  # a fresh backfill into a written sink is refused
-        lake_backfill.backfill(spark, lake.uri, "orders", "customers", ["cust"], "wide", str(tmp_path / "other"))
-    conn.close()
-
-
 def _job(uri: str, checkpoint: Path, trigger: str) -> subprocess.Popen:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     return subprocess.Popen([sys.executable, "-m", "flightstore_spark.pipelines.delta_join", "--uri", uri,
@@ -141,7 +112,7 @@ def _state(checkpoint: Path) -> str | None:
     return json.loads(path.read_text())["state"] if path.exists() else None
 
 
-@pytest.mark.timeout(1500)  # four Spark jobs, each a JVM start, on a busy 2-core machine
+@pytest.mark.timeout(1500)  # three Spark jobs, each a JVM start, on a busy 2-core machine
 def test_lake_backfill_then_stream_survives_kill_9_at_each_phase_and_a_server_restart(lake, tmp_path):
     conn = connect(lake.uri)
     _setup(conn)
@@ -149,7 +120,9 @@ def test_lake_backfill_then_stream_survives_kill_9_at_each_phase_and_a_server_re
     lake.tier("default.orders", "default.customers")
     _changes(conn, 1)
     lake.tier("default.orders", "default.customers")
-    _changes(conn, 2)
+    _changes(conn, 2)  # after the snapshots: only the stream brings these (a gap would lose them)
+    planned = _flight.lake_split(conn, "orders", lake_only=True)
+    assert any(f["deletes"] for f in planned["files"])  # the executors apply position deletes
     checkpoint = tmp_path / "ck"
 
     job = _job(lake.uri, checkpoint, "0.5")  # killed during the backfill
@@ -161,21 +134,21 @@ def test_lake_backfill_then_stream_survives_kill_9_at_each_phase_and_a_server_re
     conn = connect(lake.uri)
     _changes(conn, 3)
 
-    job = _job(lake.uri, checkpoint, "0.5")  # killed between the backfill and the stream
-    wait_until(lambda: _state(checkpoint) == "written" or job.poll() is not None, "the backfill written", 300)
-    _kill(job)
-    assert _state(checkpoint) == "written"
-
-    job = _job(lake.uri, checkpoint, "0.5")  # killed while streaming
+    job = _job(lake.uri, checkpoint, "0.5")  # killed while streaming, after the backfill
     commits = checkpoint / "stream" / "commits"
     wait_until(lambda: (commits.exists() and any(commits.iterdir())) or job.poll() is not None,
                "a streamed micro-batch", 300)
     _changes(conn, 4)
     _kill(job)
+    record = json.loads((checkpoint / lake_backfill.RECORD).read_text())
+    assert record["state"] == "written"
+    assert {int(b): o for b, o in record["left"]["offsets"].items()} != conn.table("orders").offsets("end")
 
     _changes(conn, 5)
     job = _job(lake.uri, checkpoint, "availableNow")  # drains and stops
     _, errors = job.communicate(timeout=600)
     assert job.returncode == 0, errors.decode()[-3000:]
     assert _sink(conn) == _batch_join(conn)
+    with pytest.raises(ValueError, match="not empty"):  # a fresh backfill into a written sink is refused
+        lake_backfill.backfill(None, lake.uri, "orders", "customers", ["cust"], "wide", str(tmp_path / "other"))
     conn.close()

@@ -9,7 +9,7 @@ from flightstore_spark.pipelines.join_cache import CacheSettings
 
 from flightstore.client import connect
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # four streaming queries on a busy machine
 
 
 def _setup(conn):

@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 from flightstore.client import connect
 
+pytestmark = pytest.mark.slow
+
 _names = itertools.count()
 
 KEYS = st.integers(0, 3)
@@ -116,7 +118,7 @@ CACHES = [CacheSettings(False), CacheSettings(True, 1, 2), CacheSettings()]
 
 @pytest.mark.parametrize("join_type", ["left", "inner"])
 @pytest.mark.parametrize("cache", CACHES, ids=["off", "tiny", "default"])
-@settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking:
+@settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # 3 tables an example
 @given(rounds=st.lists(ROUND, min_size=1, max_size=5))
 def test_sink_equals_batch_join_after_draining(server, join_type, cache, rounds):

@@ -40,7 +40,9 @@ def local_spark(master: str, app: str):
     import flightstore_spark
 
     spark = (SparkSession.builder.master(master).appName(app)
-             .config("spark.ui.enabled", "false").getOrCreate())
+             .config("spark.ui.enabled", "false")
+             .config("spark.python.authenticate.socketTimeout", "120s")  # busy machines: 15 s is short
+             .getOrCreate())
     flightstore_spark.register(spark)
     return spark
 
