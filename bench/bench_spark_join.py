@@ -29,8 +29,8 @@ from flightstore.lake import LakeSettings
 from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
 
-ORDERS = 300_000
-CUSTOMERS = 30_000
+ORDERS = 200_000
+CUSTOMERS = 20_000
 DAYS = 4  # backfill: each day changes every order once
 
 

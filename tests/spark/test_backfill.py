@@ -95,11 +95,12 @@ def _sink(conn) -> list[tuple]:
 
 def _job(uri: str, checkpoint: Path, trigger: str) -> subprocess.Popen:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    log = open(checkpoint.parent / "job.log", "ab")  # never a pipe nobody reads: Spark logs a lot
     return subprocess.Popen([sys.executable, "-m", "flightstore_spark.pipelines.delta_join", "--uri", uri,
                              "--left", "orders", "--right", "customers", "--key", "cust", "--sink", "wide",
                              "--checkpoint", str(checkpoint), "--startup-mode", "lake", "--trigger", trigger,
                              "--master", "local[2]"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            env=env, stdout=log, stderr=log, start_new_session=True)
 
 
 def _kill(job: subprocess.Popen) -> None:
@@ -146,8 +147,8 @@ def test_lake_backfill_then_stream_survives_kill_9_at_each_phase_and_a_server_re
 
     _changes(conn, 5)
     job = _job(lake.uri, checkpoint, "availableNow")  # drains and stops
-    _, errors = job.communicate(timeout=600)
-    assert job.returncode == 0, errors.decode()[-3000:]
+    job.wait(timeout=600)
+    assert job.returncode == 0, (tmp_path / "job.log").read_text()[-3000:]
     assert _sink(conn) == _batch_join(conn)
     with pytest.raises(ValueError, match="not empty"):  # a fresh backfill into a written sink is refused
         lake_backfill.backfill(None, lake.uri, "orders", "customers", ["cust"], "wide", str(tmp_path / "other"))
