@@ -69,7 +69,7 @@ def warm(spark, uri: str, tmp: Path, attempts: int = 5) -> None:
         try:
             spark.read.format("flightstore").option("uri", uri).option("table", "warm_up").load().collect()
             query = (spark.readStream.format("flightstore").option("uri", uri).option("table", "warm_up")
-                     .load().writeStream.foreachBatch(lambda df, _: df.mapInArrow(iter, df.schema).collect())
+                     .load().writeStream.foreachBatch(lambda df, _: df.mapInArrow(lambda b: b, df.schema).collect())
                      .option("checkpointLocation", str(tmp / f"warm-{attempt}")).trigger(availableNow=True).start())
             query.awaitTermination()
             return
