@@ -7,7 +7,7 @@ from flightstore_spark.pipelines import aggregation
 
 from flightstore.client import connect
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # three streaming queries on a busy machine
 
 
 def test_aggregation_table_equals_spark_groupby(spark, server, tmp_path):
