@@ -56,7 +56,7 @@ def _spark():
     return spark
 
 
-def timed_query(start, attempts: int = 5) -> tuple[float, object]:
+def timed_query(start, attempts: int = 20) -> tuple[float, object]:
     """Seconds a streaming query ``start()`` takes to finish, and the query. Each new streaming
     query starts a Python source runner that Spark gives a fixed 10 s to connect back; a busy
     shared machine can miss that before the first micro-batch (nothing processed): start again."""
@@ -72,7 +72,7 @@ def timed_query(start, attempts: int = 5) -> tuple[float, object]:
     raise AssertionError("unreachable")
 
 
-def warm(spark, uri: str, tmp: Path, attempts: int = 5) -> None:
+def warm(spark, uri: str, tmp: Path, attempts: int = 20) -> None:
     """Start every kind of Spark Python worker the measures use (a daemon per kind) before any
     clock runs: Spark gives a starting daemon a fixed 10 s to connect back, which a busy machine
     can miss once; a started daemon stays."""
