@@ -41,6 +41,7 @@ from flightstore.lake.files import (
     check_intact,
     missing_files,
     read_data_files,
+    read_live_rows,
     task_batches,
 )
 from flightstore.lake.integrity import DamageHandler
@@ -57,6 +58,7 @@ __all__ = [
     "plan_lake_files",
     "read_data_files",
     "read_lake",
+    "read_live_rows",
     "resolve_snapshot",
     "scan_snapshot",
     "snapshot_batches",

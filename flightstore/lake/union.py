@@ -258,11 +258,13 @@ def public_io_properties(properties: dict[str, str]) -> dict[str, str]:
 
 
 def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate | None = None,
-               snapshot_id: int | None = None) -> dict:
+               snapshot_id: int | None = None, *, with_deletes: bool = False) -> dict:
     """A union read planned for readers elsewhere (Spark executors): the split's snapshot and
     offsets, the data files a read with ``filter`` (bound to the table's schema) must open after
     partition and statistics pruning, the files' Arrow schema (IPC bytes) and the lake's file-IO
-    properties without credentials (readers bring their own)."""
+    properties without credentials (readers bring their own). ``with_deletes``: each data file
+    also names the position delete files that apply to it (a primary-key table's merge-on-read;
+    the reader drops those rows), instead of refusing such a snapshot."""
     split = union_split(catalog, table, snapshot_id)
     files: list[dict] = []
     if _partitioned(table):  # the live partitions' buckets the filter leaves (pruning)
@@ -275,7 +277,7 @@ def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate |
         with lake_failures(f"planning a read of the lake table of {table.path}"):
             tasks = list(scan_snapshot(split.lake_table, split.snapshot,
                                        table_types(table.descriptor).names, bound).plan_files())
-        if any(task.delete_files for task in tasks):
+        if not with_deletes and any(task.delete_files for task in tasks):
             raise Unsupported(f"table {table.path}: its lake has delete files; read it with SQL")
         store = ChecksumStore.of(split.lake_table)
         io = split.lake_table.io
@@ -286,6 +288,9 @@ def plan_split(catalog: LakeCatalog | None, table: Table, filter: fs.Predicate |
             files.append({"path": task.file.file_path, "rows": task.file.record_count,
                           "bytes": task.file.file_size_in_bytes,
                           "crc32": check.crc32 if check is not None else None})
+        if with_deletes:
+            for planned, task in zip(files, tasks):
+                planned["deletes"] = sorted(d.file_path for d in task.delete_files)
     io = {} if split.lake_table is None else public_io_properties(split.lake_table.io.properties)
     return {"snapshot_id": split.snapshot.snapshot_id if split.snapshot is not None else None,
             "offsets": {str(b): o for b, o in split.offsets.items()}, "files": files,

@@ -164,12 +164,16 @@ class ActionRpcs:
         if kind == "flightstore.lake-split":
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.READ, table)
-            if not is_union(table.descriptor):
+            # ``lake_only``: a reader of the lake snapshot alone (a Spark backfill), which also
+            # takes primary-key tables and applies their position delete files itself.
+            lake_only = bool(payload.get("lake_only")) and bool(table.descriptor.option("table.datalake.enabled"))
+            if not is_union(table.descriptor) and not lake_only:
                 return tickets.encode_custom({"op": "lake-split", "union": False})
             from flightstore.lake.union import plan_split
             filter = from_json(payload["filter"]) if payload.get("filter") else None
-            planned = plan_split(self.executor.lake, table, filter, payload.get("snapshot_id"))
-            return tickets.encode_custom({"op": "lake-split", "union": True, **planned})
+            planned = plan_split(self.executor.lake, table, filter, payload.get("snapshot_id"),
+                                 with_deletes=lake_only)
+            return tickets.encode_custom({"op": "lake-split", "union": is_union(table.descriptor), **planned})
         # Upkeep (each task needs what TASKS says): on one server here; in a cluster on every leader of
         # the table over the buckets it leads, and the answer says what each server did ("servers").
         if kind == "flightstore.undo":
