@@ -31,8 +31,11 @@ superset: $(RUNTIME)
 cluster: $(RUNTIME)
 	$(PY) -m flightstore cluster --servers 3 --data-dir ./cluster-data
 
+# Several workers (pytest-xdist): most of the suite waits on server processes, ZooKeeper sessions
+# and Spark, so three workers share two cores well; a module stays on one worker (tests/conftest.py).
+TEST_WORKERS ?= 3
 test: $(TESTING)
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
 # A long randomized fuzz run (`make test` runs a short deterministic one); FUZZ_EXAMPLES per test.
 FUZZ_EXAMPLES ?= 5000

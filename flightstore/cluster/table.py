@@ -404,11 +404,16 @@ class ClusterTable(TableApi):
             if len(servers) == 1:
                 return self._lookup_at(int(servers[0]), keys, columns, np.unique(buckets).tolist())
             wanted = columns + [c for c in pk if c not in columns]
+            # Each leader is asked each key once: a key given n times must answer n rows, not n x n
+            # (the join below puts the answers back in the keys' order, duplicates included).
+            unique = keys.group_by(pk, use_threads=False).aggregate([])
+            unique_buckets = np.asarray(local.buckets_of(unique), dtype=np.int64)
+            unique_leaders = self._leaders(unique_buckets)
             parts = []
-            for server in servers:
-                mask = leaders == server
-                parts.append(self._lookup_at(int(server), keys.filter(pa.array(mask)), wanted,
-                                             np.unique(buckets[mask]).tolist()))
+            for server in np.unique(unique_leaders):
+                mask = unique_leaders == server
+                parts.append(self._lookup_at(int(server), unique.filter(pa.array(mask)), wanted,
+                                             np.unique(unique_buckets[mask]).tolist()))
             found = pa.concat_tables(parts)
             order = keys.append_column("__position", pa.array(np.arange(keys.num_rows))) \
                 .join(found, pk, join_type="inner").sort_by("__position")

@@ -12,7 +12,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import flightstore
@@ -81,6 +81,8 @@ def _sorted(table: pa.Table) -> list[dict]:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(writes=batches, probes=st.lists(keys, min_size=1, max_size=8))
+# Keys given twice, spread over every worker's buckets: each answers twice (once answered n x n).
+@example(writes=[("upsert", [((k, "x"), k) for k in range(13)])], probes=[(k, "x") for k in range(13)] * 2)
 def test_answers_through_any_worker_equal_a_single_servers(group, single, writes, probes):
     name = f"t_{uuid.uuid4().hex[:8]}"
     uris = list(group.uris().values())
