@@ -13,7 +13,7 @@ import getpass
 import os
 import sys
 
-from flightstore.config import SERVER_OPTIONS, options_markdown
+from flightstore.config import SERVER_OPTIONS, options_markdown, options_page
 
 __all__ = ["main"]
 
@@ -481,7 +481,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="fsync what repair writes (default: on)")
     repair.set_defaults(func=_repair)
     options = commands.add_parser("options", help="print every option as a Markdown table")
-    options.set_defaults(func=lambda _: print(options_markdown()) or 0)
+    options.add_argument("--page", action="store_true", help="the whole page docs/options.md")
+    options.set_defaults(func=lambda a: print(options_page() if a.page else options_markdown(), end="\n"
+                                              if not a.page else "") or 0)
     args = parser.parse_args(argv)
     if args.command == "user" and args.action != "list" and not args.name:
         parser.error(f"user {args.action} needs a NAME")

@@ -256,7 +256,7 @@ class Connection:
 
     def set_session_options(self, options: Mapping[str, Any]) -> None:
         """Set Flight session options of this connection (``schema``, ``catalog``,
-        ``flightstore.per-bucket-endpoints``: see the README option table). Raises
+        ``flightstore.per-bucket-endpoints``: see docs/options.md). Raises
         :class:`~flightstore.errors.InvalidOption` naming the refused ones (then none is set)."""
         request = protocol.SetSessionOptionsRequest()
         for key, value in options.items():
