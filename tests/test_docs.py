@@ -100,6 +100,19 @@ def test_options_page_is_generated_from_the_registry() -> None:
         "docs/options.md is stale: python -m flightstore options --page > docs/options.md"
 
 
+def test_the_site_builds_strictly(tmp_path) -> None:
+    """`make docs`: no broken link or anchor, no warning (mkdocs --strict), README as the front page."""
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "WARNING" not in done.stderr
+    front = (tmp_path / "site" / "index.html").read_text()
+    assert "A 5-minute tour" in front and 'href="clients/"' in front
+    plan = subprocess.run(["make", "-n", "docs", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=True).stdout
+    assert "'.[docs]'" in plan and plan.rstrip().endswith("mkdocs build --strict")
+
+
 class PageRun:
     """The server, namespace, SQL connection and shell of one page's blocks."""
 
