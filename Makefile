@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: run cluster superset test fuzz chaos bench lint clean
+.PHONY: run cluster superset test docs fuzz chaos bench lint clean
 
 # pip shows what it fetches and installs (no -q): the first install takes a minute or more.
 $(RUNTIME): pyproject.toml
@@ -37,6 +37,16 @@ TEST_WORKERS ?= 3
 test: $(TESTING)
 	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
+# The documentation site (README.md as its front page, docs/*.md) into site/; --strict: a broken
+# link or anchor, or any other warning, fails the build. tests/test_docs.py runs every code block.
+DOCS := $(VENV)/.installed-docs
+$(DOCS): $(RUNTIME)
+	$(PY) -m pip install --disable-pip-version-check -e '.[docs]'
+	touch $(DOCS)
+
+docs: $(DOCS)
+	$(VENV)/bin/mkdocs build --strict
+
 # A long randomized fuzz run (`make test` runs a short deterministic one); FUZZ_EXAMPLES per test.
 FUZZ_EXAMPLES ?= 5000
 fuzz: $(TESTING)
@@ -59,4 +69,4 @@ lint: $(TESTING)
 	$(PY) -m pip install -q 'ruff==0.17.6' && $(VENV)/bin/ruff check flightstore flightstore_sqlalchemy connectors tests bench
 
 clean:
-	rm -rf $(VENV) data cluster-data superset-home chaos-runs
+	rm -rf $(VENV) data cluster-data superset-home chaos-runs site

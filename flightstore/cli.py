@@ -13,7 +13,7 @@ import getpass
 import os
 import sys
 
-from flightstore.config import SERVER_OPTIONS, options_markdown
+from flightstore.config import SERVER_OPTIONS, options_markdown, options_page
 
 __all__ = ["main"]
 
@@ -271,26 +271,45 @@ def _sql(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     import flightstore
-    from flightstore.display import format_table
+    from flightstore.display import SHOWN_ROWS, format_table
     from flightstore.errors import FlightstoreError
+    from flightstore.progress import progress
     password = _password(args, confirm=False) if args.user else None
     try:
         with flightstore.connect(args.uri, username=args.user, password=password,
                                  tls_root_certs=args.tls_root_certs) as conn:
             for statement in args.statements:
-                print(format_table(conn.sql(statement)), flush=True)
+                with progress(" ".join(statement.split())[:40], unit="rows") as steps:
+                    shown, total = _first_rows(conn.sql_batches(statement), SHOWN_ROWS, steps)
+                print(format_table(shown, total_rows=total), flush=True)
     except (pa.ArrowException, FlightstoreError, OSError) as exc:
         print(f"flightstore sql: {_message(exc)}", file=sys.stderr)
         return 1
     return 0
 
 
+def _first_rows(batches, keep: int, steps) -> tuple:
+    """The first ``keep`` rows of a result (a table) and its row count, reading it batch by batch:
+    a large result is counted, never held, and ``steps`` hears of the rows as they arrive."""
+    import pyarrow as pa
+    kept, held, total = [], 0, 0
+    for batch in batches:
+        if held < keep:
+            kept.append(batch.slice(0, keep - held))
+            held += kept[-1].num_rows
+        total += batch.num_rows
+        steps.advance(batch.num_rows)
+    return pa.Table.from_batches(kept, schema=batches.schema), total
+
+
 def _verify(args: argparse.Namespace) -> int:
     """Exit 0 when nothing is lost or unreadable, 1 when something is, 2 when it cannot run."""
     from flightstore.errors import DataDirectoryInUse
     from flightstore.maintenance import verify
+    from flightstore.progress import progress
     try:
-        report = verify(args.data_dir, _options(args.option))
+        with progress("verify", unit="buckets") as steps:
+            report = verify(args.data_dir, _options(args.option), steps)
     except DataDirectoryInUse as exc:
         print(f"flightstore verify: {exc}", file=sys.stderr)
         return 2
@@ -301,8 +320,10 @@ def _repair(args: argparse.Namespace) -> int:
     """Exit 0 when every table opens and reads again, 1 otherwise, 2 when it cannot run."""
     from flightstore.errors import FlightstoreError
     from flightstore.maintenance import repair
+    from flightstore.progress import progress
     try:
-        report = repair(args.data_dir, args.table or None, fsync=args.fsync)
+        with progress("repair", unit="steps") as steps:
+            report = repair(args.data_dir, args.table or None, fsync=args.fsync, steps=steps)
     except FlightstoreError as exc:
         print(f"flightstore repair: {exc}", file=sys.stderr)
         return 2
@@ -481,7 +502,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="fsync what repair writes (default: on)")
     repair.set_defaults(func=_repair)
     options = commands.add_parser("options", help="print every option as a Markdown table")
-    options.set_defaults(func=lambda _: print(options_markdown()) or 0)
+    options.add_argument("--page", action="store_true", help="the whole page docs/options.md")
+    options.set_defaults(func=lambda a: print(options_page() if a.page else options_markdown(), end="\n"
+                                              if not a.page else "") or 0)
     args = parser.parse_args(argv)
     if args.command == "user" and args.action != "list" and not args.name:
         parser.error(f"user {args.action} needs a NAME")

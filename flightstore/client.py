@@ -46,7 +46,7 @@ from flightstore.lookup_stream import KeysDoNotFit, LookupStream, LookupStreams
 from flightstore.lookuper import Lookuper
 from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
-from flightstore.streams import read_batches
+from flightstore.streams import BatchStream, read_batches
 from flightstore.wire.lookups import HandleSpec
 
 __all__ = ["Connection", "Subscription", "TableClient", "connect"]
@@ -213,13 +213,14 @@ class Connection:
         ticket = flight.Ticket(tickets.encode_custom({"op": "sql", "sql": text}))
         return self._retrying(lambda: self._client.do_get(ticket, self._options).read_all())
 
-    def sql_batches(self, text: str) -> Iterator[pa.RecordBatch]:
+    def sql_batches(self, text: str) -> BatchStream:
         """Run one SQL query and iterate over its record batches as they arrive: the client holds
-        one batch at a time, whatever the size of the result (:meth:`sql` holds it all)."""
+        one batch at a time, whatever the size of the result (:meth:`sql` holds it all). The
+        iterator's ``schema`` is the result's, known before the first batch."""
         command = protocol.pack_any(protocol.CommandStatementQuery(query=text))
         info = self._retrying(lambda: self._client.get_flight_info(
             flight.FlightDescriptor.for_command(command), self._options))
-        return self.iter_info(info)
+        return BatchStream(info.schema, self.iter_info(info))
 
     def iter_info(self, info: flight.FlightInfo) -> Iterator[pa.RecordBatch]:
         """The record batches of every endpoint of ``info`` (in order), read one at a time."""
@@ -256,7 +257,7 @@ class Connection:
 
     def set_session_options(self, options: Mapping[str, Any]) -> None:
         """Set Flight session options of this connection (``schema``, ``catalog``,
-        ``flightstore.per-bucket-endpoints``: see the README option table). Raises
+        ``flightstore.per-bucket-endpoints``: see docs/options.md). Raises
         :class:`~flightstore.errors.InvalidOption` naming the refused ones (then none is set)."""
         request = protocol.SetSessionOptionsRequest()
         for key, value in options.items():

@@ -1,7 +1,7 @@
 """One typed registry of every option flightstore reads, server-wide and per table.
 
 Each :class:`ConfigOption` carries its key, type, default and documentation; the CLI help and the
-README option table are generated from this registry (``python -m flightstore options``). Table
+option table of ``docs/options.md`` are generated from this registry (``python -m flightstore options``). Table
 options use the names Apache Fluss users know. Validation is strict: an unknown key or a value that
 does not parse is refused with a message naming the option.
 """
@@ -584,14 +584,32 @@ def server_option(options: Mapping[str, Any], key: str) -> Any:
     return option.default
 
 
+OPTIONS_PAGE_HEAD = """# Options
+
+<!-- Generated from flightstore/config.py by `python -m flightstore options --page > docs/options.md`:
+edit the registry, not this page (tests/test_docs.py checks that the page is current). -->
+
+Every option flightstore knows. `table` options go in `CREATE TABLE ... WITH ('key' = 'value')`
+(some may change later with `ALTER TABLE ... SET`); `server` options are flags or
+`flightstore serve -o key=value`; `session` options are Flight session options of a connection;
+`client` options are given to `flightstore.connect(uri, options=...)` or
+`table.lookuper(options=...)`. Durations are in milliseconds unless they carry a unit.
+"""
+
+
+def options_page() -> str:
+    """``docs/options.md``: :func:`options_markdown` under the page's title and introduction."""
+    return OPTIONS_PAGE_HEAD + "\n" + options_markdown() + "\n"
+
+
 def options_markdown() -> str:
-    """The README option table, generated from the registry."""
+    """The option table (``docs/options.md``, ``flightstore options``), generated from the registry."""
     lines = ["| option | scope | type | default | description |", "|---|---|---|---|---|"]
     for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS),
                             ("session", SESSION_OPTIONS), ("client", CLIENT_OPTIONS)):
         for option in registry.values():
             default = ",".join(option.default) if isinstance(option.default, tuple) else option.default
-            kind = "|".join(option.choices) if option.choices else option.type
+            kind = " / ".join(option.choices) if option.choices else option.type  # "|" would end the cell
             lines.append(f"| `{option.key}` | {scope} | {kind} | {default} | {option.doc} |")
     lines.append("| `fields.<field>.agg` | table | str | last_value_ignore_nulls | Aggregate function of "
                  "a field under the aggregation merge engine. |")
