@@ -151,13 +151,15 @@ function plot(title, points, series, unit) {
     line.setAttribute("points", points.filter((p) => p[key] !== null).map((p) => `${x(p.t)},${y(p[key])}`).join(" "));
     svg.append(line);
   }
-  const label = document.createElementNS(ns, "text");
-  label.setAttribute("x", 2); label.setAttribute("y", 12); label.setAttribute("font-size", "10");
-  label.textContent = `max ${fmt(top)} ${unit}`;
-  svg.append(label);
-  const legend = series.map(([key, color, name]) => el("span", {style: null}, `${name} `));
-  return el("div", {class: "plot", "data-plot": title}, el("strong", {}, title), " ",
-            el("span", {class: "muted"}, legend), svg);
+  const text = (x, content, color) => {
+    const node = document.createElementNS(ns, "text");
+    node.setAttribute("x", x); node.setAttribute("y", 12); node.setAttribute("font-size", "11");
+    node.setAttribute("fill", color); node.textContent = content;
+    svg.append(node);
+  };
+  text(2, `max ${fmt(top)} ${unit}`, "#1d2330");
+  series.forEach(([, color, name], i) => text(width - 150 + 60 * i, name, color));
+  return el("div", {class: "plot", "data-plot": title}, el("strong", {}, title), svg);
 }
 
 async function ratesPage() {
