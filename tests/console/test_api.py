@@ -118,7 +118,8 @@ def test_login_cookie_basic_and_wrong_passwords(console):
     bad = browser.call("POST", "/api/login", {"user": "alice", "password": "nope"})
     assert bad.status == 401 and "Set-Cookie" not in bad.headers and not list(browser.jar)
     good = browser.call("POST", "/api/login", {"user": "alice", "password": PASSWORDS["alice"]})
-    assert good.status == 200 and "HttpOnly" in good.headers["Set-Cookie"] and "SameSite=Strict" in good.headers["Set-Cookie"]
+    cookie = good.headers["Set-Cookie"]
+    assert good.status == 200 and "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Max-Age=3600" in cookie
     assert browser.ok("/api/whoami")["user"] == "alice"
     assert _listed(browser.ok("/api/tables")) == ALICE_TABLES
     assert browser.get("/").status == 200
