@@ -66,6 +66,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_tokens = SERVER_OPTIONS["auth.max-tokens"].parse(max_tokens) if max_tokens is not None else None
         metrics_port = flag_or_option(args.metrics_port, "metrics.port")
         metrics_port = SERVER_OPTIONS["metrics.port"].parse(metrics_port) if metrics_port is not None else None
+        if args.console_port is not None:  # the flag wins over --option console.port (checked as one)
+            options["console.port"] = args.console_port
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
     cluster = _cluster_config(args, flag_or_option(args.cluster_secret_file, "cluster.secret-file"))
@@ -113,7 +115,7 @@ def _workers(args: argparse.Namespace, options: dict[str, str], cluster, tls, me
         if value is not None:
             shared += [flag, value]
     for key, value in options.items():
-        if key not in ("server.workers", "metrics.port", "auth.users-file"):
+        if key not in ("server.workers", "metrics.port", "console.port", "auth.users-file"):
             shared += ["--option", f"{key}={value}"]
     return WorkerLaunch(count, 0, None, tuple(shared), metrics_port)
 
@@ -411,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--tls-client-ca", metavar="PEM", help=SERVER_OPTIONS["tls.client-ca"].doc)
     serve.add_argument("--tls-root", metavar="PEM", help=SERVER_OPTIONS["tls.root"].doc)
     serve.add_argument("--metrics-port", help=SERVER_OPTIONS["metrics.port"].doc)
+    serve.add_argument("--console-port", help=SERVER_OPTIONS["console.port"].doc)
     serve.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
                        help="any server option of `flightstore options` (repeatable), e.g. "
                             "-o max.partition.num=100 or -o datalake.iceberg.warehouse=s3://bucket/lake")

@@ -470,6 +470,10 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("metrics.table-labels", "bool", True,
                  "Label row and byte counters with their table and export per-bucket offsets; "
                  "`false` exports table-wide totals only and no series names a table."),
+    ConfigOption("console.port", "int", None,
+                 "Port of the web console (`http://HOST:PORT/`: tables, buckets, lake, cluster, "
+                 "rates, running queries); unset, no console. It admits the server's users (a "
+                 "login page, or HTTP Basic) and shows each only what DESCRIBE allows.", minimum=0),
 )
 
 # Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.

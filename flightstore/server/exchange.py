@@ -18,6 +18,7 @@ answers to what it already sent, and half-closes; the call then ends and shutdow
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +133,7 @@ class ServedLookupStream:
                 kind, handle_id, request_id, limit, body = wire.decode_request(chunk.app_metadata)
             except wire.MalformedMessage as exc:
                 raise InvalidInput(f"malformed lookup-stream message: {exc}") from None
+            started = time.perf_counter()
             try:
                 if kind == wire.OPEN:
                     replies = [self._open(handle_id, request_id, body)]
@@ -147,6 +149,8 @@ class ServedLookupStream:
             with self._write_lock:
                 for reply in replies:
                     self._writer.write_metadata(pa.py_buffer(reply))
+            if kind != wire.OPEN:
+                self.server.metrics.lookups.observe(time.perf_counter() - started)
 
     def go_away(self) -> None:
         with self._write_lock:

@@ -11,6 +11,8 @@ Series (each server has its own registry, so several servers in one process do n
   written (DoPut, ingest, SQL INSERT); ``flightstore_rows_out_total{table}``,
   ``flightstore_bytes_out_total{table}``: rows and bytes sent to clients, labelled with the table a
   result comes from (the input tables, comma-separated, for joins and other residual SQL).
+* ``flightstore_lookup_duration_seconds`` (histogram): each lookup answered on a client's lookup
+  stream (DoExchange), from its request read to its answer written.
 * ``flightstore_partial_aggregates_total``: partial aggregates this server ran over the buckets it
   leads for a query another server of the cluster received (which merges them).
 * ``flightstore_log_end_offset{table,bucket}``, ``flightstore_kv_applied_offset{table,bucket}``:
@@ -52,6 +54,7 @@ METRICS_MIDDLEWARE = "metrics"
 _log = logging.getLogger("flightstore.server.metrics")
 _QUERY_METHODS = (flight.FlightMethod.DO_GET, flight.FlightMethod.GET_FLIGHT_INFO)
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LOOKUP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 
 
 def method_name(method: flight.FlightMethod) -> str:
@@ -212,6 +215,9 @@ class ServerMetrics:
         self.rows_out = Counter("flightstore_rows_out", "Rows sent to clients, by table", by_table, registry=r)
         self.bytes_out = Counter("flightstore_bytes_out", "Arrow bytes sent to clients, by table",
                                  by_table, registry=r)
+        self.lookups = Histogram("flightstore_lookup_duration_seconds",
+                                 "Lookups on lookup streams, from the request read to the answer written",
+                                 buckets=_LOOKUP_BUCKETS, registry=r)
         self.partials = Counter("flightstore_partial_aggregates",
                                 "Partial aggregates run here for a cluster peer's query", registry=r)
         self.active_queries = Gauge("flightstore_active_queries",

@@ -27,7 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from flightstore.errors import Unauthenticated, Unauthorized, Unavailable
 
-__all__ = ["MetricsEndpoint", "ssl_context"]
+__all__ = ["MetricsEndpoint", "basic_credentials", "ssl_context"]
 
 _REALM = 'Basic realm="flightstore metrics", charset="UTF-8"'
 
@@ -59,7 +59,8 @@ def ssl_context(cert: bytes, key: bytes, client_ca: bytes | None) -> ssl.SSLCont
     return context
 
 
-def _credentials(header: str) -> tuple[str, str] | None:
+def basic_credentials(header: str) -> tuple[str, str] | None:
+    """``(user, password)`` of an HTTP Basic ``Authorization`` header; None for anything else."""
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":
         return None
@@ -106,7 +107,7 @@ class MetricsEndpoint:
         if environ.get("PATH_INFO") not in ("/metrics", "/"):
             return _answer(start_response, "404 Not Found", b"only /metrics is served here\n")
         if self.admit is not None:
-            credentials = _credentials(environ.get("HTTP_AUTHORIZATION", ""))
+            credentials = basic_credentials(environ.get("HTTP_AUTHORIZATION", ""))
             if credentials is None:
                 return _answer(start_response, "401 Unauthorized", b"send Basic credentials\n",
                                [("WWW-Authenticate", _REALM)])

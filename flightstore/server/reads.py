@@ -169,7 +169,8 @@ class ReadRpcs:
                 batches = self._rechecked(plan, self.executor.execute(plan, payload.get("partition"), schema,
                                                                       control))
                 batches = self.queries.stream(payload.get("query"), control,
-                                              self.metrics.metered(_result_label(plan), batches))
+                                              self.metrics.metered(_result_label(plan), batches),
+                                              user=_CALLER.get(), sql=payload["sql"])
             else:
                 table = self._metadata_table(command, self.session(context))
                 schema, batches = table.schema, table
@@ -390,7 +391,8 @@ class ReadRpcs:
         # shutdown stop it between batches (no query id: CancelFlightInfo needs a FlightInfo).
         control = self.executor.control(context.is_cancelled if context is not None else None)
         batches = self._rechecked(plan, self.executor.execute(plan, None, schema, control))
-        return schema, self.queries.stream(None, control, self.metrics.metered(_result_label(plan), batches))
+        return schema, self.queries.stream(None, control, self.metrics.metered(_result_label(plan), batches),
+                                           user=_CALLER.get(), sql=sql)
 
     def _rechecked(self, plan: nodes.PlanNode, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """A query's stream, ending (UNAUTHENTICATED / PERMISSION_DENIED) when its caller's token

@@ -133,6 +133,7 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.cluster: Any = None  # the ClusterMember in cluster mode (flightstore.cluster.member)
+        self.console: Any = None  # the web console once serve_console ran (flightstore.console)
         self.partition_manager = AutoPartitionManager(store).start()
         self.tierer: Any = None  # the lake's LakeTierer when this server tiers (flightstore.lake)
         if lake is not None:  # with tiering off it follows what a tiering job commits (retention, status)
@@ -204,6 +205,9 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         if self.tierer is not None:
             self.tierer.stop()
         self.metrics.close()
+        if self.console is not None:
+            self.console.close()
+            self.console = None
         if self.authenticator is not None:
             self.authenticator.gate.close()
         self.executor.close()
@@ -224,6 +228,19 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         if server_option(options, "metrics.tls"):
             tls = ssl_context(self.tls.cert, self.tls.key, self.tls.client_ca)
         return self.metrics.serve(host, port, admit=admit, tls=tls)
+
+    # ---- the web console -----------------------------------------------------------------------
+    def serve_console(self, host: str, port: int, *, sample_interval_s: float = 10.0) -> int:
+        """Serve the web console (:mod:`flightstore.console`) on ``host:port`` (0: a free port),
+        over HTTPS when this server has TLS; returns the port. It admits this server's users and
+        shows each only what they may DESCRIBE; it stops with :meth:`shutdown`."""
+        from flightstore.console import Console
+        with self._lock:
+            if self.console is None:
+                console = Console(self, sample_interval_s=sample_interval_s)
+                console.port = console.start(host, port)
+                self.console = console
+            return self.console.port
 
     def _admit_scraper(self, user: str, password: str) -> None:
         """A scrape of the metrics (which name every table) needs a user allowed DESCRIBE on the
@@ -334,7 +351,8 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
     ``workers`` (a :class:`flightstore.cluster.workers.launch.WorkerLaunch`) runs this process as
     one of a machine's workers (worker 0 starts the others and stops them on SIGTERM);
     ``metrics_port`` serves Prometheus metrics on ``host``; ``options`` are further server options
-    (``serve --option``): retention, partitions and the lake."""
+    (``serve --option``): retention, partitions, the lake, and ``console.port`` (the web console
+    on ``host``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     status.full_tracebacks_in_log()  # the server holds sys.tracebacklimit at 0 (see .status)
     from flightstore.lake.settings import LakeSettings
@@ -425,6 +443,16 @@ def serve(data_dir: str, host: str = "127.0.0.1", port: int = 8815, *,
             raise SystemExit(f"flightstore: cannot serve metrics on {host}:{metrics_port} ({exc})") from None
         scheme = "https" if server_option(options, "metrics.tls") else "http"
         print(f"flightstore metrics at {scheme}://{host}:{bound}/metrics", flush=True)
+
+    console_port = options.get("console.port")
+    if console_port is not None:
+        try:
+            bound = server.serve_console(host, console_port)
+        except OSError as exc:
+            server.shutdown()
+            store.close()
+            raise SystemExit(f"flightstore: cannot serve the console on {host}:{console_port} ({exc})") from None
+        print(f"flightstore console at {'https' if tls is not None else 'http'}://{host}:{bound}/", flush=True)
 
     grace_s = server_option(options, "server.shutdown-grace") / 1000
     finished = threading.Event()
