@@ -250,9 +250,10 @@ class ServedLookupStream:
             found = found.cast(handle.row_schema)
         self.server.metrics.sent(str(handle.path), found)
         parts = found.to_batches()
-        if len(parts) != 1 or found.num_rows > MAX_BATCH_ROWS or \
+        max_rows = min(MAX_BATCH_ROWS, self.server.max_batch_rows)  # server.max-batch-rows
+        if len(parts) != 1 or found.num_rows > max_rows or \
                 found.get_total_buffer_size() > MAX_BATCH_BYTES:
-            parts = [batch for part in rechunk(iter([found])) for batch in part.to_batches()] or \
+            parts = [batch for part in rechunk(iter([found]), max_rows) for batch in part.to_batches()] or \
                 [pa.RecordBatch.from_arrays([pa.array([], f.type) for f in handle.row_schema],
                                             schema=handle.row_schema)]
         return [wire.encode_reply(wire.ROWS, handle_id, request_id, wire.encode_batch(batch),
