@@ -473,6 +473,7 @@ class TableClient:
         self._sequence: int | None = -1 if writer_id is None else None
         self._unsettled: _Batch | None = None  # a batch whose outcome a DeliveryTimeout left unknown
         self._layout: dict | None = None  # cluster mode: bucketing and leaders (flightstore.locations)
+        self._single_server = False  # known to be one server (its answer to flightstore.locations)
 
     # ---- cluster mode: where buckets live --------------------------------------------------------
     def _locations(self) -> dict | None:
@@ -481,6 +482,7 @@ class TableClient:
         if self._layout is None:
             try:
                 self._layout = self.connection._action("flightstore.locations", {"table": self.name})
+                self._single_server = not self._layout.get("leaders")  # a cluster names its leaders
             except (flight.FlightError, pa.ArrowException):  # may not describe it, or no such table:
                 self._layout = {"leaders": []}              # the connected server answers and says
         layout = self._layout
@@ -605,7 +607,11 @@ class TableClient:
         """One attempt at one part. After a failed attempt the server is asked first whether the
         part landed (a part sent as one message is one server chunk: applied whole or not)."""
         attempted, batch.attempted = batch.attempted, True
-        if attempted and len(batch.parts) == 1 and part.num_rows <= _message_rows(part):
+        # Only a single server applies a batch all or nothing across its buckets; in a cluster each
+        # leader applies its share, so the table's last sequence may be another leader's: the part
+        # is sent again and each bucket that has it already skips it (same writer id and sequence).
+        if attempted and len(batch.parts) == 1 and part.num_rows <= _message_rows(part) \
+                and self._single_server:
             last = self._last_applied()
             if last is not None and last >= batch.sequence:
                 return {"op": "written", "rows": part.num_rows, "duplicate": True, "offsets": {},

@@ -28,8 +28,10 @@ import pyarrow.compute as pc
 from pyarrow import flight
 
 from flightstore.acl import Operation, Permission
-from flightstore.errors import InvalidInput, Unavailable, Unsupported
+from flightstore.catalog import DEFAULT_DATABASE
+from flightstore.errors import DatabaseNotFound, InvalidInput, TableNotFound, Unavailable, Unsupported
 from flightstore.kv.encoding import encode_key_array
+from flightstore.schema import TablePath
 from flightstore.server.coalesce import LookupCoalescer
 from flightstore.server.messages import MAX_BATCH_BYTES, MAX_BATCH_ROWS, rechunk
 from flightstore.server.rpc import _CALLER, _translate
@@ -178,7 +180,14 @@ class ServedLookupStream:
     def _resolve(self, spec: wire.HandleSpec) -> _Handle:
         """What ``spec`` names now: the table (READ checked), its key columns and schemas."""
         version = self.store.catalog.version  # before resolving: a later change is seen next time
-        table = self.store.table(spec.table)
+        path = TablePath.parse(spec.table, DEFAULT_DATABASE) if isinstance(spec.table, str) else spec.table
+        authz = self.server.authz
+        if not authz.is_super(self.caller):  # a hidden table answers exactly like an absent one
+            if not authz.sees_database(self.caller, path.database):
+                raise DatabaseNotFound(f"database {path.database!r} does not exist")
+            if not authz.sees_table(self.caller, path):
+                raise TableNotFound(f"table {path} does not exist")
+        table = self.store.table(path)
         permissions = (Permission(Operation.READ, table_resource(table.path)),)
         self.server.authz.check(self.caller, permissions)
         descriptor = table.descriptor

@@ -290,12 +290,13 @@ class ServerMetrics:
         return generate_latest(self.registry).decode()
 
     def serve(self, host: str, port: int, *, admit: Callable[[str, str], None] | None = None,
-              tls: ssl.SSLContext | None = None) -> int:
+              tls: ssl.SSLContext | None = None, is_open: Callable[[], bool] | None = None) -> int:
         """Serve ``/metrics`` on ``host:port`` (0: a free port) in daemon threads; returns the port.
         ``admit`` checks a scrape's Basic credentials (None: anyone may scrape); ``tls``: HTTPS."""
         with self._lock:
             if self._http is None:
-                endpoint = MetricsEndpoint(lambda: generate_latest(self.registry), admit=admit, tls=tls)
+                endpoint = MetricsEndpoint(lambda: generate_latest(self.registry), admit=admit, tls=tls,
+                                           is_open=is_open)
                 self._port = endpoint.start(host, port)
                 self._http = endpoint
             return self._port

@@ -79,9 +79,10 @@ class MetricsEndpoint:
     """
 
     def __init__(self, render: Callable[[], bytes], *, admit: Callable[[str, str], None] | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, is_open: Callable[[], bool] | None = None) -> None:
         self.render = render
         self.admit = admit
+        self.is_open = is_open or (lambda: False)  # a cluster without users yet: no credentials asked
         self.tls = tls
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -106,7 +107,7 @@ class MetricsEndpoint:
     def _app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("PATH_INFO") not in ("/metrics", "/"):
             return _answer(start_response, "404 Not Found", b"only /metrics is served here\n")
-        if self.admit is not None:
+        if self.admit is not None and not self.is_open():
             credentials = basic_credentials(environ.get("HTTP_AUTHORIZATION", ""))
             if credentials is None:
                 return _answer(start_response, "401 Unauthorized", b"send Basic credentials\n",

@@ -227,7 +227,9 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         tls = None
         if server_option(options, "metrics.tls"):
             tls = ssl_context(self.tls.cert, self.tls.key, self.tls.client_ca)
-        return self.metrics.serve(host, port, admit=admit, tls=tls)
+        users = self.authenticator.users if self.authenticator is not None else None
+        is_open = (lambda: bool(users.is_open)) if auth == "auto" and hasattr(users, "is_open") else None
+        return self.metrics.serve(host, port, admit=admit, tls=tls, is_open=is_open)
 
     # ---- the web console -----------------------------------------------------------------------
     def serve_console(self, host: str, port: int, *, sample_interval_s: float = 10.0) -> int:

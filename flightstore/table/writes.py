@@ -64,14 +64,27 @@ class TableWrites(PendingWrites):
         from flightstore.kv.undo import check_undoable, undo_writer
         if not self.has_primary_key:
             raise Unsupported(f"undo needs a primary-key table; {self.path} is a log table")
-        kvs = self.kvs if buckets is None else [kv for b, kv in enumerate(self.kvs) if b in buckets]
+        numbers = list(range(len(self.kvs))) if buckets is None else [b for b in range(len(self.kvs)) if b in buckets]
+        kvs = [self.kvs[b] for b in numbers]
         check_undoable(kvs, writer_id)
         with self._lock:
             self._settle_pending()
             if writer_id not in self._writers:
                 return 0
+            for bucket in numbers:  # a replicated bucket: only at its leader, with enough in sync
+                self.replicas[bucket].check_writable()
             restored = undo_writer(kvs, writer_id, after_sequence)
             self._writers.reset(writer_id, int(after_sequence))
+            written = {b: (self.logs[b].end_offset, self.logs[b].truncations) for b in numbers
+                       if self.replicas[b].leadership.is_leader}
+        # The restore is in each changelog: like a write, it returns once every in-sync replica
+        # holds it (reads show committed records only).
+        for bucket in written:
+            self.replicas[bucket].appended()
+        for bucket, (end, _) in written.items():
+            self.logs[bucket].sync(end)
+        for bucket, (end, cuts) in written.items():
+            self.replicas[bucket].await_commit(end, cuts)
         self._notify()
         return restored
 

@@ -9,9 +9,9 @@ import time
 
 import pyarrow as pa
 import pytest
-from pyarrow import flight
 
 import flightstore
+from flightstore.errors import DeliveryTimeout
 from flightstore.store import Store
 from tests.cluster.conftest import Servers, in_sync
 from tests.waiting import wait_until
@@ -138,8 +138,9 @@ def test_writes_wait_for_enough_in_sync_replicas(servers, observer):
     for server in others:  # both followers die: the ISR shrinks to the leader alone
         servers.running[server].kill()
     observer.wait(lambda v: next(iter(v.tables.values())).buckets[0].isr == (leader,), "the ISR shrinking")
-    with flightstore.connect(uris[leader]) as conn:
-        with pytest.raises(flight.FlightUnavailableError, match="min-in-sync-replicas"):
+    # Not enough replicas is retried (a follower may come back) for the client's delivery timeout.
+    with flightstore.connect(uris[leader], options={"client.writer.delivery-timeout": "3s"}) as conn:
+        with pytest.raises(DeliveryTimeout, match="min-in-sync-replicas"):
             conn.table("ev").append(pa.table({"k": pa.array([1], pa.int64())}))
         assert conn.sql("SELECT COUNT(*) AS n FROM ev").to_pylist() == [{"n": 0}]  # nothing written
 
