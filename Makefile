@@ -32,8 +32,8 @@ cluster: $(RUNTIME)
 	$(PY) -m flightstore cluster --servers 3 --data-dir ./cluster-data
 
 # Several workers (pytest-xdist): most of the suite waits on server processes, ZooKeeper sessions
-# and Spark, so three workers share two cores well; a module stays on one worker (tests/conftest.py).
-TEST_WORKERS ?= 3
+# and Spark, so four workers share two cores well; a module stays on one worker (tests/conftest.py).
+TEST_WORKERS ?= 4
 test: $(TESTING)
 	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
