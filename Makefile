@@ -31,11 +31,12 @@ superset: $(RUNTIME)
 cluster: $(RUNTIME)
 	$(PY) -m flightstore cluster --servers 3 --data-dir ./cluster-data
 
-# Several workers (pytest-xdist): most of the suite waits on server processes, ZooKeeper sessions
-# and Spark, so four workers share two cores well; a module stays on one worker (tests/conftest.py).
+# Several workers (pytest-xdist): much of the suite waits on server processes, ZooKeeper sessions
+# and Spark; a test file stays on one worker (--dist loadfile: its module fixtures are built once,
+# and tests that build on each other's state in them run in order).
 TEST_WORKERS ?= 4
 test: $(TESTING)
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
 
 # The documentation site (README.md as its front page, docs/*.md) into site/; --strict: a broken
 # link or anchor, or any other warning, fails the build. tests/test_docs.py runs every code block.

@@ -110,6 +110,10 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         # Per-bucket offsets below which the lake holds the log's records (set by the lake's
         # tierer from its last committed snapshot); see enforce_retention.
         self.retention_floor: dict[int, int] | None = None
+        # Offsets union reads in progress still read the log from (hold_log_from): retention keeps
+        # them, so a read planned on the lake's previous snapshot never finds its log tail deleted.
+        self._log_holds: list[dict[int, int]] = []
+        self._retention_lock = threading.Lock()
         self.ownership = ColumnOwnership()
         self._clock = clock
         self._writers = WriterRegistry(str(self.path), descriptor.option("table.writer-id.expiration"),
@@ -176,10 +180,30 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         :attr:`retention_floor` (tiered) may go; while no tierer has told the floor, nothing is
         deleted.
         """
-        lake_floor = None
-        if self.descriptor.option("table.datalake.enabled"):
-            lake_floor = dict(self.retention_floor or self.start_offsets())
-        return self.upkeep.enforce_retention(now_ms, lake_floor)
+        with self._retention_lock:  # no union read starts holding offsets while segments go
+            lake_floor = None
+            if self.descriptor.option("table.datalake.enabled"):
+                lake_floor = dict(self.retention_floor or self.start_offsets())
+                for held in self._log_holds:
+                    for bucket, offset in held.items():
+                        if bucket in lake_floor:
+                            lake_floor[bucket] = min(lake_floor[bucket], offset)
+            return self.upkeep.enforce_retention(now_ms, lake_floor)
+
+    def hold_log_from(self, offsets: Mapping[int, int]) -> Callable[[], None] | None:
+        """Keep retention from deleting this table's log at or above ``offsets`` (per bucket: a
+        union read's split) until the returned release is called; None when a bucket's log already
+        starts above its offset (the read must be planned again)."""
+        held = {int(b): int(o) for b, o in offsets.items()}
+        with self._retention_lock:
+            if any(b < len(self.logs) and o < self.logs[b].start_offset for b, o in held.items()):
+                return None
+            self._log_holds.append(held)
+
+        def release() -> None:
+            with self._retention_lock:
+                self._log_holds[:] = [h for h in self._log_holds if h is not held]
+        return release
 
     def snapshot(self, *, force: bool = False, stop: Any = None,
                  buckets: Sequence[int] | None = None) -> dict[int, SnapshotInfo | None]:

@@ -15,6 +15,7 @@ replicas, led or followed).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,18 @@ class ClusterStore(Store):
             retry_s = 2 * member.config.session_timeout_ms / 1000 + 10
             routed = self._routed[local.path] = ClusterTable(local, record.table_id, member, self.peers, retry_s)
         return routed
+
+    def catch_up(self, timeout: float = 10.0) -> bool:
+        """Apply the cluster's newest catalog now (read-your-writes across servers: a database or
+        table another server just created); whether this server holds it within ``timeout``."""
+        member = self.member
+        if member is None:
+            return False
+        deadline = time.monotonic() + timeout
+        view = member.metadata.refresh(timeout)
+        if view is None:
+            return False
+        return member.mirror.wait_applied(view.version, max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         self.peers.close()

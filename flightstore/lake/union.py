@@ -166,11 +166,31 @@ def read_union(catalog: LakeCatalog | None, table: Table, columns: Sequence[str]
     planned is handled by :func:`union_split`, one that fails mid-read fails the read (never a
     short answer)."""
     columns = list(columns)
+    planned = split is None
     split = union_split(catalog, table) if split is None else split
     wanted = _wanted(table, filter, buckets)
     if not wanted:
         return
+    # Retention must not delete the log tail this split reads (a tiering round may commit and
+    # retention run while the lake part streams): a local table holds it; a split planned before
+    # retention moved past it is planned again (a given split then fails with DATA_LOSS).
+    hold = None if _partitioned(table) else getattr(table, "hold_log_from", None)
+    release = None
+    for _ in range(5 if hold is not None else 0):
+        release = hold(split.offsets)
+        if release is not None or not planned:
+            break
+        split = union_split(catalog, table)
+    try:
+        yield from _union_rows(catalog, table, columns, split, wanted, filter, limit, exact)
+    finally:
+        if release is not None:
+            release()
 
+
+def _union_rows(catalog: LakeCatalog | None, table: Table, columns: list[str], split: UnionSplit,
+                wanted: Sequence[int], filter: fs.Predicate | None, limit: int | None,
+                exact: bool) -> Iterator[pa.Table | pa.RecordBatch]:
     fall_back = _FallBack(catalog, table, split, wanted)
 
     def lake_part(rows: int | None) -> Iterator[pa.RecordBatch]:

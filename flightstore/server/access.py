@@ -50,6 +50,18 @@ class AccessChecks:
         return self.authz.catalog_view(_CALLER.get(), StoreCatalog(self.store, database))
 
     def _plan(self, sql: str, params: list | None, database: str) -> nodes.PlanNode:
+        """:meth:`_plan_once`; in a cluster, a statement naming a database or table this server
+        has not applied yet (another server just created it) is planned again once this server
+        caught up with the cluster's catalog."""
+        try:
+            return self._plan_once(sql, params, database)
+        except (DatabaseNotFound, TableNotFound):
+            catch_up = getattr(self.store, "catch_up", None)
+            if catch_up is None or not catch_up():
+                raise
+            return self._plan_once(sql, params, database)
+
+    def _plan_once(self, sql: str, params: list | None, database: str) -> nodes.PlanNode:
         """The plan of ``sql`` for the caller. A plan (or a planning error) that names an object
         the caller may not see is made again in the caller's catalog view, so the caller gets
         exactly what an absent object gets, and no message describes a hidden table. Plans stay
