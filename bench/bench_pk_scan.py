@@ -7,7 +7,8 @@ same server, in interleaved rounds:
 
 1. right after a KV snapshot: the scan reads the snapshot's columnar image (goal >= 0.5x);
 2. after 10,000 upserts (1% of the keys) since the snapshot: image + the changelog tail;
-3. before any snapshot: RocksDB iterated from Python (the path the image replaces).
+3. before any snapshot (right after loading): the whole changelog folded vectorized (issue 20:
+   was RocksDB iterated from Python, 0.03x; goal >= 0.5x).
 
 One more row shows what a snapshot costs: checkpoint + image of the 1M rows vs raw rocksdict
 iteration of the same rows (a read-only copy of the same RocksDB data).
@@ -110,7 +111,8 @@ def run() -> list[Row]:
         process, uri = _start_server(["-m", "flightstore", "serve", "--data-dir", str(root / "data"),
                                       "--port", "0"], "flightstore serving")
         try:
-            rocksdb = _scan_rows(uri, f"  PK scan without a snapshot (RocksDB), {ROWS:,} rows x 5")
+            rocksdb = _scan_rows(uri, f"PK scan without a snapshot (changelog folded), {ROWS:,} rows x 5",
+                                 ">=0.5x")
             with connect(uri) as conn:
                 conn.table("pk").snapshot()
             image = _scan_rows(uri, f"Full PK scan {ROWS:,} rows x 5 cols, from the KV snapshot image",
@@ -120,7 +122,8 @@ def run() -> list[Row]:
                 changed = changed.set_column(0, "id", pa.array(
                     np.random.default_rng(5).choice(ROWS, CHANGED, replace=False), pa.int64()))
                 conn.table("pk").upsert(changed)
-            tail = _scan_rows(uri, f"  the same after {CHANGED:,} upserts since the snapshot (image + tail)")
+            tail = _scan_rows(uri, f"  the same after {CHANGED:,} upserts since the snapshot (image + tail)",
+                              ">=0.5x")
             cost = _snapshot_cost(root / "data", uri, root)
         finally:
             _stop_server(process)

@@ -1,8 +1,13 @@
 """Spark reads through the flightstore connector, each against a peer measured in the same run.
 
 * a Spark batch read of a narrow table (every row materialized by the ``noop`` sink) through the
-  connector vs Spark reading the same rows from Parquet files on local disk (goal >= 0.5x);
-* the same read of a 100-column table with ``columns`` = 10 of them vs all 100 (goal >= 5x).
+  connector vs Spark reading the same rows from Parquet files on local disk (goal >= 0.8x);
+* the same read of a 100-column table with ``columns`` = 10 of them vs all 100 (goal >= 8x);
+* streaming aggregation into storage vs Spark's streaming groupBy (goal >= 1x events/s), and the
+  state each keeps: Spark's state store vs what flightstore keeps because of the job (goal <= 1x).
+
+The two reads of each pair run interleaved (best of rounds), so a busy moment on a shared machine
+slows one round of each rather than every run of one of them.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.report import Row, best_of
+from bench.report import Row, best_interleaved
 from flightstore.client import connect
 from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
@@ -44,10 +49,49 @@ def _spark():
 
     spark = (SparkSession.builder.master("local[2]").appName("flightstore-bench")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.python.authenticate.socketTimeout", "120s").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     flightstore_spark.register(spark)
     return spark
+
+
+def timed_query(start, attempts: int = 20) -> tuple[float, object]:
+    """Seconds a streaming query ``start()`` takes to finish, and the query. Each new streaming
+    query starts a Python source runner that Spark gives a fixed 10 s to connect back; a busy
+    shared machine can miss that before the first micro-batch (nothing processed): start again."""
+    for attempt in range(attempts):
+        began = time.perf_counter()
+        query = start()
+        try:
+            query.awaitTermination()
+            return time.perf_counter() - began, query
+        except Exception as exc:  # noqa: BLE001 - only the connect-back failure is retried
+            if "failed to connect back" not in str(exc) or query.recentProgress or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def warm(spark, uri: str, tmp: Path, attempts: int = 20) -> None:
+    """Start every kind of Spark Python worker the measures use (a daemon per kind) before any
+    clock runs: Spark gives a starting daemon a fixed 10 s to connect back, which a busy machine
+    can miss once; a started daemon stays."""
+    conn = connect(uri)
+    conn.sql("CREATE TABLE IF NOT EXISTS warm_up (k BIGINT, v BIGINT, PRIMARY KEY (k) NOT ENFORCED) "
+             "WITH ('bucket.num' = '1')")
+    conn.table("warm_up").upsert({"k": [1, 2], "v": [1, 2]})
+    conn.close()
+    for attempt in range(attempts):
+        try:
+            spark.read.format("flightstore").option("uri", uri).option("table", "warm_up").load().collect()
+            query = (spark.readStream.format("flightstore").option("uri", uri).option("table", "warm_up")
+                     .load().writeStream.foreachBatch(lambda df, _: df.mapInArrow(lambda b: b, df.schema).collect())
+                     .option("checkpointLocation", str(tmp / f"warm-{attempt}")).trigger(availableNow=True).start())
+            query.awaitTermination()
+            return
+        except Exception:  # noqa: BLE001 - "Python worker failed to connect back": start it again
+            if attempt == attempts - 1:
+                raise
 
 
 def run() -> list[Row]:
@@ -58,6 +102,7 @@ def run() -> list[Row]:
         thread.start()
         spark = _spark()
         try:
+            warm(spark, server.uri, Path(tmp))
             return _measure(spark, server.uri, Path(tmp))
         finally:
             spark.stop()
@@ -86,10 +131,9 @@ def _measure(spark, uri: str, tmp: Path) -> list[Row]:
 
     read_connector()
     read_parquet()  # warm both (JVM, Python workers, page cache)
-    ours = best_of(read_connector, 3)
-    peer = best_of(read_parquet, 3)
-    rows = [Row(f"Spark batch read, {NARROW_ROWS:,} narrow rows (rows/s)", NARROW_ROWS / ours,
-                NARROW_ROWS / peer, "rows/s", "Spark Parquet local disk", True, ">=0.5x")]
+    best = best_interleaved({"ours": read_connector, "peer": read_parquet}, 3)
+    rows = [Row(f"Spark batch read, {NARROW_ROWS:,} narrow rows (rows/s)", NARROW_ROWS / best["ours"],
+                NARROW_ROWS / best["peer"], "rows/s", "Spark Parquet local disk", True, ">=0.8x")]
 
     names = [f"c{i}" for i in range(WIDE_COLUMNS)]
     conn.sql(f"CREATE TABLE wide ({', '.join(f'{n} DOUBLE' for n in names)}) WITH ('bucket.num' = '{BUCKETS}')")
@@ -107,10 +151,9 @@ def _measure(spark, uri: str, tmp: Path) -> list[Row]:
 
     ten = ",".join(names[:10])
     read_wide(ten)
-    pruned = best_of(lambda: read_wide(ten), 3)
-    full = best_of(lambda: read_wide(None), 2)
-    rows.append(Row(f"Spark read, 10 of {WIDE_COLUMNS} columns, {WIDE_ROWS:,} rows (s)", pruned, full, "s",
-                    f"all {WIDE_COLUMNS} columns via the connector", False, ">=5x"))
+    best = best_interleaved({"pruned": lambda: read_wide(ten), "full": lambda: read_wide(None)}, 3)
+    rows.append(Row(f"Spark read, 10 of {WIDE_COLUMNS} columns, {WIDE_ROWS:,} rows (s)", best["pruned"],
+                    best["full"], "s", f"all {WIDE_COLUMNS} columns via the connector", False, ">=8x"))
     rows.extend(_aggregation_vs_groupby(spark, conn, uri, tmp))
     conn.close()
     return rows
@@ -118,6 +161,7 @@ def _measure(spark, uri: str, tmp: Path) -> list[Row]:
 
 AGG_EVENTS = 1_000_000
 AGG_KEYS = 50_000
+AGG_LOG_TTL = "1 h"  # as a user sets it on an aggregation table that only queries read
 
 
 def _aggregation_vs_groupby(spark, conn, uri: str, tmp: Path) -> list[Row]:
@@ -129,21 +173,18 @@ def _aggregation_vs_groupby(spark, conn, uri: str, tmp: Path) -> list[Row]:
              f"WITH ('bucket.num' = '{BUCKETS}')")
     conn.sql("CREATE TABLE per_user (user_id BIGINT, clicks BIGINT, amount DOUBLE, "
              "PRIMARY KEY (user_id) NOT ENFORCED) WITH ('bucket.num' = '4', "
-             "'table.merge-engine' = 'aggregation', 'fields.clicks.agg' = 'sum', 'fields.amount.agg' = 'sum')")
+             "'table.merge-engine' = 'aggregation', 'fields.clicks.agg' = 'sum', 'fields.amount.agg' = 'sum', "
+             f"'table.log.ttl' = '{AGG_LOG_TTL}')")
     rng = np.random.default_rng(3)
     events = conn.table("events")
     for start_row in range(0, AGG_EVENTS, 250_000):
         n = min(250_000, AGG_EVENTS - start_row)
         events.append(pa.table({"user_id": rng.integers(0, AGG_KEYS, n), "clicks": np.ones(n, np.int64),
                                 "amount": np.round(rng.random(n), 2)}))
-    began = time.perf_counter()
-    query = start(spark, uri, "events", "per_user", ["user_id", "clicks", "amount"], str(tmp / "agg-ckpt"))
-    query.awaitTermination()
-    ours = time.perf_counter() - began
-    began = time.perf_counter()
-    grouped = spark_groupby(spark, uri, "events", ["user_id"], ["clicks", "amount"], str(tmp / "gb-ckpt"),
-                            "bench_groupby")
-    peer = time.perf_counter() - began
+    ours, query = timed_query(lambda: start(spark, uri, "events", "per_user", ["user_id", "clicks", "amount"],
+                                            str(tmp / "agg-ckpt")))
+    peer, grouped = timed_query(lambda: spark_groupby(spark, uri, "events", ["user_id"], ["clicks", "amount"],
+                                                      str(tmp / "gb-ckpt"), "bench_groupby", wait=False))
     state = [op for p in grouped.recentProgress for op in p["stateOperators"]]
     state_bytes = max((op.get("memoryUsedBytes", 0) for op in state), default=0)
     state_rows = max((op.get("numRowsTotal", 0) for op in state), default=0)
@@ -153,14 +194,24 @@ def _aggregation_vs_groupby(spark, conn, uri: str, tmp: Path) -> list[Row]:
     spark_state = sum(op.get("memoryUsedBytes", 0) for p in query.recentProgress
                       for op in p["stateOperators"])
     assert spark_state == 0, "the aggregation-in-storage job kept Spark state"
-    # Our job keeps its state in flightstore: the per_user table's bytes on disk (RocksDB, its KV
-    # snapshots and the changelog it retains; with the default table.log.ttl of 7 days that is the
-    # whole changelog of the run).
-    stored = conn.table("per_user").usage()["bytes"]
+    # Our job keeps its state in flightstore: per_user's KV (RocksDB and its snapshots' own files)
+    # plus the changelog beyond its newest KV snapshot (recovery needs it; below the snapshot the
+    # changelog stays only for readers, until table.log.ttl). The server snapshots every
+    # kv.snapshot.interval; the bench takes that snapshot now instead of waiting for it.
+    per_user = conn.table("per_user")
+    snapshots = per_user.snapshot()
+    usage = per_user.usage()
+    stored, first, end = usage["bytes"], usage["start_offsets"], usage["end_offsets"]
+    retained = sum(end[b] - first[b] for b in end)
+    beyond = sum(end[b] - (snapshots[b]["offset"] if snapshots.get(b) else first[b]) for b in end)
+    log_beyond = stored["log"] * beyond // retained if retained else 0
+    state = stored["kv"] + stored["snapshots"] + log_beyond
     return [
         Row(f"streaming aggregation of {AGG_EVENTS:,} events into storage (events/s)", AGG_EVENTS / ours,
-            AGG_EVENTS / peer, "events/s", "Spark streaming groupBy (complete mode)", True),
-        Row(f"  job state: per_user on disk (KV {stored['kv']:,} + changelog {stored['log']:,} B) vs "
-            f"Spark's {state_rows:,} rows", float(stored["total"]), float(state_bytes), "bytes",
-            "Spark state store memoryUsedBytes", False),
+            AGG_EVENTS / peer, "events/s", "Spark streaming groupBy (complete mode)", True, ">=1x"),
+        Row(f"  job state: KV {stored['kv']:,} + snapshots {stored['snapshots']:,} + changelog beyond the "
+            f"snapshot {log_beyond:,} B vs Spark's {state_rows:,} rows", float(state), float(state_bytes), "bytes",
+            "Spark state store memoryUsedBytes", False, "<=1x"),
+        Row(f"  + changelog kept for readers until table.log.ttl = {AGG_LOG_TTL} ({stored['log'] - log_beyond:,} B)",
+            float(stored["total"]), float(state_bytes), "bytes", "Spark state store memoryUsedBytes", False),
     ]

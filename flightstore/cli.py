@@ -13,7 +13,7 @@ import getpass
 import os
 import sys
 
-from flightstore.config import SERVER_OPTIONS, options_markdown
+from flightstore.config import SERVER_OPTIONS, options_markdown, options_page
 
 __all__ = ["main"]
 
@@ -21,17 +21,24 @@ __all__ = ["main"]
 PASSWORD_ENV = "FLIGHTSTORE_PASSWORD"
 
 
+def _options(specs: list[str] | None) -> dict[str, str]:
+    """``--option KEY=VALUE`` arguments as a dict."""
+    options = {}
+    for spec in specs or []:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--option expects KEY=VALUE, got {spec!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
 def _serve(args: argparse.Namespace) -> int:
     from flightstore.errors import FlightstoreError
     from flightstore.server.service import serve
     from flightstore.server.tls import TlsConfig
     from flightstore.server.users import UserStore
-    options = {}
-    for spec in args.option or []:
-        key, sep, value = spec.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"--option expects KEY=VALUE, got {spec!r}")
-        options[key.strip()] = value.strip()
+    options = _options(args.option)
+
     def flag_or_option(flag: str | None, key: str) -> str | None:
         """A flag, else the same setting given as ``--option key=value`` (never ignored)."""
         return flag if flag is not None else options.get(key)
@@ -41,14 +48,17 @@ def _serve(args: argparse.Namespace) -> int:
         users = UserStore.open(users_file) if users_file else None
         tls_cert, tls_key = flag_or_option(args.tls_cert, "tls.cert"), flag_or_option(args.tls_key, "tls.key")
         tls_client_ca = flag_or_option(args.tls_client_ca, "tls.client-ca")
+        tls_root = flag_or_option(args.tls_root, "tls.root")
         if (tls_cert is None) != (tls_key is None):
             raise SystemExit("--tls-cert and --tls-key go together")
         if tls_client_ca and not tls_cert:
             raise SystemExit("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
-        tls = TlsConfig.from_files(tls_cert, tls_key, tls_client_ca) if tls_cert else None
+        if tls_root and not (tls_cert and args.zookeeper):
+            raise SystemExit("--tls-root (the CA of a cluster's servers) needs --tls-cert, --tls-key and --zookeeper")
+        tls = TlsConfig.from_files(tls_cert, tls_key, tls_client_ca, tls_root) if tls_cert else None
         super_users = SERVER_OPTIONS["authorizer.super-users"].parse(
             ",".join(args.super_user) if args.super_user else options.get("authorizer.super-users", ""))
-        if super_users and users is None:
+        if super_users and users is None and not args.zookeeper:
             raise SystemExit("--super-user needs --users-file (without users everyone is a super user)")
         token_ttl = flag_or_option(args.token_ttl, "auth.token-ttl")
         token_ttl_ms = SERVER_OPTIONS["auth.token-ttl"].parse(token_ttl) if token_ttl is not None else None
@@ -56,12 +66,58 @@ def _serve(args: argparse.Namespace) -> int:
         max_tokens = SERVER_OPTIONS["auth.max-tokens"].parse(max_tokens) if max_tokens is not None else None
         metrics_port = flag_or_option(args.metrics_port, "metrics.port")
         metrics_port = SERVER_OPTIONS["metrics.port"].parse(metrics_port) if metrics_port is not None else None
+        if args.console_port is not None:  # the flag wins over --option console.port (checked as one)
+            options["console.port"] = args.console_port
     except FlightstoreError as exc:
         raise SystemExit(f"flightstore: {exc}") from None
+    cluster = _cluster_config(args, flag_or_option(args.cluster_secret_file, "cluster.secret-file"))
     serve(args.data_dir, host=args.host, port=args.port, fsync=args.fsync, users=users,
-          cluster=_cluster_config(args), super_users=super_users, tls=tls, token_ttl_ms=token_ttl_ms,
-          max_tokens=max_tokens, metrics_port=metrics_port, options=options)
+          cluster=cluster, super_users=super_users, tls=tls, token_ttl_ms=token_ttl_ms,
+          max_tokens=max_tokens, metrics_port=metrics_port, options=options,
+          workers=_workers(args, options, cluster, tls, metrics_port))
     return 0
+
+
+def _workers(args: argparse.Namespace, options: dict[str, str], cluster, tls, metrics_port: int | None):
+    """The WorkerLaunch of ``serve --workers N`` (N > 1), or of a worker worker 0 started; None
+    for one server process."""
+    from flightstore.errors import FlightstoreError
+    try:
+        count = SERVER_OPTIONS["server.workers"].parse(
+            args.workers if args.workers is not None else options.get("server.workers", "1"))
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore: {exc}") from None
+    if args.worker_of is None and args.worker_id is not None:
+        raise SystemExit("--worker-id is set by worker 0 for the workers it starts")
+    if count == 1 and args.worker_of is None:
+        return None
+    if cluster is not None:
+        raise SystemExit("--workers runs a group of processes on one machine without ZooKeeper; "
+                         "in a cluster run one server per core with --zookeeper instead")
+    if tls is not None:
+        raise SystemExit("--workers with TLS is not supported yet: the calls between workers do not "
+                         "verify certificates")
+    lake = sorted(key for key in options if key.startswith("datalake."))
+    if lake:
+        raise SystemExit(f"--workers does not tier into a lake yet (as a cluster): drop {', '.join(lake)}")
+    from flightstore.cluster.workers.launch import WorkerLaunch
+    if args.worker_of is not None:
+        worker_id = SERVER_OPTIONS["server.id"].parse(args.worker_id or "0")
+        if not 0 < worker_id < count:
+            raise SystemExit(f"--worker-id {worker_id} is not a worker of {count}")
+        return WorkerLaunch(count, worker_id, args.worker_of)
+    shared = ["--host", args.host, "--fsync" if args.fsync else "--no-fsync"]
+    if args.users_file or options.get("auth.users-file"):
+        shared += ["--users-file", args.users_file or options["auth.users-file"]]
+    for name in args.super_user or []:
+        shared += ["--super-user", name]
+    for flag, value in (("--token-ttl", args.token_ttl), ("--max-tokens", args.max_tokens)):
+        if value is not None:
+            shared += [flag, value]
+    for key, value in options.items():
+        if key not in ("server.workers", "metrics.port", "console.port", "auth.users-file"):
+            shared += ["--option", f"{key}={value}"]
+    return WorkerLaunch(count, 0, None, tuple(shared), metrics_port)
 
 
 def _lake_status(args: argparse.Namespace) -> int:
@@ -79,7 +135,8 @@ def _lake_status(args: argparse.Namespace) -> int:
     except (pa.ArrowException, FlightstoreError, OSError) as exc:
         print(f"flightstore lake status: {_message(exc)}", file=sys.stderr)
         return 1
-    print("table\tbucket\ttiered_offset\tlog_end_offset\tlag_records\tlag_seconds\tlast_commit\tlast_error")
+    print("table\tbucket\ttiered_offset\tlog_end_offset\tlag_records\tlag_seconds\tlast_commit\tlast_error"
+          "\tdamaged_files")
     for table in tables:
         commit = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(table["last_commit_ms"] / 1000))
                   if table["last_commit_ms"] else "-")
@@ -87,7 +144,7 @@ def _lake_status(args: argparse.Namespace) -> int:
             tiered = "-" if bucket["tiered_offset"] is None else bucket["tiered_offset"]
             print(f"{table['table']}\t{bucket['bucket']}\t{tiered}\t{bucket['log_end_offset']}\t"
                   f"{bucket['lag_records']}\t{bucket['lag_seconds']:.1f}\t{commit}\t"
-                  f"{table['last_error'] or '-'}")
+                  f"{table['last_error'] or '-'}\t{'; '.join(bucket.get('damaged_files') or []) or '-'}")
     return 0
 
 
@@ -107,6 +164,11 @@ def _password(args: argparse.Namespace, confirm: bool) -> str:
 def _user(args: argparse.Namespace) -> int:
     from flightstore.errors import FlightstoreError
     from flightstore.server.users import UserStore
+    if (args.users_file is None) == (args.zookeeper is None):
+        raise SystemExit("flightstore user: give --users-file FILE (one server) or --zookeeper HOST:PORT[/chroot] "
+                         "(a cluster)")
+    if args.zookeeper:
+        return _cluster_user(args)
     try:
         users = UserStore.open(args.users_file, create=args.action == "add")
         if args.action == "add":
@@ -123,19 +185,43 @@ def _user(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cluster_config(args: argparse.Namespace):
+def _cluster_user(args: argparse.Namespace) -> int:
+    """``flightstore user ... --zookeeper``: the cluster's users, changed in ZooKeeper; returns
+    once every live server applied the change."""
+    from flightstore.cluster.security import zookeeper_users
+    from flightstore.errors import FlightstoreError
+    where = f"the cluster at {args.zookeeper}"
+    try:
+        if args.action == "list":
+            for name in zookeeper_users(args.zookeeper, "list"):
+                print(name)
+            return 0
+        password = _password(args, confirm=True) if args.action == "add" else None
+        zookeeper_users(args.zookeeper, args.action, args.name, password, replace=args.replace)
+    except FlightstoreError as exc:
+        raise SystemExit(f"flightstore user: {exc}") from None
+    verb = {"add": "updated" if args.replace else "added", "remove": "removed"}[args.action]
+    print(f"user {args.name} {verb} in {where}")
+    return 0
+
+
+def _cluster_config(args: argparse.Namespace, secret_file: str | None = None):
     """The ClusterConfig of ``serve --zookeeper ...``; None for a single server."""
     if not args.zookeeper:
         if args.server_id is not None or args.advertised_uri:
             raise SystemExit("--server-id and --advertised-uri need --zookeeper")
+        if secret_file:
+            raise SystemExit("--cluster-secret-file needs --zookeeper")
         return None
     if args.server_id is None:
         raise SystemExit("--zookeeper needs --server-id N (unique in the cluster, kept across restarts)")
     from flightstore.cluster.layout import ZkAddress
     from flightstore.cluster.member import ClusterConfig
+    from flightstore.cluster.security import read_secret_file
     from flightstore.errors import InvalidInput
     try:
         return ClusterConfig(
+            secret_key=read_secret_file(secret_file) if secret_file else None,
             zookeeper=ZkAddress.parse(args.zookeeper),
             server_id=SERVER_OPTIONS["server.id"].parse(args.server_id),
             advertised_uri=args.advertised_uri or None,
@@ -146,6 +232,14 @@ def _cluster_config(args: argparse.Namespace):
 
 
 def _cluster(args: argparse.Namespace) -> int:
+    if args.action != "run":
+        from flightstore.cluster.admin import decommission, status
+        password = _password(args, confirm=False) if args.user else None
+        if args.action == "status":
+            return status(args.uri, args.table, username=args.user, password=password)
+        if args.server_id is None:
+            raise SystemExit("flightstore cluster decommission needs --server-id N")
+        return decommission(args.uri, args.server_id, args.timeout, username=args.user, password=password)
     import signal
     import threading
 
@@ -179,26 +273,45 @@ def _sql(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     import flightstore
-    from flightstore.display import format_table
+    from flightstore.display import SHOWN_ROWS, format_table
     from flightstore.errors import FlightstoreError
+    from flightstore.progress import progress
     password = _password(args, confirm=False) if args.user else None
     try:
         with flightstore.connect(args.uri, username=args.user, password=password,
                                  tls_root_certs=args.tls_root_certs) as conn:
             for statement in args.statements:
-                print(format_table(conn.sql(statement)), flush=True)
+                with progress(" ".join(statement.split())[:40], unit="rows") as steps:
+                    shown, total = _first_rows(conn.sql_batches(statement), SHOWN_ROWS, steps)
+                print(format_table(shown, total_rows=total), flush=True)
     except (pa.ArrowException, FlightstoreError, OSError) as exc:
         print(f"flightstore sql: {_message(exc)}", file=sys.stderr)
         return 1
     return 0
 
 
+def _first_rows(batches, keep: int, steps) -> tuple:
+    """The first ``keep`` rows of a result (a table) and its row count, reading it batch by batch:
+    a large result is counted, never held, and ``steps`` hears of the rows as they arrive."""
+    import pyarrow as pa
+    kept, held, total = [], 0, 0
+    for batch in batches:
+        if held < keep:
+            kept.append(batch.slice(0, keep - held))
+            held += kept[-1].num_rows
+        total += batch.num_rows
+        steps.advance(batch.num_rows)
+    return pa.Table.from_batches(kept, schema=batches.schema), total
+
+
 def _verify(args: argparse.Namespace) -> int:
     """Exit 0 when nothing is lost or unreadable, 1 when something is, 2 when it cannot run."""
     from flightstore.errors import DataDirectoryInUse
     from flightstore.maintenance import verify
+    from flightstore.progress import progress
     try:
-        report = verify(args.data_dir)
+        with progress("verify", unit="buckets") as steps:
+            report = verify(args.data_dir, _options(args.option), steps)
     except DataDirectoryInUse as exc:
         print(f"flightstore verify: {exc}", file=sys.stderr)
         return 2
@@ -209,8 +322,10 @@ def _repair(args: argparse.Namespace) -> int:
     """Exit 0 when every table opens and reads again, 1 otherwise, 2 when it cannot run."""
     from flightstore.errors import FlightstoreError
     from flightstore.maintenance import repair
+    from flightstore.progress import progress
     try:
-        report = repair(args.data_dir, args.table or None, fsync=args.fsync)
+        with progress("repair", unit="steps") as steps:
+            report = repair(args.data_dir, args.table or None, fsync=args.fsync, steps=steps)
     except FlightstoreError as exc:
         print(f"flightstore repair: {exc}", file=sys.stderr)
         return 2
@@ -296,18 +411,36 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--tls-cert", metavar="PEM", help=SERVER_OPTIONS["tls.cert"].doc)
     serve.add_argument("--tls-key", metavar="PEM", help=SERVER_OPTIONS["tls.key"].doc)
     serve.add_argument("--tls-client-ca", metavar="PEM", help=SERVER_OPTIONS["tls.client-ca"].doc)
+    serve.add_argument("--tls-root", metavar="PEM", help=SERVER_OPTIONS["tls.root"].doc)
     serve.add_argument("--metrics-port", help=SERVER_OPTIONS["metrics.port"].doc)
+    serve.add_argument("--console-port", help=SERVER_OPTIONS["console.port"].doc)
     serve.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
                        help="any server option of `flightstore options` (repeatable), e.g. "
                             "-o max.partition.num=100 or -o datalake.iceberg.warehouse=s3://bucket/lake")
+    serve.add_argument("--workers", metavar="N", help=SERVER_OPTIONS["server.workers"].doc)
+    serve.add_argument("--worker-id", help=argparse.SUPPRESS)  # set by worker 0 for its children
+    serve.add_argument("--worker-of", metavar="URI", help=argparse.SUPPRESS)
     serve.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", help=SERVER_OPTIONS["zookeeper.address"].doc)
     serve.add_argument("--server-id", help=SERVER_OPTIONS["server.id"].doc)
     serve.add_argument("--advertised-uri", metavar="grpc://HOST:PORT", help=SERVER_OPTIONS["advertised-uri"].doc)
+    serve.add_argument("--cluster-secret-file", metavar="FILE", help=SERVER_OPTIONS["cluster.secret-file"].doc)
     _session_timeout_argument(serve)
     serve.add_argument("--ddl-timeout", default=f'{SERVER_OPTIONS["cluster.ddl-timeout"].default}ms',
                        help=SERVER_OPTIONS["cluster.ddl-timeout"].doc)
     serve.set_defaults(func=_serve)
-    cluster = commands.add_parser("cluster", help="run ZooKeeper and N servers on this machine")
+    cluster = commands.add_parser(
+        "cluster", help="`cluster [run]`: ZooKeeper and N servers on this machine; `cluster status`: "
+        "leaders, in-sync replicas and lag per bucket; `cluster decommission --server-id N`: move a "
+        "server's replicas away, then let it stop")
+    cluster.add_argument("action", nargs="?", choices=("run", "status", "decommission"), default="run")
+    cluster.add_argument("--uri", default="grpc://127.0.0.1:8815",
+                         help="status, decommission: any server of the cluster")
+    cluster.add_argument("--server-id", type=int, help="decommission: the server whose replicas move away")
+    cluster.add_argument("--user", metavar="NAME",
+                         help=f"status, decommission: authenticate as NAME (password from ${PASSWORD_ENV})")
+    cluster.add_argument("--table", help="status: only this table (db.table)")
+    cluster.add_argument("--timeout", type=float, default=600.0,
+                         help="decommission: seconds to wait for the replicas to move (default 600)")
     cluster.add_argument("--servers", type=int, default=3, help="number of servers (ids 1..N)")
     cluster.add_argument("--data-dir", default="./cluster-data",
                          help="holds zookeeper/ and server-<id>/ (and their logs)")
@@ -343,17 +476,24 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"authenticate as NAME (password from ${PASSWORD_ENV}, stdin or a prompt)")
     status.add_argument("table", nargs="?", help="database.table (default: every datalake-enabled table)")
     status.set_defaults(func=_lake_status)
-    user = commands.add_parser("user", help="manage the users file (salted Argon2id password hashes)")
+    user = commands.add_parser("user", help="manage users (salted Argon2id password hashes): a server's users "
+                                            "file, or a cluster's users in ZooKeeper")
     user.add_argument("action", choices=("add", "remove", "list"))
     user.add_argument("name", nargs="?", help="the user (add, remove)")
-    user.add_argument("--users-file", required=True, metavar="FILE", help="the users file (serve --users-file)")
+    user.add_argument("--users-file", metavar="FILE", help="the users file (serve --users-file)")
+    user.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]",
+                      help="the cluster's users (serve --zookeeper); a change returns once every live server "
+                           "applied it")
     user.add_argument("--password-stdin", action="store_true",
                       help=f"read the password from standard input (else ${PASSWORD_ENV} or a prompt)")
     user.add_argument("--replace", action="store_true", help="set a new password for an existing user")
     user.set_defaults(func=_user)
     verify = commands.add_parser("verify", help="check every CRC, checksum and KV block of a data "
-                                 "directory and report, changing nothing (exit 1 if data is lost)")
+                                 "directory and its lake files and report, changing nothing (exit 1 if "
+                                 "data is lost)")
     verify.add_argument("data_dir", metavar="DATA_DIR")
+    verify.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
+                        help="a server option saying where the lake is (datalake.iceberg.*), as for serve")
     verify.set_defaults(func=_verify)
     repair = commands.add_parser("repair", help="make damaged tables readable again: declare the "
                                  "lost offsets, quarantine bad bytes, say what was lost")
@@ -365,7 +505,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="fsync what repair writes (default: on)")
     repair.set_defaults(func=_repair)
     options = commands.add_parser("options", help="print every option as a Markdown table")
-    options.set_defaults(func=lambda _: print(options_markdown()) or 0)
+    options.add_argument("--page", action="store_true", help="the whole page docs/options.md")
+    options.set_defaults(func=lambda a: print(options_page() if a.page else options_markdown(), end="\n"
+                                              if not a.page else "") or 0)
     args = parser.parse_args(argv)
     if args.command == "user" and args.action != "list" and not args.name:
         parser.error(f"user {args.action} needs a NAME")

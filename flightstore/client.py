@@ -28,6 +28,8 @@ names the unavailable bucket and server), and the locations are asked again next
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,11 +40,14 @@ import pyarrow as pa
 from pyarrow import flight
 
 from flightstore.config import validate_client_options
-from flightstore.errors import DeliveryTimeout, InvalidOption
+from flightstore.errors import DeliveryTimeout, InvalidOption, Unavailable
 from flightstore.expressions import Predicate
+from flightstore.lookup_stream import KeysDoNotFit, LookupStream, LookupStreams
+from flightstore.lookuper import Lookuper
 from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
-from flightstore.streams import read_batches
+from flightstore.streams import BatchStream, read_batches
+from flightstore.wire.lookups import HandleSpec
 
 __all__ = ["Connection", "Subscription", "TableClient", "connect"]
 
@@ -54,6 +59,7 @@ FIRST_BACKOFF_S = 0.05  # the first wait between two attempts of a write; it dou
 _RETRYABLE = (flight.FlightUnavailableError, flight.FlightTimedOutError, flight.FlightCancelledError)
 _TRANSPORT = ("socket closed", "connection reset", "rst_stream", "goaway", "broken pipe",
               "failed to connect", "stream removed", "end of tcp stream")
+_CLOSED_POLL_S = 0.1  # how soon a subscription closed from another thread stops its consumer
 T = TypeVar("T")
 Pem = bytes | str | os.PathLike  # PEM bytes, or the path of a PEM file
 
@@ -78,13 +84,17 @@ def connect(uri: str = "grpc://127.0.0.1:8815", *, username: str | None = None,
 
 
 class Connection:
-    """A connection to one server. Use as a context manager or call :meth:`close`."""
+    """A connection to a server (the first reachable one of a comma-separated list). Use as a
+    context manager or call :meth:`close`."""
 
     def __init__(self, uri: str, *, username: str | None = None, password: str | None = None,
                  timeout: float | None = None, tls_root_certs: Pem | None = None,
                  cert_chain: Pem | None = None, private_key: Pem | None = None,
                  override_hostname: str | None = None, options: Mapping[str, Any] | None = None) -> None:
-        self.uri = uri
+        # ``uri`` may list several servers of a cluster ("grpc://a:8815,grpc://b:8815"): the
+        # connection uses the first, and moves to the next when one cannot be reached.
+        self.uris = [part.strip() for part in str(uri).split(",") if part.strip()]
+        self.uri = self.uris[0]
         self.options = validate_client_options(options)
         tls: dict[str, Any] = {}
         if tls_root_certs is not None:
@@ -95,34 +105,73 @@ class Connection:
             tls["override_hostname"] = override_hostname
         # A restarted server is reconnected to within the retry backoff cap, not gRPC's own (which
         # grows to minutes after repeated failures).
-        backoff_ms = self.options["client.writer.retry-backoff.max"]
-        self._client = flight.FlightClient(uri, **tls, generic_options=[
-            ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
-            ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
-            ("grpc.max_reconnect_backoff_ms", backoff_ms)])
         self._tls = tls
+        self._client = self._flight_client(self.uri)
         self._peers: dict[str, Connection] = {}  # cluster mode: connections to other servers
         self._timeout = timeout
         self._credentials = (username, password or "") if username is not None else None
         self._options = flight.FlightCallOptions(timeout=timeout)
         self._per_bucket_endpoints = False  # the session option: read each bucket at its endpoint
+        self._headers: list[tuple[bytes, bytes]] = []  # the bearer token, once authenticated
         if self._credentials is not None:
-            self._authenticate()
+            self._retrying(self._authenticate)  # at the first server of uris that answers
+        # Lookups: one long-lived stream (no deadline: each lookup has the timeout), see lookup_stream.
+        self._lookups = self._lookup_streams()
+
+    def _flight_client(self, uri: str) -> flight.FlightClient:
+        backoff_ms = self.options["client.writer.retry-backoff.max"]
+        return flight.FlightClient(uri, **self._tls, generic_options=[
+            ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
+            ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
+            ("grpc.max_reconnect_backoff_ms", backoff_ms)])
+
+    def _lookup_streams(self) -> LookupStreams:
+        return LookupStreams(
+            lambda: LookupStream(self._client, flight.FlightCallOptions(headers=self._headers), self.uri),
+            self._authenticate if self._credentials is not None else None, self._timeout)
+
+    def _move_on(self) -> bool:
+        """Move to the next server of :attr:`uris` (False when there is no other): the one in use
+        cannot be reached. The session's settings (USE, session options) stay with the old one."""
+        if len(self.uris) < 2:
+            return False
+        position = self.uris.index(self.uri)
+        old_client, old_lookups = self._client, self._lookups
+        self.uri = self.uris[(position + 1) % len(self.uris)]
+        self._client = self._flight_client(self.uri)
+        self._lookups = self._lookup_streams()
+        old_lookups.close()
+        old_client.close()
+        if self._credentials is not None:
+            try:
+                self._authenticate()
+            except flight.FlightError:
+                pass  # this one is down too: the next attempt moves on again
+        return True
 
     def _authenticate(self) -> None:
         header = self._client.authenticate_basic_token(*self._credentials,
                                                        flight.FlightCallOptions(timeout=self._timeout))
+        self._headers = [header]
         self._options = flight.FlightCallOptions(timeout=self._timeout, headers=[header])
 
     def _retrying(self, call: Callable[[], T]) -> T:
-        """``call()``, once more after authenticating again if the server refused the token."""
-        try:
-            return call()
-        except flight.FlightUnauthenticatedError:
-            if self._credentials is None:
-                raise
-            self._authenticate()
-            return call()
+        """``call()``, once more after authenticating again if the server refused the token, and
+        at the next server of :attr:`uris` when this one cannot be reached (nothing was sent: any
+        call may go elsewhere; a failure mid-call is left to the caller's own retries)."""
+        moves = len(self.uris) - 1
+        while True:
+            try:
+                return call()
+            except flight.FlightUnauthenticatedError:
+                if self._credentials is None:
+                    raise
+                self._authenticate()
+                return call()
+            except flight.FlightUnavailableError as exc:
+                if moves <= 0 or not _unreachable(exc) or not self._move_on():
+                    raise
+                moves -= 1
 
     def __enter__(self) -> Connection:
         return self
@@ -134,6 +183,7 @@ class Connection:
         for peer in self._peers.values():
             peer.close()
         self._peers.clear()
+        self._lookups.close()
         self._client.close()
 
     def _peer(self, uri: str) -> Connection:
@@ -163,13 +213,14 @@ class Connection:
         ticket = flight.Ticket(tickets.encode_custom({"op": "sql", "sql": text}))
         return self._retrying(lambda: self._client.do_get(ticket, self._options).read_all())
 
-    def sql_batches(self, text: str) -> Iterator[pa.RecordBatch]:
+    def sql_batches(self, text: str) -> BatchStream:
         """Run one SQL query and iterate over its record batches as they arrive: the client holds
-        one batch at a time, whatever the size of the result (:meth:`sql` holds it all)."""
+        one batch at a time, whatever the size of the result (:meth:`sql` holds it all). The
+        iterator's ``schema`` is the result's, known before the first batch."""
         command = protocol.pack_any(protocol.CommandStatementQuery(query=text))
         info = self._retrying(lambda: self._client.get_flight_info(
             flight.FlightDescriptor.for_command(command), self._options))
-        return self.iter_info(info)
+        return BatchStream(info.schema, self.iter_info(info))
 
     def iter_info(self, info: flight.FlightInfo) -> Iterator[pa.RecordBatch]:
         """The record batches of every endpoint of ``info`` (in order), read one at a time."""
@@ -206,7 +257,7 @@ class Connection:
 
     def set_session_options(self, options: Mapping[str, Any]) -> None:
         """Set Flight session options of this connection (``schema``, ``catalog``,
-        ``flightstore.per-bucket-endpoints``: see the README option table). Raises
+        ``flightstore.per-bucket-endpoints``: see docs/options.md). Raises
         :class:`~flightstore.errors.InvalidOption` naming the refused ones (then none is set)."""
         request = protocol.SetSessionOptionsRequest()
         for key, value in options.items():
@@ -233,6 +284,17 @@ class Connection:
 
     def table(self, name: str, *, writer_id: str | None = None) -> TableClient:
         return TableClient(self, name, writer_id=writer_id)
+
+    def add_user(self, name: str, password: str, *, replace: bool = False) -> None:
+        """Add user ``name`` (``replace``: set a new password, ending its tokens) through the
+        server: to its users file, or to a cluster's users, on every server when this returns.
+        Needs ALTER on the cluster (super users)."""
+        self._action("flightstore.user", {"action": "add", "name": name, "password": password,
+                                          "replace": replace})
+
+    def remove_user(self, name: str) -> None:
+        """Remove user ``name`` (its tokens end) through the server; see :meth:`add_user`."""
+        self._action("flightstore.user", {"action": "remove", "name": name})
 
     def lake_status(self, table: str | None = None) -> list[dict]:
         """Tiering status of ``table`` (default: every datalake-enabled table): per bucket the
@@ -277,6 +339,13 @@ def _message_rows(data: pa.Table) -> int:
     return max(1, min(MAX_SEND_ROWS, MAX_SEND_BYTES // per_row))
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """Whether a call failed because the server could not be reached at all (so nothing of the
+    call reached it)."""
+    text = str(exc).lower()
+    return "failed to connect" in text or "connection refused" in text or "dns resolution failed" in text
+
+
 def _retryable(exc: BaseException) -> bool:
     """Whether a write failed in a way that leaves its outcome unknown (see _RETRYABLE)."""
     if isinstance(exc, _RETRYABLE):
@@ -288,22 +357,87 @@ def _retryable(exc: BaseException) -> bool:
 
 
 class Subscription:
-    """An iterator over changelog batches as they are written; :meth:`close` ends it."""
+    """An iterator over changelog batches as they are written; :meth:`close` ends it.
 
-    def __init__(self, reader: flight.FlightStreamReader) -> None:
+    The server sends an empty batch (a heartbeat) after each ``heartbeat_s`` without data, so a
+    quiet server and a dead one look different: when neither data nor a heartbeat arrives within
+    ``timeout_s`` (a server stopped, frozen or cut off), iterating raises
+    :class:`~flightstore.errors.Unavailable` and the subscription is closed. ``timeout_s=None``
+    waits forever. A server that shuts down ends the subscription with UNAVAILABLE too (a
+    ``pyarrow.flight.FlightUnavailableError``), never as a normal end of stream; a subscription
+    with ``until`` ends normally when it reached those offsets.
+    """
+
+    def __init__(self, reader: flight.FlightStreamReader, timeout_s: float | None = None) -> None:
+        if timeout_s is not None and timeout_s <= 0:
+            raise InvalidOption(f"a subscription's timeout_s must be a positive number of seconds, not {timeout_s!r}")
         self._reader = reader
+        self._timeout_s = timeout_s
+        self._messages: queue.Queue = queue.Queue(maxsize=2)  # (kind, value) from the reading thread
+        self._closed = threading.Event()
+        self._failure: BaseException | None = None  # what ended the reading thread, if not the end
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> None:
+        """The reading thread: every message (heartbeats included) into the queue, then the end."""
+        try:
+            while not self._closed.is_set():
+                chunk = self._reader.read_chunk()
+                self._put(("batch", chunk.data))
+        except StopIteration:
+            self._put(("end", None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer's thread, raised there
+            self._failure = exc
+            self._put(("error", exc))
+
+    def _put(self, message: tuple) -> None:
+        while not self._closed.is_set():
+            try:
+                self._messages.put(message, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        if self._timeout_s is None:
+            while True:
+                try:
+                    chunk = self._reader.read_chunk()
+                except StopIteration:
+                    return
+                if chunk.data is not None and chunk.data.num_rows:
+                    yield chunk.data
+        if self._thread is None:
+            thread = threading.Thread(target=self._read, name="flightstore-subscription", daemon=True)
+            thread.start()
+            self._thread = thread  # set once started: close() from another thread joins it
+        deadline = time.monotonic() + self._timeout_s
         while True:
             try:
-                chunk = self._reader.read_chunk()
-            except StopIteration:
+                kind, value = self._messages.get(timeout=_CLOSED_POLL_S)
+            except queue.Empty:
+                if self._closed.is_set():  # close() from another thread: end as the reader ended
+                    if self._failure is not None:
+                        raise self._failure from None
+                    return
+                if time.monotonic() < deadline:
+                    continue
+                self.close()
+                raise Unavailable(f"no data and no heartbeat from the server for {self._timeout_s:g} s: it "
+                                  "is stopped or unreachable; subscribe again from the offsets read") from None
+            deadline = time.monotonic() + self._timeout_s
+            if kind == "end":
                 return
-            if chunk.data is not None and chunk.data.num_rows:
-                yield chunk.data
+            if kind == "error":
+                raise value
+            if value is not None and value.num_rows:
+                yield value
 
     def close(self) -> None:
+        self._closed.set()
         self._reader.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
 
     def __enter__(self) -> Subscription:
         return self
@@ -333,9 +467,13 @@ class TableClient:
         self.connection = connection
         self.name = name
         self.writer_id = writer_id or uuid.uuid4().hex
-        self._sequence = None
+        # A writer id made here is new everywhere: its first batch is 0, with no question to the
+        # server (which, in a cluster, asks every leader and cannot answer while one is down).
+        # A given id may have written before: ask where it stands before its first write.
+        self._sequence: int | None = -1 if writer_id is None else None
         self._unsettled: _Batch | None = None  # a batch whose outcome a DeliveryTimeout left unknown
         self._layout: dict | None = None  # cluster mode: bucketing and leaders (flightstore.locations)
+        self._single_server = False  # known to be one server (its answer to flightstore.locations)
 
     # ---- cluster mode: where buckets live --------------------------------------------------------
     def _locations(self) -> dict | None:
@@ -344,6 +482,7 @@ class TableClient:
         if self._layout is None:
             try:
                 self._layout = self.connection._action("flightstore.locations", {"table": self.name})
+                self._single_server = not self._layout.get("leaders")  # a cluster names its leaders
             except (flight.FlightError, pa.ArrowException):  # may not describe it, or no such table:
                 self._layout = {"leaders": []}              # the connected server answers and says
         layout = self._layout
@@ -468,7 +607,11 @@ class TableClient:
         """One attempt at one part. After a failed attempt the server is asked first whether the
         part landed (a part sent as one message is one server chunk: applied whole or not)."""
         attempted, batch.attempted = batch.attempted, True
-        if attempted and len(batch.parts) == 1 and part.num_rows <= _message_rows(part):
+        # Only a single server applies a batch all or nothing across its buckets; in a cluster each
+        # leader applies its share, so the table's last sequence may be another leader's: the part
+        # is sent again and each bucket that has it already skips it (same writer id and sequence).
+        if attempted and len(batch.parts) == 1 and part.num_rows <= _message_rows(part) \
+                and self._single_server:
             last = self._last_applied()
             if last is not None and last >= batch.sequence:
                 return {"op": "written", "rows": part.num_rows, "duplicate": True, "offsets": {},
@@ -518,9 +661,31 @@ class TableClient:
         return {name: table.column(name).to_pylist() for name in table.column_names}
 
     def lookup(self, keys: Any, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows with the given primary keys, in key order (missing keys answer no row). On one
+        server: one message each way on the connection's lookup stream."""
+        found = self._streamed("lookup", keys, columns, None)
+        if found is not None:
+            return found
         payload = {"op": "lookup", "table": self.name, "keys": self._keys(keys),
                    "columns": list(columns) if columns else None}
         return self._read_one(keys, payload)
+
+    def _streamed(self, kind: str, keys: Any, columns: Sequence[str] | None, limit: int | None
+                  ) -> pa.Table | None:
+        """A lookup on the connection's lookup stream (:mod:`flightstore.lookup_stream`), or None
+        when it takes the DoGet way: in a cluster (the lookup goes to the keys' leader), or when
+        the keys do not fit the key columns (the server then says what is wrong)."""
+        if self._locations() is not None:
+            return None
+        if not isinstance(keys, dict):
+            keys = as_table(keys)
+        key_columns = (tuple(keys) if isinstance(keys, dict) else tuple(keys.column_names)) \
+            if kind == "prefix" else None
+        spec = HandleSpec(self.name, kind, tuple(columns) if columns else None, key_columns)
+        try:
+            return self.connection._lookups.call(spec, keys, limit)
+        except KeysDoNotFit:
+            return None
 
     def _read_one(self, keys: Any, payload: dict) -> pa.Table:
         """A lookup from the leader of its keys when they share one (the connected server
@@ -533,9 +698,21 @@ class TableClient:
 
     def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
+        """Rows whose leading primary-key columns equal a row of ``prefix`` (at most ``limit``)."""
+        found = self._streamed("prefix", prefix, columns, limit)
+        if found is not None:
+            return found
         payload = {"op": "prefix_lookup", "table": self.name, "keys": self._keys(prefix),
                    "columns": list(columns) if columns else None, "limit": limit}
         return self._read_one(prefix, payload)
+
+    def lookuper(self, *, columns: Sequence[str] | None = None, prefix: Sequence[str] | None = None,
+                 options: Mapping[str, Any] | None = None) -> Lookuper:
+        """Batched asynchronous lookups of this table (Fluss's ``Lookuper``): ``lookup_async(key)``
+        returns a Future, ``await lookup(key)`` is the asyncio flavour; concurrent keys travel
+        together, bounded by the ``client.lookup.*`` ``options`` (:mod:`flightstore.lookuper`).
+        ``prefix``: leading primary-key columns, for prefix lookups. Close it (or use ``with``)."""
+        return Lookuper(self, columns=columns, prefix=prefix, options=options)
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None) -> pa.Table:
@@ -591,11 +768,20 @@ class TableClient:
 
     def usage(self) -> dict:
         """Bytes the table holds on disk (``kv``, ``snapshots``, ``log``, ``total``) under ``bytes``,
-        and its ``start_offsets``/``end_offsets`` per bucket."""
+        and its ``start_offsets``/``end_offsets`` per bucket; in a cluster ``bytes`` is one copy
+        (each bucket at its leader) and ``servers`` each leader's share."""
         answer = self.connection._action("flightstore.usage", {"table": self.name})
-        return {"bytes": answer["bytes"],
-                "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
-                "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
+        usage = {"bytes": answer["bytes"],
+                 "start_offsets": {int(k): v for k, v in answer["start_offsets"].items()},
+                 "end_offsets": {int(k): v for k, v in answer["end_offsets"].items()}}
+        if "servers" in answer:  # a cluster: each leader's bytes of the buckets it leads
+            usage["servers"] = {int(k): v for k, v in answer["servers"].items()}
+        return usage
+
+    def expire_writers(self) -> list[str]:
+        """Forget this table's writers idle past ``table.writer-id.expiration`` now (the server
+        does it on its own every ``log.retention.check-interval``); their ids."""
+        return self.connection._action("flightstore.expire-writers", {"table": self.name})["writers"]
 
     def describe(self) -> dict:
         """The table's descriptor (``descriptor``: :meth:`TableDescriptor.to_json` text), its
@@ -618,10 +804,18 @@ class TableClient:
         return {int(k): v for k, v in answer["offsets"].items()}
 
     def subscribe(self, start: Any = "earliest", columns: Sequence[str] | None = None,
-                  until: Mapping[int, int] | None = None) -> Subscription:
+                  until: Mapping[int, int] | None = None, *, heartbeat_s: float = 1.0,
+                  timeout_s: float | None = 30.0) -> Subscription:
         """Follow the changelog from ``start`` (earliest, latest, {"timestamp": ms} or
-        {bucket: offset}); with ``until`` ({bucket: end offset}) the stream ends there."""
+        {bucket: offset}); with ``until`` ({bucket: end offset}) the stream ends there. The server
+        sends a heartbeat after ``heartbeat_s`` without data; iterating raises
+        :class:`~flightstore.errors.Unavailable` when nothing arrives for ``timeout_s`` (None: wait
+        forever). See :class:`Subscription`."""
+        if timeout_s is not None and timeout_s <= heartbeat_s:
+            raise InvalidOption(f"timeout_s ({timeout_s:g}) must be longer than heartbeat_s ({heartbeat_s:g}): "
+                                "a quiet server sends only a heartbeat every heartbeat_s")
         payload = {"op": "subscribe", "table": self.name, "columns": list(columns) if columns else None,
                    "start": start if not isinstance(start, Mapping) else {str(k): v for k, v in start.items()},
-                   "until": None if until is None else {str(k): v for k, v in until.items()}}
-        return Subscription(self.connection._get_planned(payload))
+                   "until": None if until is None else {str(k): v for k, v in until.items()},
+                   "heartbeat_s": heartbeat_s}
+        return Subscription(self.connection._get_planned(payload), timeout_s)

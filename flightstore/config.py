@@ -1,7 +1,7 @@
 """One typed registry of every option flightstore reads, server-wide and per table.
 
 Each :class:`ConfigOption` carries its key, type, default and documentation; the CLI help and the
-README option table are generated from this registry (``python -m flightstore options``). Table
+option table of ``docs/options.md`` are generated from this registry (``python -m flightstore options``). Table
 options use the names Apache Fluss users know. Validation is strict: an unknown key or a value that
 does not parse is refused with a message naming the option.
 """
@@ -31,6 +31,7 @@ __all__ = [
     "validate_table_options",
     "table_option",
     "server_option",
+    "validate_client_options",
     "options_markdown",
 ]
 
@@ -157,6 +158,10 @@ TABLE_OPTIONS: dict[str, ConfigOption] = _registry(
                  "changed since its last one (a RocksDB checkpoint plus a columnar image of the rows, at "
                  "one log offset). The log below the oldest retained snapshot may then be deleted by "
                  "`table.log.ttl`.", minimum=1),
+    ConfigOption("table.replication.factor", "int", None,
+                 "How many servers hold a copy of each bucket (cluster mode): one leader and "
+                 "followers that fetch its log; default the server option "
+                 "`default.replication.factor`. At most the number of live servers.", minimum=1),
     ConfigOption("kv.snapshot.num-retained", "int", 2,
                  "KV snapshots kept per bucket; older ones are deleted once a newer one is complete.",
                  minimum=1),
@@ -242,7 +247,10 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("query.memory-limit", "size", 1_000_000_000,
                  "Memory the embedded SQL engine (DuckDB) may use for residual SQL (GROUP BY, joins, "
                  "ORDER BY...) across all queries; beyond it, operators spill to `DATA_DIR/.spill` and "
-                 "a query that still does not fit fails with RESOURCE_EXHAUSTED.", minimum=1_000_000),
+                 "a query that still does not fit fails with RESOURCE_EXHAUSTED. Every other read path "
+                 "sizes its batches by it (a 16th of it, 1 to 16 MiB each) and holds at most a quarter "
+                 "of it at once (a lookup's answer, a changelog tail being folded), else answers "
+                 "RESOURCE_EXHAUSTED.", minimum=1_000_000),
     ConfigOption("query.materialize-input-limit", "size", 256_000_000,
                  "A table input of residual SQL whose estimated size (its maintained row count times "
                  "the read columns' widths) is at most this (and at most a quarter of "
@@ -260,9 +268,13 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("query.max-result-rows", "int", 1_000_000_000,
                  "Most rows one residual-SQL query may return; past it the stream ends with "
                  "RESOURCE_EXHAUSTED (`0`: no cap).", minimum=0),
+    ConfigOption("server.workers", "int", 1,
+                 "Server processes on this machine (`serve --workers N`): worker 0 serves the port given "
+                 "and starts the others, each leading buckets `b % N` in `DATA_DIR/worker-<k>`; clients "
+                 "find them as in cluster mode. Fixed at a data directory's first start.", minimum=1),
     ConfigOption("server.shutdown-grace", "duration", 10_000,
                  "On SIGTERM/SIGINT the server stops accepting calls and waits this long for running "
-                 "ones, then stops them (CANCELLED) and exits.", minimum=0),
+                 "ones, then stops them (UNAVAILABLE: server shutting down) and exits.", minimum=0),
     ConfigOption("sql.cache.entries", "int", 1024,
                  "Entries each SQL cache keeps (query plans, point-lookup templates, residual result "
                  "schemas, prepared statements' schemas), least recently used forgotten first. "
@@ -290,6 +302,32 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "How long ZooKeeper keeps a silent server registered: a killed server's buckets are "
                  "reported unavailable, and a killed coordinator replaced, after about this long.",
                  minimum=1000),
+    ConfigOption("default.replication.factor", "int", 1,
+                 "Replication factor of a new table that sets no `table.replication.factor` "
+                 "(cluster mode; the coordinator's value counts).", minimum=1),
+    ConfigOption("log.replica.min-in-sync-replicas-number", "int", 1,
+                 "A write to a replicated bucket is refused (UNAVAILABLE, nothing acknowledged) while "
+                 "fewer replicas than this are in sync; with replication factor 3 set it to 2 so "
+                 "that every acknowledged write is on two servers.", minimum=1),
+    ConfigOption("log.replica.max-lag-time", "duration", 30_000,
+                 "A follower that has not fetched, or not caught up with its leader's log end, for "
+                 "this long leaves the in-sync replica set; it rejoins once caught up.", minimum=100),
+    ConfigOption("log.replica.write-timeout", "duration", 30_000,
+                 "How long a leader waits for its in-sync replicas to confirm a write before "
+                 "answering UNAVAILABLE (not acknowledged; a retry with the same writer id and "
+                 "sequence is applied once).", minimum=100),
+    ConfigOption("log.replica.fetch-backoff-interval", "duration", 1_000,
+                 "How long a follower waits before fetching again after a fetch failed.", minimum=10),
+    ConfigOption("log.fetch.max-bytes", "size", 16 * 1024 * 1024,
+                 "At most about this many bytes of records per replication fetch answer (at least "
+                 "one record).", minimum=1024),
+    ConfigOption("unclean.leader.election.enable", "bool", False,
+                 "Elect a leader that is not in the in-sync replica set when none of them is alive "
+                 "(writes acknowledged by the lost replicas may be lost; off by default)."),
+    ConfigOption("cluster.replica.dead-timeout", "duration", 300_000,
+                 "A server down for longer than this has its replicas recreated on live servers "
+                 "(copied from the leader) so every bucket gets back to its replication factor.",
+                 minimum=1000),
     ConfigOption("cluster.ddl-timeout", "duration", 30_000,
                  "How long a server waits for the coordinator to answer a DDL statement before "
                  "answering UNAVAILABLE (having changed nothing).", minimum=100),
@@ -298,10 +336,12 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  choices=("iceberg",)),
     ConfigOption("datalake.iceberg.uri", "str", None,
                  "SQLAlchemy URI of the Iceberg SQL catalog (sqlite, PostgreSQL...); default "
-                 "`sqlite:///DATA_DIR/lake/catalog.db`, which needs no other process."),
+                 "`sqlite:///DATA_DIR/lake/catalog.db`, which needs no other process. Cluster mode: "
+                 "required with any `datalake.*` option, the same on every server."),
     ConfigOption("datalake.iceberg.warehouse", "str", None,
                  "Where the lake's data and metadata files go: a local path or `file://` URI, or "
-                 "`s3://bucket/prefix` on S3-compatible storage; default `DATA_DIR/lake/warehouse`."),
+                 "`s3://bucket/prefix` on S3-compatible storage; default `DATA_DIR/lake/warehouse`. "
+                 "Cluster mode: required with any `datalake.*` option, the same on every server."),
     ConfigOption("datalake.iceberg.s3.endpoint", "str", None,
                  "Endpoint URI of the S3-compatible object storage (MinIO, Ceph...); unset: AWS."),
     ConfigOption("datalake.iceberg.s3.access-key-id", "str", None,
@@ -310,7 +350,8 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "Secret key of the object storage; unset: the AWS_SECRET_ACCESS_KEY environment."),
     ConfigOption("datalake.iceberg.s3.region", "str", None, "Region of the object storage bucket."),
     ConfigOption("datalake.tiering.enabled", "bool", True,
-                 "The server tiers datalake-enabled tables itself; `false` leaves them to an "
+                 "The server tiers datalake-enabled tables itself (cluster mode: while it holds the "
+                 "cluster's tiering lease in ZooKeeper); `false` leaves them to an "
                  "external tiering job (the server then follows its commits: log retention, status)."),
     ConfigOption("datalake.tiering.lease", "duration", 60_000,
                  "How long a tierer's lease on a table lasts without renewal: a crashed tierer's "
@@ -377,6 +418,16 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("tls.client-ca", "str", None,
                  "PEM CA certificates for mutual TLS: a client must present a certificate signed by "
                  "one of them, or its connection is refused."),
+    ConfigOption("tls.root", "str", None,
+                 "PEM CA certificates the servers of a cluster verify each other's certificates "
+                 "against when they call each other over TLS (each presents its own `tls.cert`, which "
+                 "a server with `tls.client-ca` checks as mutual TLS); default `tls.client-ca`, else "
+                 "the system's roots."),
+    ConfigOption("cluster.secret-file", "str", None,
+                 "A file of at least 32 random bytes, the same on every server of a cluster: the "
+                 "secret that signs bearer tokens and peer credentials is derived from it and never "
+                 "stored (ZooKeeper keeps a verifier only). Needed once the cluster has users; "
+                 "without it the cluster keeps a random secret in ZooKeeper and refuses users."),
     ConfigOption("auth.users-file", "str", None,
                  "Users file of salted password hashes (`flightstore user add`); set, every call must "
                  "authenticate (HTTP Basic, then a bearer token) and is authorized by grants. Unset, "
@@ -419,6 +470,10 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("metrics.table-labels", "bool", True,
                  "Label row and byte counters with their table and export per-bucket offsets; "
                  "`false` exports table-wide totals only and no series names a table."),
+    ConfigOption("console.port", "int", None,
+                 "Port of the web console (`http://HOST:PORT/`: tables, buckets, lake, cluster, "
+                 "rates, running queries); unset, no console. It admits the server's users (a "
+                 "login page, or HTTP Basic) and shows each only what DESCRIBE allows.", minimum=0),
 )
 
 # Flight session options (SetSessionOptions / GetSessionOptions), held per client connection.
@@ -437,7 +492,9 @@ SESSION_OPTIONS: dict[str, ConfigOption] = _registry(
 )
 
 
-# Options of the Python client (``flightstore.connect(uri, options={...})``), held per connection.
+# Options of the Python client (``flightstore.connect(uri, options={...})`` for writes, and
+# ``TableClient.lookuper(options=...)`` for batched lookups: Apache Fluss's client options of the
+# same names and defaults).
 CLIENT_OPTIONS: dict[str, ConfigOption] = _registry(
     ConfigOption("client.writer.delivery-timeout", "duration", 120_000,
                  "How long a `TableClient` write keeps retrying a batch the server did not "
@@ -449,18 +506,30 @@ CLIENT_OPTIONS: dict[str, ConfigOption] = _registry(
                  "Longest wait between two retries of a write (the wait doubles from 50 ms up to "
                  "this); also the longest the connection waits before reconnecting to a server that "
                  "went away.", minimum=10),
+    ConfigOption("client.lookup.queue-size", "int", 25_600,
+                 "Most lookups a lookuper holds before sending them; `lookup_async` blocks (the "
+                 "asyncio `lookup` waits) while it is full.", minimum=1),
+    ConfigOption("client.lookup.max-batch-size", "int", 128,
+                 "Most lookups merged into one lookup request.", minimum=1),
+    ConfigOption("client.lookup.max-inflight-requests", "int", 128,
+                 "Most lookup requests of a lookuper sent and not yet answered.", minimum=1),
+    ConfigOption("client.lookup.batch-timeout", "duration", 100,
+                 "Longest a lookup waits for its batch to fill before the batch is sent anyway.",
+                 minimum=0),
 )
 
 
 def validate_client_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Every client option, typed (defaults for the ones not given); InvalidOption names an
-    unknown or ill-typed one."""
-    given = dict(options or {})
-    unknown = [key for key in given if key not in CLIENT_OPTIONS]
-    if unknown:
-        raise InvalidOption(f"unknown client option '{unknown[0]}'; known: {', '.join(CLIENT_OPTIONS)}")
-    return {key: option.parse(given[key]) if given.get(key) is not None else option.default
-            for key, option in CLIENT_OPTIONS.items()}
+    """Every client option of :data:`CLIENT_OPTIONS`, typed (``options`` given, else the default);
+    raises :class:`InvalidOption` naming the first unknown or ill-typed one."""
+    typed = {key: option.default for key, option in CLIENT_OPTIONS.items()}
+    for key, raw in (options or {}).items():
+        option = CLIENT_OPTIONS.get(str(key))
+        if option is None:
+            raise InvalidOption(f"unknown client option '{key}' (known: {', '.join(CLIENT_OPTIONS)})")
+        if raw is not None:
+            typed[option.key] = option.parse(raw)
+    return typed
 
 
 def validate_table_options(options: Mapping[str, Any]) -> dict[str, str]:
@@ -519,14 +588,32 @@ def server_option(options: Mapping[str, Any], key: str) -> Any:
     return option.default
 
 
+OPTIONS_PAGE_HEAD = """# Options
+
+<!-- Generated from flightstore/config.py by `python -m flightstore options --page > docs/options.md`:
+edit the registry, not this page (tests/test_docs.py checks that the page is current). -->
+
+Every option flightstore knows. `table` options go in `CREATE TABLE ... WITH ('key' = 'value')`
+(some may change later with `ALTER TABLE ... SET`); `server` options are flags or
+`flightstore serve -o key=value`; `session` options are Flight session options of a connection;
+`client` options are given to `flightstore.connect(uri, options=...)` or
+`table.lookuper(options=...)`. Durations are in milliseconds unless they carry a unit.
+"""
+
+
+def options_page() -> str:
+    """``docs/options.md``: :func:`options_markdown` under the page's title and introduction."""
+    return OPTIONS_PAGE_HEAD + "\n" + options_markdown() + "\n"
+
+
 def options_markdown() -> str:
-    """The README option table, generated from the registry."""
+    """The option table (``docs/options.md``, ``flightstore options``), generated from the registry."""
     lines = ["| option | scope | type | default | description |", "|---|---|---|---|---|"]
     for scope, registry in (("table", TABLE_OPTIONS), ("server", SERVER_OPTIONS),
                             ("session", SESSION_OPTIONS), ("client", CLIENT_OPTIONS)):
         for option in registry.values():
             default = ",".join(option.default) if isinstance(option.default, tuple) else option.default
-            kind = "|".join(option.choices) if option.choices else option.type
+            kind = " / ".join(option.choices) if option.choices else option.type  # "|" would end the cell
             lines.append(f"| `{option.key}` | {scope} | {kind} | {default} | {option.doc} |")
     lines.append("| `fields.<field>.agg` | table | str | last_value_ignore_nulls | Aggregate function of "
                  "a field under the aggregation merge engine. |")

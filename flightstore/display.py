@@ -12,7 +12,9 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["format_table"]
+__all__ = ["SHOWN_ROWS", "format_table"]
+
+SHOWN_ROWS = 200  # rows of a result printed; the footer counts the others
 
 
 def _cell(value: Any) -> str:
@@ -34,10 +36,12 @@ def _numeric(arrow_type: pa.DataType) -> bool:
     return t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_decimal(arrow_type)
 
 
-def format_table(table: pa.Table, max_rows: int = 200) -> str:
+def format_table(table: pa.Table, max_rows: int = SHOWN_ROWS, total_rows: int | None = None) -> str:
     """``table`` as a psql-like text grid: a header, a rule, one line per row (numbers aligned
-    right), then ``(N rows)``."""
+    right), then ``(N rows)``; ``total_rows``: the result's row count when ``table`` holds only
+    its first rows (``flightstore sql`` keeps no more than it prints)."""
     shown = table.slice(0, max_rows)
+    total = table.num_rows if total_rows is None else total_rows
     columns = [[_cell(v) for v in column.to_pylist()] for column in shown.columns]
     names = table.column_names
     widths = [max([len(name)] + [len(c) for c in cells]) for name, cells in zip(names, columns)]
@@ -48,6 +52,6 @@ def format_table(table: pa.Table, max_rows: int = 200) -> str:
 
     lines = [line(names), "-+-".join("-" * w for w in widths)]
     lines += [line([column[i] for column in columns]) for i in range(shown.num_rows)]
-    count = f"{table.num_rows} row{'s' if table.num_rows != 1 else ''}"
-    lines.append(f"({count}, {shown.num_rows} shown)" if shown.num_rows < table.num_rows else f"({count})")
+    count = f"{total} row{'s' if total != 1 else ''}"
+    lines.append(f"({count}, {shown.num_rows} shown)" if shown.num_rows < total else f"({count})")
     return "\n".join(lines)

@@ -205,6 +205,23 @@ class BucketUnavailable(Unavailable):
     """The server that leads a bucket is down; the message names the table, bucket and server."""
 
 
+class NotLeader(BucketUnavailable):
+    """A call reached a server that does not lead the bucket at the epoch the sender knows (a
+    stale view, or a deposed leader): the sender refreshes its view and retries at the leader."""
+
+
+class NotEnoughReplicas(Unavailable):
+    """A write to a replicated bucket was refused or not acknowledged: fewer in-sync replicas
+    than ``log.replica.min-in-sync-replicas-number``, or they did not confirm it in time (Kafka's
+    NOT_ENOUGH_REPLICAS). Not acknowledged is not lost: a retry with the same writer id and
+    sequence is applied once."""
+
+
+class SchemaVersionUnknown(Unavailable):
+    """A replicated record carries a table schema version this server's catalog has not applied
+    yet; the follower retries once its catalog caught up."""
+
+
 class CoordinatorUnavailable(Unavailable):
     """No coordinator answered a DDL request in time (or ZooKeeper is unreachable)."""
 

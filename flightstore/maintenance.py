@@ -1,7 +1,8 @@
 """Operations on a whole data directory: ``flightstore verify`` and ``flightstore repair``.
 
 ``verify`` checks every CRC and checksum the data directory holds (the catalog, every log record,
-index and summary, every intent, every KV block) and cross-checks the KV's applied offsets against
+index and summary, every intent, every KV block, and the lake files of datalake-enabled tables:
+:mod:`flightstore.lake.verify`) and cross-checks the KV's applied offsets against
 the logs. It changes nothing and runs while no server holds the directory (a shared lock on
 ``DATA_DIR/LOCK``). Findings are errors (data lost or unreadable), warnings (fixed by the next open
 without losing anything acknowledged) and notes.
@@ -20,9 +21,10 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from flightstore.catalog import read_catalog_file, table_directory
 from flightstore.errors import DataDirectoryInUse, FlightstoreError, NotFound
@@ -32,6 +34,7 @@ from flightstore.log.integrity import Finding, check_log, repair_log
 from flightstore.log.segment import QUARANTINE
 from flightstore.partitioned import partition_directory
 from flightstore.partitioning import bucket_id
+from flightstore.progress import QUIET, Steps
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.store import Store
 
@@ -135,8 +138,11 @@ def _shared_lock(data_dir: Path) -> int | None:
     return fd
 
 
-def verify(data_dir: str | os.PathLike) -> Report:
-    """Check everything in ``data_dir``; change nothing."""
+def verify(data_dir: str | os.PathLike, options: Mapping[str, Any] | None = None,
+           steps: Steps = QUIET) -> Report:
+    """Check everything in ``data_dir``, the lake files of its datalake-enabled tables included
+    (where the lake is: server ``options``, default the embedded lake); change nothing. ``steps``
+    hears of each bucket (and the lake) as it is checked (:mod:`flightstore.progress`)."""
     data_dir = Path(data_dir)
     report = Report()
     if not data_dir.is_dir():
@@ -144,8 +150,12 @@ def verify(data_dir: str | os.PathLike) -> Report:
         return report
     lock = _shared_lock(data_dir)
     try:
-        for table in _tables(data_dir, report):
+        tables = _tables(data_dir, report)
+        lake = [t for t in tables if t.descriptor.option("table.datalake.enabled")]
+        steps.start(sum(len(t.buckets()) for t in tables) + (1 if lake else 0), "verify")
+        for table in tables:
             for _, directory, label in table.buckets():
+                steps.advance(0, f"verify {label}")
                 log_dir = directory / "log"
                 if not log_dir.is_dir():
                     if table.descriptor.is_partitioned and not directory.parent.exists():
@@ -164,6 +174,7 @@ def verify(data_dir: str | os.PathLike) -> Report:
                 if kept:
                     report.add("note", label, f"{len(kept)} file(s) of bad bytes kept in "
                                               f"{log_dir / QUARANTINE}")
+                steps.advance()
             intents = IntentLog(table.directory / "intent")
             for aside in intents.set_aside_files():
                 report.add("note", f"table {table.path}",
@@ -178,15 +189,39 @@ def verify(data_dir: str | os.PathLike) -> Report:
             elif state == "pending":
                 report.add("note", f"table {table.path}", "a multi-bucket write is pending in the "
                                                           "intent log (completed at the next open)")
+        if lake:
+            steps.advance(0, "verify the lake files")
+            _verify_lake(data_dir, lake, options, report)
+            steps.advance()
     finally:
         if lock is not None:
             os.close(lock)
     return report
 
 
+def _verify_lake(data_dir: Path, tables: list[_TableFiles], options: Mapping[str, Any] | None,
+                 report: Report) -> None:
+    """Check the lake files of datalake-enabled ``tables`` (:mod:`flightstore.lake.verify`)."""
+    if not tables:
+        return
+    from flightstore.lake import LakeCatalog, LakeSettings
+    from flightstore.lake.verify import verify_lake
+    settings = LakeSettings.from_options(data_dir, options)
+    if settings.catalog_uri.startswith("sqlite:///") and \
+            not Path(settings.catalog_uri[len("sqlite:///"):]).exists():
+        return  # the embedded lake was never created: nothing was tiered
+    catalog = LakeCatalog(settings)
+    try:
+        for severity, where, message in verify_lake(catalog, [(t.descriptor, t.directory.name) for t in tables]):
+            report.add(severity, where, message)
+    finally:
+        catalog.reset()
+
+
 def repair(data_dir: str | os.PathLike, tables: Iterable[str] | None = None, *,
-           fsync: bool = True) -> Report:
-    """Repair ``tables`` (default: every table) of ``data_dir``; see the module doc."""
+           fsync: bool = True, steps: Steps = QUIET) -> Report:
+    """Repair ``tables`` (default: every table) of ``data_dir``; see the module doc. ``steps``
+    hears of each bucket as it is repaired, and of each table's open."""
     data_dir = Path(data_dir)
     report = Report()
     if not (data_dir / "catalog.json").exists():
@@ -194,17 +229,20 @@ def repair(data_dir: str | os.PathLike, tables: Iterable[str] | None = None, *,
         return report
     store = Store(data_dir, fsync=fsync)  # the exclusive lock: no server may run meanwhile
     try:
-        for table in _tables(data_dir, report, tables):
-            _repair_table(store, table, report)
+        found = _tables(data_dir, report, tables)
+        steps.start(sum(len(t.buckets()) + 1 for t in found), "repair")
+        for table in found:
+            _repair_table(store, table, report, steps)
     finally:
         store.close()
     return report
 
 
-def _repair_table(store: Store, table: _TableFiles, report: Report) -> None:
+def _repair_table(store: Store, table: _TableFiles, report: Report, steps: Steps = QUIET) -> None:
     losses: dict[int, list[tuple[int, int]]] = {}
     applied: dict[int, int | None] = {}
     for bucket, directory, label in table.buckets():
+        steps.advance(1, f"repair {label}")
         log_dir = directory / "log"
         if table.descriptor.is_partitioned and not directory.parent.exists():
             continue  # a partition without a directory yet: nothing to repair, the open creates it
@@ -228,6 +266,7 @@ def _repair_table(store: Store, table: _TableFiles, report: Report) -> None:
                 report.add("error", label, "the KV is corrupt and the log is not complete from "
                                            "offset 0: the KV cannot be rebuilt from it")
                 return
+    steps.advance(1, f"open table {table.path}")
     try:
         opened = store.table(table.path)
     except FlightstoreError as exc:

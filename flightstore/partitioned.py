@@ -56,6 +56,7 @@ from flightstore.partitioning import (
     row_partition_names,
     split_bucket_id,
 )
+from flightstore.replica.replica import SOLO, Leadership
 from flightstore.schema import Projections, TableDescriptor, as_table
 from flightstore.store import Table, WriteResult
 from flightstore.writers import WriterRegistry, system_clock_ms
@@ -87,13 +88,16 @@ class PartitionedTable(Table):
 
     def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
                  clock: Callable[[], int] = system_clock_ms,
-                 create_partitions: CreatePartitions | None = None, remote: Any = None) -> None:
+                 create_partitions: CreatePartitions | None = None, remote: Any = None,
+                 leadership: Leadership = SOLO) -> None:
         # Not Table.__init__: the buckets live in the partition units.
+        self._leadership = leadership
         self._remote = remote  # the table in remote storage (flightstore.remote.RemoteTable)
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
         self.directory = Path(directory)
+        self.table_id = self.directory.name  # a cluster's store sets the cluster's id (Store.table)
         self.fsync = fsync
         self._lock = threading.RLock()
         self._projections = Projections(self.schema)
@@ -126,7 +130,7 @@ class PartitionedTable(Table):
         storage yet)."""
         remote = None if self._remote is None else self._remote.partition(partition.id, fresh)
         return Table(self.descriptor, partition_directory(self.directory, partition.id), fsync=self.fsync,
-                     clock=self._clock, remote=remote)
+                     clock=self._clock, remote=remote, leadership=self._leadership)
 
     @staticmethod
     def _new_merger(descriptor: TableDescriptor) -> Any:
@@ -227,10 +231,15 @@ class PartitionedTable(Table):
                 if units is not None:
                     result = self._apply_units(table, kinds, target, writer_id, sequence, overwrite,
                                                recovering, units)
-                    written = [(self._log_of(b), self._log_of(b).end_offset) for b in result.touched]
+                    written = [(self._replica_of(b), self._log_of(b).end_offset) for b in result.touched]
+                    written = [(r, end) for r, end in written if r.leadership.is_leader]
             if units is not None:
-                for log, end in written:  # outside the lock: concurrent writers share fsyncs
-                    log.sync(end)
+                for replica, _ in written:  # followers fetch while this server syncs
+                    replica.appended()
+                for replica, end in written:  # outside the lock: concurrent writers share fsyncs
+                    replica.log.sync(end)
+                for replica, end in written:  # acks = all: every in-sync replica has it
+                    replica.await_commit(end)
                 self._notify()  # outside the table lock: subscribers hold _written, then take it
                 return result
             # A partition was dropped (auto-partition retention, DDL) between its creation and the
@@ -305,6 +314,10 @@ class PartitionedTable(Table):
         unit, local = self._locate(bucket)
         return unit.logs[local]
 
+    def _replica_of(self, bucket: int) -> Any:
+        unit, local = self._locate(bucket)
+        return unit.replicas[local]
+
     def _spans_buckets(self, table: pa.Table, units: list) -> bool:
         if len(units) > 1:
             return True
@@ -313,9 +326,10 @@ class PartitionedTable(Table):
             return False
         return len(np.unique(bucket_ids(table, key, self.num_buckets))) > 1
 
-    def undo(self, writer_id: str, after_sequence: int) -> int:
-        """Undo the writer's batches after ``after_sequence`` in every partition: everything is
-        checked, across partitions, before anything is restored (see :mod:`flightstore.kv.undo`)."""
+    def undo(self, writer_id: str, after_sequence: int, buckets: Sequence[int] | None = None) -> int:
+        """Undo the writer's batches after ``after_sequence`` in every partition (``buckets``:
+        only those numbers in each): everything is checked, across partitions, before anything is
+        restored (see :mod:`flightstore.kv.undo`)."""
         from flightstore.kv.undo import undo_writer
         self._require_pk("undo")
         with self._lock:
@@ -323,7 +337,8 @@ class PartitionedTable(Table):
             units = list(self.units.values())
             if writer_id not in self._writers or not units:
                 return 0
-            restored = undo_writer([kv for unit in units for kv in unit.kvs], writer_id, after_sequence)
+            kvs = [kv for unit in units for b, kv in enumerate(unit.kvs) if buckets is None or b in buckets]
+            restored = undo_writer(kvs, writer_id, after_sequence)
             for unit in units:
                 unit._writers.reset(writer_id, int(after_sequence))
             self._writers.reset(writer_id, int(after_sequence))
@@ -433,6 +448,9 @@ class PartitionedTable(Table):
         """Maintained counts of the (named) partitions: no scan."""
         return sum(unit.row_count() for _, unit in self._pruned(None, partitions))
 
+    def row_count_of(self, numbers: Sequence[int], partitions: Sequence[str] | None = None) -> int:
+        return sum(unit.row_count_of(numbers) for _, unit in self._pruned(None, partitions))
+
     def enforce_retention(self, now_ms: int | None = None) -> int:
         return sum(unit.enforce_retention(now_ms) for unit in list(self.units.values()))
 
@@ -442,13 +460,15 @@ class PartitionedTable(Table):
         """Retention and KV snapshots of every partition (see :mod:`flightstore.upkeep`)."""
         return PartitionsUpkeep(self)
 
-    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, Any]:
-        """A KV snapshot of every bucket of every partition now, by table-wide bucket number."""
+    def snapshot(self, *, force: bool = False, stop: Any = None,
+                 buckets: Sequence[int] | None = None) -> dict[int, Any]:
+        """A KV snapshot of every bucket (``buckets``: those numbers) of every partition now, by
+        table-wide bucket number."""
         self._require_pk("a KV snapshot")
-        return self.upkeep.snapshot(force=force, stop=stop)
+        return self.upkeep.snapshot(force=force, stop=stop, buckets=buckets)
 
-    def disk_usage(self) -> dict[str, int]:
-        return self.upkeep.disk_usage()
+    def disk_usage(self, buckets: Sequence[int] | None = None) -> dict[str, int]:
+        return self.upkeep.disk_usage(buckets)
 
     def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
                 limit: int | None = None) -> Iterator[pa.RecordBatch]:
@@ -472,7 +492,7 @@ class PartitionedTable(Table):
                     for b, tablets in unit.tablets().items()}
 
     def end_offsets(self) -> dict[int, int]:
-        return {b: log.end_offset for b, log in self._logs().items()}
+        return {b: log.high_watermark for b, log in self._logs().items()}
 
     def start_offsets(self) -> dict[int, int]:
         return {b: log.start_offset for b, log in self._logs().items()}
@@ -514,11 +534,14 @@ class PartitionedTable(Table):
 
     def subscribe(self, start: Any = "earliest", *, columns: Sequence[str] | None = None,
                   stop: Any = None, heartbeat_s: float | None = 1.0,
-                  until: Mapping | None = None) -> Iterator[pa.RecordBatch]:
+                  until: Mapping | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
         """Changelog batches of every partition, including partitions created while the stream
         runs (read from their first offset); otherwise as :meth:`Table.subscribe`."""
         import time
         offsets = self.resolve_start(start)
+        numbers = None if buckets is None else {int(b) for b in buckets}
+        if numbers is not None:
+            offsets = {b: o for b, o in offsets.items() if b % self.num_buckets in numbers}
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
         out_schema = changetype.changelog_schema(self.schema)
         columns = list(columns or out_schema.names)
@@ -529,6 +552,8 @@ class PartitionedTable(Table):
             with self._written:
                 before = self.end_offsets()
             logs = self._logs()
+            if numbers is not None:
+                logs = {b: log for b, log in logs.items() if b % self.num_buckets in numbers}
             progressed = False
             for bucket in sorted(logs):
                 log = logs[bucket]
@@ -570,14 +595,15 @@ class PartitionsUpkeep:
         dues = [due for unit in self._units.values() if (due := unit.upkeep.next_due_ms()) is not None]
         return min(dues) if dues else None
 
-    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, Any]:
+    def snapshot(self, *, force: bool = False, stop: Any = None,
+                 buckets: Sequence[int] | None = None) -> dict[int, Any]:
         return {bucket_id(pid, b, self._num_buckets): info for pid, unit in self._units.items()
-                for b, info in unit.upkeep.snapshot(force=force, stop=stop).items()}
+                for b, info in unit.upkeep.snapshot(force=force, stop=stop, buckets=buckets).items()}
 
-    def disk_usage(self) -> dict[str, int]:
+    def disk_usage(self, buckets: Sequence[int] | None = None) -> dict[str, int]:
         usage: dict[str, int] = {}
         for unit in self._units.values():
-            for key, value in unit.upkeep.disk_usage().items():
+            for key, value in unit.upkeep.disk_usage(buckets).items():
                 usage[key] = usage.get(key, 0) + value
         return usage or {"kv": 0, "snapshots": 0, "log": 0, "total": 0}
 

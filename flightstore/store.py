@@ -39,7 +39,9 @@ from flightstore.kv.snapshot import SnapshotInfo
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogTablet
 from flightstore.remote import RemoteStorage, RemoteTable, restore_missing_bucket
+from flightstore.replica.replica import SOLO, Leadership, Replica
 from flightstore.schema import Projections, TableDescriptor, TablePath
+from flightstore.table.api import TableApi
 from flightstore.table.changelog import TableChangelog
 from flightstore.table.reads import TableReads
 from flightstore.table.validation import TableValidation
@@ -53,34 +55,40 @@ __all__ = ["Store", "Table", "WriteResult", "new_table_descriptor"]
 _logger = logging.getLogger("flightstore.store")
 
 
-class Table(TableValidation, TableWrites, TableReads, TableChangelog):
-    """A handle on one table: writes, lookups, scans and changelog reads."""
+class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
+    """A handle on one table of this server: writes, lookups, scans and changelog reads."""
 
     def __init__(self, descriptor: TableDescriptor, directory: Path, *, fsync: bool = True,
-                 clock: Callable[[], int] = system_clock_ms, remote: RemoteTable | None = None) -> None:
+                 clock: Callable[[], int] = system_clock_ms, remote: RemoteTable | None = None,
+                 leadership: Leadership = SOLO) -> None:
         """Open the table's buckets; ``clock`` (milliseconds) times writes for writer expiry.
         ``remote``: the table in remote storage (``remote.data.dir``): each bucket's log reads its
-        uploaded segments from there, and a missing bucket directory is rebuilt from there."""
+        uploaded segments from there, and a missing bucket directory is rebuilt from there.
+        ``leadership``: every bucket's replica role until a replica manager sets it (a single
+        server's buckets are solo leaders; a cluster member's wait for the cluster's decision)."""
         self.descriptor = descriptor
         self.path = descriptor.path
         self.schema = descriptor.schema
         self.directory = directory
+        self.table_id = directory.name  # a cluster's store sets the cluster's id (Store.table)
         self._lock = threading.RLock()
         self._projections = Projections(self.schema)
         self._written = threading.Condition()
         self._round_robin = itertools.count()
         # The buckets a batch without bucket key may go to (None: all); in a cluster, those this
-        # server leads (flightstore.cluster.routing).
+        # server leads (flightstore.cluster.table).
         self.round_robin_buckets: Sequence[int] | None = None
         log_schemas = _log_schemas(descriptor)
         self.logs: list[LogTablet] = []
         self.kvs: list[KvTablet] = []
         ttl = descriptor.option("table.log.ttl")
+        rebuilt: dict[int, Any] = {}  # buckets rebuilt from remote storage (their directory was gone)
         for bucket in range(descriptor.num_buckets):
             label = f"table {self.path} bucket {bucket}"
             tier = None if remote is None else remote.bucket(bucket, label, directory / f"bucket-{bucket}")
             if tier is not None and not remote.fresh:
-                restore_missing_bucket(tier, descriptor, directory / f"bucket-{bucket}", fsync=fsync)
+                rebuilt[bucket] = restore_missing_bucket(tier, descriptor, directory / f"bucket-{bucket}",
+                                                         fsync=fsync)
             log = LogTablet(
                 directory / f"bucket-{bucket}" / "log", log_schemas[descriptor.version],
                 compression=descriptor.option("table.log.arrow.compression.type"),
@@ -93,10 +101,19 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog):
             if descriptor.has_primary_key:
                 self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
                                          fsync=fsync, bucket=bucket))
+        # One replica per bucket: its log and KV, its role and high watermark (flightstore.replica).
+        self.replicas = [Replica(log, self.kvs[b] if self.kvs else None, b, fsync=fsync, leadership=leadership)
+                         for b, log in enumerate(self.logs)]
+        for bucket, restored in rebuilt.items():
+            self.replicas[bucket].rebuilt = restored
         self.upkeep = TableUpkeep(directory, self.logs, self.kvs, descriptor.option("kv.snapshot.interval"))
         # Per-bucket offsets below which the lake holds the log's records (set by the lake's
         # tierer from its last committed snapshot); see enforce_retention.
         self.retention_floor: dict[int, int] | None = None
+        # Offsets union reads in progress still read the log from (hold_log_from): retention keeps
+        # them, so a read planned on the lake's previous snapshot never finds its log tail deleted.
+        self._log_holds: list[dict[int, int]] = []
+        self._retention_lock = threading.Lock()
         self.ownership = ColumnOwnership()
         self._clock = clock
         self._writers = WriterRegistry(str(self.path), descriptor.option("table.writer-id.expiration"),
@@ -163,20 +180,52 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog):
         :attr:`retention_floor` (tiered) may go; while no tierer has told the floor, nothing is
         deleted.
         """
-        lake_floor = None
-        if self.descriptor.option("table.datalake.enabled"):
-            lake_floor = dict(self.retention_floor or self.start_offsets())
-        return self.upkeep.enforce_retention(now_ms, lake_floor)
+        with self._retention_lock:  # no union read starts holding offsets while segments go
+            lake_floor = None
+            if self.descriptor.option("table.datalake.enabled"):
+                lake_floor = dict(self.retention_floor or self.start_offsets())
+                for held in self._log_holds:
+                    for bucket, offset in held.items():
+                        if bucket in lake_floor:
+                            lake_floor[bucket] = min(lake_floor[bucket], offset)
+            return self.upkeep.enforce_retention(now_ms, lake_floor)
 
-    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, SnapshotInfo | None]:
-        """Take a KV snapshot of every bucket now; see :meth:`TableUpkeep.snapshot`."""
+    def hold_log_from(self, offsets: Mapping[int, int]) -> Callable[[], None] | None:
+        """Keep retention from deleting this table's log at or above ``offsets`` (per bucket: a
+        union read's split) until the returned release is called; None when a bucket's log already
+        starts above its offset (the read must be planned again)."""
+        held = {int(b): int(o) for b, o in offsets.items()}
+        with self._retention_lock:
+            if any(b < len(self.logs) and o < self.logs[b].start_offset for b, o in held.items()):
+                return None
+            self._log_holds.append(held)
+
+        def release() -> None:
+            with self._retention_lock:
+                self._log_holds[:] = [h for h in self._log_holds if h is not held]
+        return release
+
+    def snapshot(self, *, force: bool = False, stop: Any = None,
+                 buckets: Sequence[int] | None = None) -> dict[int, SnapshotInfo | None]:
+        """Take a KV snapshot of every bucket (or of ``buckets``: the ones a cluster leader
+        leads) now; see :meth:`TableUpkeep.snapshot`."""
         self._require_pk("a KV snapshot")
-        return self.upkeep.snapshot(force=force, stop=stop)
+        return self.upkeep.snapshot(force=force, stop=stop, buckets=buckets)
 
-    def disk_usage(self) -> dict[str, int]:
-        """Bytes on disk: ``kv``, ``snapshots``, ``log`` and ``total`` (see :mod:`flightstore.upkeep`)."""
-        return self.upkeep.disk_usage()
+    def disk_usage(self, buckets: Sequence[int] | None = None) -> dict[str, int]:
+        """Bytes on disk of every bucket (or of ``buckets``): ``kv``, ``snapshots``, ``log`` and
+        ``total`` (see :mod:`flightstore.upkeep`)."""
+        return self.upkeep.disk_usage(buckets)
 
+
+    def release(self, writer_id: str) -> None:
+        self.ownership.release(writer_id)
+
+    def partition_stats(self) -> list[tuple[Any, int]]:
+        return []
+
+    def partial_aggregates(self, buckets: Sequence[int], local: Any, remote: Mapping[str, Any]) -> list[pa.Table]:
+        return [local(self, list(buckets))] if buckets else []
 
     def _require_pk(self, what: str) -> None:
         if not self.has_primary_key:
@@ -272,6 +321,8 @@ class Store:
         self._gates: dict[TablePath, threading.Lock] = {}  # one per table: its open or drop
         self._lock = threading.RLock()  # the two dicts above; never held while a table opens
         self._closed = False
+        # The replica role of a bucket of a table opened here, until a replica manager sets it.
+        self.initial_leadership: Leadership = SOLO
 
     def __enter__(self) -> "Store":
         return self
@@ -433,14 +484,17 @@ class Store:
             with self._lock:
                 fresh = path in self._created
                 self._created.discard(path)
-            remote = None if self.remote is None else self.remote.table(descriptor, directory.name,
-                                                                        fresh=fresh)
+            remote = None if self.remote is None else self.remote.table(
+                descriptor, self._remote_table_id(path, directory), fresh=fresh)
             if descriptor.is_partitioned:
                 from flightstore.partitioned import PartitionedTable
                 table = PartitionedTable(descriptor, directory, fsync=self.fsync, clock=self.clock,
-                                         create_partitions=self._create_partitions, remote=remote)
+                                         create_partitions=self._create_partitions, remote=remote,
+                                         leadership=self.initial_leadership)
             else:
-                table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock, remote=remote)
+                table = Table(descriptor, directory, fsync=self.fsync, clock=self.clock, remote=remote,
+                              leadership=self.initial_leadership)
+            table.table_id = self._remote_table_id(path, directory)  # a cluster: the cluster's id
             with self._lock:
                 closed = self._closed
                 if not closed:
@@ -449,6 +503,16 @@ class Store:
                 table.close()
                 self._check_open()
             return table
+
+    def _remote_table_id(self, path: TablePath, directory: Path) -> str:
+        """The id of a table's data in remote storage and in the lake (``Table.table_id``): its
+        directory's (a cluster: the cluster's table id, the same on every replica)."""
+        return directory.name
+
+    def local_table(self, path: TablePath | str) -> Table:
+        """This data directory's own table (its storage: logs, KVs, replicas); on a single server
+        the same as :meth:`table`."""
+        return Store.table(self, path)
 
     def list_databases(self) -> list[str]:
         return self.catalog.list_databases()
@@ -466,7 +530,7 @@ class Store:
         dropped = 0
         for path in self.catalog.all_tables():
             try:
-                table = self.table(path)
+                table = self.local_table(path)
                 dropped += table.enforce_retention(now_ms)
                 table.expire_writers(now_ms)
             except FlightstoreError:

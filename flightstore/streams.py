@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 from pyarrow import flight
 
-__all__ = ["read_batches"]
+__all__ = ["BatchStream", "read_batches"]
 
 
 def read_batches(reader: flight.FlightStreamReader, *, keep_empty: bool = False,
@@ -35,3 +35,24 @@ def read_batches(reader: flight.FlightStreamReader, *, keep_empty: bool = False,
                 yield chunk.data
     finally:
         reader.cancel()
+
+
+class BatchStream(Iterator[pa.RecordBatch]):
+    """The record batches of one result, one at a time, with the result's ``schema`` known before
+    the first batch (so an empty result still has its columns). Stopping early and dropping the
+    stream (or :meth:`close`) cancels what is still being read."""
+
+    def __init__(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> None:
+        self.schema = schema
+        self._batches = batches
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        return next(self._batches)
+
+    def close(self) -> None:
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()

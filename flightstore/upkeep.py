@@ -61,12 +61,16 @@ class TableUpkeep:
             dropped += log.start_offset - before
         return dropped
 
-    def snapshot(self, *, force: bool = False, stop: Any = None) -> dict[int, SnapshotInfo | None]:
-        """Take a KV snapshot of every bucket now (the deterministic trigger behind the server's
-        interval). Returns each bucket's newest snapshot: the one just taken, or the previous one
-        when the bucket did not change since (unless ``force``); None for a bucket never written."""
+    def snapshot(self, *, force: bool = False, stop: Any = None,
+                 buckets: Sequence[int] | None = None) -> dict[int, SnapshotInfo | None]:
+        """Take a KV snapshot of every bucket (or of ``buckets``) now (the deterministic trigger
+        behind the server's interval). Returns each bucket's newest snapshot: the one just taken,
+        or the previous one when the bucket did not change since (unless ``force``); None for a
+        bucket never written."""
         newest: dict[int, SnapshotInfo | None] = {}
         for bucket, kv in enumerate(self.kvs):
+            if buckets is not None and bucket not in buckets:
+                continue
             newest[bucket] = kv.snapshot(force=force, stop=stop) or kv.snapshots.newest
             self.schedule.done(bucket, _now_ms())
         return newest
@@ -91,12 +95,15 @@ class TableUpkeep:
         """Wall-clock ms when a bucket is next due for a snapshot (None for a log table)."""
         return self.schedule.next_due_ms() if self.kvs else None
 
-    def disk_usage(self) -> dict[str, int]:
-        """Bytes the table occupies on disk: ``kv`` (RocksDB), ``snapshots`` (beyond the files
-        they share with the KV), ``log`` (the retained log or changelog) and ``total``."""
+    def disk_usage(self, buckets: Sequence[int] | None = None) -> dict[str, int]:
+        """Bytes the table (or its ``buckets``) occupies on disk: ``kv`` (RocksDB), ``snapshots``
+        (beyond the files they share with the KV), ``log`` (the retained log or changelog) and
+        ``total``."""
         seen: set = set()
         usage = {"kv": 0, "snapshots": 0, "log": 0}
         for bucket in range(len(self.logs)):
+            if buckets is not None and bucket not in buckets:
+                continue
             base = self.directory / f"bucket-{bucket}"
             usage["kv"] += directory_bytes(base / "kv", seen)
             usage["snapshots"] += directory_bytes(base / "snapshots", seen)

@@ -1,6 +1,7 @@
 """Certificates made in the test (``cryptography``): a CA, a server certificate for localhost and
-127.0.0.1, a client certificate signed by the same CA, and one signed by a CA the server does not
-trust. Each is written as PEM files in a directory and returned by path."""
+127.0.0.1 (also good as a client certificate, as a cluster's servers use it), a client certificate
+signed by the same CA, and one signed by a CA the server does not trust. Each is written as PEM
+files in a directory and returned by path."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def make_certificates(directory: Path) -> Certificates:
     ca_path, _ = _write(directory, "ca", ca, ca_key)
     server_key = ec.generate_private_key(ec.SECP256R1())
     server_cert, server_key_path = _write(
-        directory, "server", _issue("localhost", server_key, "flightstore test CA", ca_key, server=True), server_key)
+        directory, "server",  # also a client certificate: the servers of a cluster call each other with it
+        _issue("localhost", server_key, "flightstore test CA", ca_key, server=True, client=True), server_key)
     client_key = ec.generate_private_key(ec.SECP256R1())
     client_cert, client_key_path = _write(
         directory, "client", _issue("alice", client_key, "flightstore test CA", ca_key, client=True), client_key)

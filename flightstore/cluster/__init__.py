@@ -12,7 +12,9 @@
 * ``ddl``         the DDL request/response protocol over znodes;
 * ``store``       the Store whose DDL goes through the coordinator;
 * ``mirror``      the local data directory following the cluster catalog;
-* ``routing``     the owner-only data path: each bucket served by its leader (forwarding);
+* ``table``       a table as one server serves it: each bucket from its leader (peer calls, retries);
+* ``failover``    leader election, ISR changes and replica moves (pure decisions);
+* ``identity``    the peer credential that internal calls carry;
 * ``peers``       Flight calls between servers (the caller's token, errors mapped);
 * ``zookeeper``   a local ZooKeeper process; ``local``: ``flightstore cluster`` (ZooKeeper + N servers).
 

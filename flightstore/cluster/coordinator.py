@@ -40,7 +40,10 @@ from flightstore.alter import PartitionLimits, apply_changes, change_from_json
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.cluster.assignment import round_robin
 from flightstore.cluster.ddl import error_response
+from flightstore.cluster.failover import elect, move_off
 from flightstore.cluster.layout import ZkPaths, decode, encode
+from flightstore.cluster.view import BucketAssignment
+from flightstore.config import server_option
 from flightstore.errors import AlreadyExists, DatabaseNotFound, FlightstoreError, InvalidInput, TableNotFound
 from flightstore.names import check_name
 from flightstore.schema import TableDescriptor, TablePath
@@ -82,7 +85,9 @@ class Coordinator:
         self._thread = threading.Thread(target=self._campaign, name="cluster-coordinator", daemon=True)
         self.leading = threading.Event()
         self.partition_limits = PartitionLimits()  # the server's max.partition.num / max.bucket.num
+        self.options: dict[str, Any] = {}  # the server's options (replication defaults, timeouts)
         self.on_lead: Callable[[int], None] | None = None  # tests and logs: called with the epoch
+        self._dead_since: dict[int, float] = {}  # replica holders seen down, since (monotonic)
 
     # ---- life ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -155,7 +160,9 @@ class Coordinator:
                     if self._stop.is_set():
                         break
                     self._answer(name)
-                self._wake.wait(timeout=5.0)  # the watch wakes us; the timeout is a safety net
+                live = {int(n) for n in self._client.get_children(self._paths.servers, watch=self._on_requests)}
+                self._place_replicas(live)
+                self._wake.wait(timeout=1.0 if self._dead_since else 5.0)  # watches wake us sooner
         except Fenced:
             log.warning("server %d is no longer the coordinator: a newer one was elected", self.server_id)
         finally:
@@ -164,6 +171,65 @@ class Coordinator:
 
     def _on_requests(self, event: object) -> None:
         self._wake.set()
+
+    # ---- leaders and replicas -----------------------------------------------------------------
+    def _place_replicas(self, live: set[int]) -> None:
+        """Bring every bucket's LeaderAndIsr in line with the live servers: elect a live in-sync
+        leader where the leader died, drop dead followers from the ISR, and move the replicas of a
+        server dead for longer than ``cluster.replica.dead-timeout`` (or being decommissioned) to
+        live servers. Each table's assignment is one compare-and-set in a fenced transaction."""
+        now = time.monotonic()
+        unclean = server_option(self.options, "unclean.leader.election.enable")
+        dead_timeout = server_option(self.options, "cluster.replica.dead-timeout") / 1000
+        try:
+            leaving = {int(n) for n in self._client.get_children(self._paths.decommissioned,
+                                                                 watch=self._on_requests)}
+        except NoNodeError:
+            leaving = set()
+        assignments = self._client.get_children(self._paths.assignments)
+        holders: dict[int, int] = {}
+        records = {}
+        for table_id in assignments:
+            try:
+                data, stat = self._client.get(self._paths.assignment(table_id))
+            except NoNodeError:
+                continue
+            records[table_id] = (decode(data), stat)
+            for bucket in decode(data).get("buckets", []):
+                for r in bucket.get("replicas", [bucket.get("leader")]):
+                    holders[int(r)] = holders.get(int(r), 0) + 1
+        for server in list(self._dead_since):
+            if server in live or server not in holders:
+                del self._dead_since[server]
+        for server in holders:
+            if server not in live:
+                self._dead_since.setdefault(server, now)
+        expired = {s for s, since in self._dead_since.items() if now - since >= dead_timeout}
+        movable = live - leaving
+        for table_id, (record, stat) in records.items():
+            buckets = [BucketAssignment.from_json(b) for b in record.get("buckets", [])]
+            factor = int(record.get("replication_factor") or max((len(b.replicas) for b in buckets), default=1))
+            changed = []
+            for bucket in buckets:
+                new = elect(bucket, live, unclean=unclean, avoid=leaving)
+                for gone in sorted((expired | leaving) & set(new.replicas)):
+                    new = move_off(new, gone, factor, movable, holders)
+                changed.append(new)
+            if changed == buckets:
+                continue
+            for old, new in zip(buckets, changed):
+                if old.leader != new.leader:
+                    log.warning("table %s bucket %d: leader %s -> %s (epoch %d), in sync %s", record.get("path"),
+                                buckets.index(old), old.leader, new.leader, new.leader_epoch, list(new.isr))
+            transaction = self._fenced()
+            transaction.set_data(self._paths.assignment(table_id),
+                                 encode({**record, "buckets": [b.to_json() for b in changed]}),
+                                 version=stat.version)
+            results = transaction.commit()
+            if _fenced_out(results):
+                raise Fenced()
+            if any(isinstance(r, Exception) for r in results):
+                self._wake.set()  # the assignment moved meanwhile (an ISR change): look again
 
     def _take_office(self) -> None:
         client, paths = self._client, self._paths
@@ -339,14 +405,22 @@ class Coordinator:
                 return {"changed": False, "created": False}
             raise AlreadyExists(f"table {path} already exists")
         live = [int(name) for name in self._client.get_children(self._paths.servers)]
+        try:  # servers being decommissioned take no new replica
+            leaving = {int(n) for n in self._client.get_children(self._paths.decommissioned)}
+        except NoNodeError:
+            leaving = set()
+        live = [s for s in live if s not in leaving] or live
         assigned = int(state.get("assigned", 0))
-        buckets = round_robin(descriptor.num_buckets, live, start=assigned)
+        factor = descriptor.option("table.replication.factor") or server_option(
+            self.options, "default.replication.factor")
+        buckets = round_robin(descriptor.num_buckets, live, start=assigned, replication_factor=factor)
         table_id = uuid.uuid4().hex
         descriptor = descriptor.with_version(1)
         transaction.create(self._paths.table(path.database, path.table),
                            encode({"table_id": table_id, "descriptor": descriptor.to_json()}))
         transaction.create(self._paths.assignment(table_id),
                            encode({"path": str(path), "coordinator_epoch": self.epoch,
+                                   "replication_factor": factor,
                                    "buckets": [b.to_json() for b in buckets]}))
         state["assigned"] = assigned + descriptor.num_buckets
         return {"changed": True, "created": True, "table_id": table_id,
@@ -366,6 +440,10 @@ class Coordinator:
         return {"changed": True, "dropped": True}
 
     def _delete_table(self, path: TablePath, transaction: Any) -> None:
+        """Remove the table from the catalog and record its DROP (the record is what lets every
+        server delete the table's data: a view that merely lacks a table never does)."""
         data, _ = self._client.get(self._paths.table(path.database, path.table))
-        transaction.delete(self._paths.assignment(decode(data)["table_id"]))
+        table_id = decode(data)["table_id"]
+        transaction.delete(self._paths.assignment(table_id))
         transaction.delete(self._paths.table(path.database, path.table))
+        transaction.create(self._paths.dropped_table(table_id), encode({"path": str(path)}))

@@ -4,17 +4,35 @@ Every znode flightstore writes sits under one root: the chroot of ``--zookeeper 
 or ``/flightstore`` without one, so several clusters (and tests) share one ZooKeeper::
 
     <root>/cluster-id                        persistent  {"cluster_id"}: a data directory remembers it
-    <root>/secret                            persistent  {"secret"}: signs bearer tokens (any server
-                                                          accepts any server's) - keep ZooKeeper private
-    <root>/servers/<id>                      ephemeral   ServerInfo: uri, pid, catalog_version
+    <root>/secret                            persistent  {"verifier"}: checks the signing secret each
+                                                          server derives from its secret file; or,
+                                                          keyless, {"secret"} (no users allowed)
+    <root>/security/users                    persistent  {"users": {name: Argon2id hash}}: the
+                                                          cluster's users (it authenticates once
+                                                          this exists)
+    <root>/security/grants                   persistent  {"grants": [...]}: the cluster's grants
+    <root>/servers/<id>                      ephemeral   ServerInfo: uri, pid, catalog_version and
+                                                          the users/grants versions it applied
     <root>/coordinator/election/...          kazoo Election (Lock) contenders
     <root>/coordinator/active                ephemeral   {"id", "uri", "epoch"} of the coordinator
     <root>/coordinator/epoch                 persistent  {"epoch"}; its znode version fences writes
     <root>/metadata/version                  persistent  {"version", "assigned"}: bumped by each DDL
     <root>/metadata/databases/<db>           persistent  {}
     <root>/metadata/databases/<db>/<table>   persistent  {"table_id", "descriptor"}
-    <root>/metadata/assignments/<table_id>   persistent  {"path", "buckets": [{leader, leader_epoch,
-                                                          replicas}], "coordinator_epoch"}
+    <root>/metadata/assignments/<table_id>   persistent  {"path", "replication_factor", "buckets":
+                                                          [{leader, leader_epoch, replicas, isr}],
+                                                          "coordinator_epoch"}: each bucket's
+                                                          LeaderAndIsr, changed by compare-and-set
+                                                          (coordinator: elections, moves; leader:
+                                                          its ISR), without a catalog version bump
+    <root>/metadata/dropped/<table_id>       persistent  {"path"}: the DROP of a table (written with
+                                                          it): the only thing that lets a server
+                                                          delete a table's data
+    <root>/decommissioned/<id>               persistent  a server whose replicas move away
+    <root>/lake/settings                     persistent  {"fingerprint", "catalog", "warehouse"}: the
+                                                          lake every server must use (no secrets)
+    <root>/lake/tierer                       ephemeral   {"server_id", "uri"}: the server that tiers
+                                                          (flightstore.lake.cluster)
     <root>/ddl/requests/r-<seq>              persistent sequential: a DDL request
     <root>/ddl/responses/r-<seq>             persistent  its answer, read and deleted by the requester
 
@@ -72,6 +90,18 @@ class ZkPaths:
         return f"{self.root}/secret"
 
     @property
+    def security(self) -> str:
+        return f"{self.root}/security"
+
+    @property
+    def users(self) -> str:
+        return f"{self.security}/users"
+
+    @property
+    def grants(self) -> str:
+        return f"{self.security}/grants"
+
+    @property
     def servers(self) -> str:
         return f"{self.root}/servers"
 
@@ -112,6 +142,32 @@ class ZkPaths:
         return f"{self.assignments}/{table_id}"
 
     @property
+    def dropped(self) -> str:
+        return f"{self.root}/metadata/dropped"
+
+    def dropped_table(self, table_id: str) -> str:
+        return f"{self.dropped}/{table_id}"
+
+    @property
+    def decommissioned(self) -> str:
+        return f"{self.root}/decommissioned"
+
+    def decommission(self, server_id: int) -> str:
+        return f"{self.decommissioned}/{server_id}"
+
+    @property
+    def lake(self) -> str:
+        return f"{self.root}/lake"
+
+    @property
+    def lake_settings(self) -> str:
+        return f"{self.lake}/settings"
+
+    @property
+    def lake_tierer(self) -> str:
+        return f"{self.lake}/tierer"
+
+    @property
     def requests(self) -> str:
         return f"{self.root}/ddl/requests"
 
@@ -124,8 +180,8 @@ class ZkPaths:
 
     def persistent_parents(self) -> list[str]:
         """The parents every member makes sure exist before using the layout."""
-        return [self.servers, self.election, self.databases, self.assignments, self.requests,
-                self.responses]
+        return [self.servers, self.election, self.databases, self.assignments, self.dropped, self.requests,
+                self.responses, self.decommissioned, self.lake]
 
 
 def encode(value: dict[str, Any]) -> bytes:

@@ -27,8 +27,15 @@ class ServerProcess:
     """``flightstore serve`` as a child process; :attr:`uri` once it serves (it printed so)."""
 
     def __init__(self, args: Sequence[str], *, stderr: Path | None = None,
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None, env: dict[str, str] | None = None,
+                 stdin: int = subprocess.DEVNULL, own_session: bool = False) -> None:
+        """``env``: the process environment (default: this one's); ``stdin``: ``subprocess.PIPE``
+        for a worker, which stops when its parent's end of the pipe closes; ``own_session``: a
+        terminal's Ctrl-C reaches only the parent, which stops the process itself."""
         self.args = list(args)
+        self.env = env
+        self.stdin = stdin
+        self.own_session = own_session
         self.stderr = stderr
         self.echo = echo
         self.uri: str | None = None
@@ -48,8 +55,9 @@ class ServerProcess:
         self._serving.clear()
         with open(self.stderr, "ab") if self.stderr is not None else nullcontext() as err:
             self.process = subprocess.Popen([sys.executable, "-m", "flightstore", "serve", *self.args],
-                                            stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                            text=True, bufsize=1)
+                                            stdout=subprocess.PIPE, stderr=err, stdin=self.stdin,
+                                            text=True, bufsize=1, env=self.env,
+                                            start_new_session=self.own_session)
         threading.Thread(target=self._read, args=(self.process,), daemon=True).start()
         if not self._serving.wait(timeout) or self.uri is None:
             code = self.process.poll()
@@ -102,16 +110,23 @@ class LocalCluster:
             raise FlightstoreError("a cluster needs at least one server")
         self.data_dir = Path(data_dir)
         self.zookeeper = ZooKeeperServer(self.data_dir / "zookeeper", port=zookeeper_port, host=host)
+        # Every server derives the token-signing secret from this file (flightstore.cluster.security).
+        self.secret_file = self.data_dir / "cluster-secret"
         self.servers = {
             server_id: ServerProcess(
                 ["--zookeeper", f"{self.zookeeper.address}/flightstore", "--server-id", str(server_id),
                  "--data-dir", str(self.data_dir / f"server-{server_id}"), "--host", host,
-                 "--port", str(port + server_id - 1 if port else 0), *extra_args],
+                 "--port", str(port + server_id - 1 if port else 0),
+                 "--cluster-secret-file", str(self.secret_file), *extra_args],
                 stderr=self.data_dir / f"server-{server_id}.log", echo=echo)
             for server_id in range(1, servers + 1)}
 
     def start(self, timeout: float = 180.0) -> LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.secret_file.exists():  # made once, kept with the cluster's data
+            fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(os.urandom(32).hex())
         self.zookeeper.start(timeout)
         try:
             for server in self.servers.values():

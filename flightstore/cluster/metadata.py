@@ -7,8 +7,9 @@ a part dirty; one thread re-reads dirty parts (re-arming the one-shot watches), 
 immutable :class:`~flightstore.cluster.view.ClusterView` and then calls the listeners in order, so
 a listener (the local catalog mirror) sees every catalog change in version order, never two at once.
 
-Reads of one session are sequentially consistent: a view labelled version ``v`` holds at least
-what ``v`` holds (a later DDL may already show; its own watch then brings the label up to date).
+The catalog part of a view is read at one version (:meth:`MetadataCache._read_catalog`: read it
+all, check the version did not move, else read again), so a view holds exactly what its version
+holds: no table of it is missing because a DDL (a rename) committed between two reads.
 After a lost session the watches are gone with it: the state listener marks everything dirty on
 reconnection, and the thread re-reads and re-arms all of it.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
@@ -31,8 +33,12 @@ __all__ = ["MetadataCache"]
 
 log = logging.getLogger("flightstore.cluster")
 
-_PARTS = frozenset({"servers", "coordinator", "catalog"})
+_PARTS = frozenset({"servers", "coordinator", "catalog", "assignments"})
 _ZK_ERRORS = (KazooException, KazooTimeoutError)
+
+
+class _CatalogMoved(Exception):
+    """A DDL committed while the catalog was being read: read it again."""
 
 
 class MetadataCache:
@@ -157,11 +163,14 @@ class MetadataCache:
         servers = self._read_servers() if "servers" in parts else old.servers
         coordinator = self._read_coordinator() if "coordinator" in parts else old.coordinator
         if "catalog" in parts:
-            version, cluster_id, databases, tables = self._read_catalog()
+            version, cluster_id, databases, tables, dropped = self._read_catalog()
         else:
-            version, cluster_id, databases, tables = old.version, old.cluster_id, old.databases, old.tables
+            version, cluster_id, databases, tables, dropped = (old.version, old.cluster_id, old.databases,
+                                                               old.tables, old.dropped)
+            if "assignments" in parts:
+                tables = self._read_assignments(tables)
         return ClusterView(version=version, cluster_id=cluster_id, servers=servers,
-                           coordinator=coordinator, databases=databases, tables=tables)
+                           coordinator=coordinator, databases=databases, tables=tables, dropped=dropped)
 
     def _read_servers(self) -> dict[int, ServerInfo]:
         client, watch = self._client, self._watchers["servers"]
@@ -188,40 +197,75 @@ class MetadataCache:
             return self._read_coordinator()
         return int(decode(data)["id"])
 
-    def _read_catalog(self) -> tuple[int, str | None, frozenset[str], dict[TablePath, TableRecord]]:
+    def _read_catalog(self) -> tuple[int, str | None, frozenset[str], dict[TablePath, TableRecord], frozenset[str]]:
+        """The catalog at one version: everything is read, then the version znode again; when a
+        DDL committed meanwhile (its modification moved, or a znode of the listing vanished),
+        everything is read again. Every DDL bumps the version in its own transaction, and one
+        session's reads never go back in time, so an unchanged version means every read saw the
+        same catalog: a rename committing between two reads can never make a table look absent."""
+        attempt = 0
+        while True:
+            try:
+                return self._read_catalog_once()
+            except _CatalogMoved:
+                attempt += 1
+                if attempt % 10 == 0:
+                    log.info("the catalog keeps changing while it is read (%d attempts); reading again", attempt)
+                    self._stop.wait(0.05)
+
+    def _read_catalog_once(self) -> tuple[int, str | None, frozenset[str], dict[TablePath, TableRecord],
+                                          frozenset[str]]:
         client, paths, watch = self._client, self._paths, self._watchers["catalog"]
         try:
-            data, _ = client.get(paths.version, watch=watch)
+            data, stat = client.get(paths.version, watch=watch)
         except NoNodeError:
             if client.exists(paths.version, watch=watch) is None:
-                return 0, None, frozenset(), {}  # not bootstrapped: no coordinator was ever elected
-            return self._read_catalog()
-        version = int(decode(data)["version"])
-        cluster_id = decode(client.get(paths.cluster_id)[0])["cluster_id"]
-        databases = client.get_children(paths.databases)
-        listings = {db: client.get_children_async(paths.database(db)) for db in databases}
-        entries = {}
-        for db, listing in listings.items():
-            try:
-                names = listing.get()
-            except NoNodeError:
-                continue
-            for name in names:
-                entries[TablePath(db, name)] = client.get_async(paths.table(db, name))
-        tables: dict[TablePath, TableRecord] = {}
-        assignments = {}
-        for path, pending in entries.items():
-            try:
+                return 0, None, frozenset(), {}, frozenset()  # not bootstrapped: no coordinator was ever elected
+            raise _CatalogMoved() from None
+        try:
+            version = int(decode(data)["version"])
+            cluster_id = decode(client.get(paths.cluster_id)[0])["cluster_id"]
+            databases = client.get_children(paths.databases)
+            listings = {db: client.get_children_async(paths.database(db)) for db in databases}
+            dropped = client.get_children_async(paths.dropped)
+            entries = {TablePath(db, name): client.get_async(paths.table(db, name))
+                       for db, listing in listings.items() for name in listing.get()}
+            assignments = {}
+            for path, pending in entries.items():
                 entry = decode(pending.get()[0])
-            except NoNodeError:
-                continue
-            assignments[path] = (entry, client.get_async(paths.assignment(entry["table_id"])))
-        for path, (entry, pending) in assignments.items():
-            try:
+                assignments[path] = (entry, client.get_async(paths.assignment(entry["table_id"]),
+                                                              watch=self._watchers["assignments"]))
+            client.get_children(paths.assignments, watch=self._watchers["assignments"])
+            tables: dict[TablePath, TableRecord] = {}
+            for path, (entry, pending) in assignments.items():
                 assignment = decode(pending.get()[0])
+                tables[path] = TableRecord(
+                    table_id=entry["table_id"], descriptor=TableDescriptor.from_json(entry["descriptor"]),
+                    buckets=tuple(BucketAssignment.from_json(b) for b in assignment["buckets"]))
+        except NoNodeError:
+            raise _CatalogMoved() from None  # a DDL removed what the listing named: read again
+        try:
+            dropped_ids = frozenset(dropped.get())
+        except NoNodeError:
+            dropped_ids = frozenset()  # a cluster from before DROP records (the parent is made at start)
+        now = client.exists(paths.version)
+        if now is None or now.mzxid != stat.mzxid:
+            raise _CatalogMoved()
+        return version, cluster_id, frozenset(databases), tables, dropped_ids
+
+    def _read_assignments(self, tables: dict[TablePath, TableRecord]) -> dict[TablePath, TableRecord]:
+        """The tables with their buckets' LeaderAndIsr re-read (elections and ISR changes move
+        them without a catalog version), re-arming the data watches."""
+        client, paths, watch = self._client, self._paths, self._watchers["assignments"]
+        client.get_children(paths.assignments, watch=watch)
+        pending = {path: client.get_async(paths.assignment(record.table_id), watch=watch)
+                   for path, record in tables.items()}
+        out = dict(tables)
+        for path, result in pending.items():
+            try:
+                assignment = decode(result.get()[0])
             except NoNodeError:
-                continue  # dropped while we read; the version watch brings the next view
-            tables[path] = TableRecord(
-                table_id=entry["table_id"], descriptor=TableDescriptor.from_json(entry["descriptor"]),
-                buckets=tuple(BucketAssignment.from_json(b) for b in assignment["buckets"]))
-        return version, cluster_id, frozenset(databases), tables
+                continue  # dropped: the catalog version watch brings that
+            out[path] = replace(tables[path], buckets=tuple(BucketAssignment.from_json(b)
+                                                            for b in assignment["buckets"]))
+        return out

@@ -12,7 +12,12 @@ Guards, checked before a server joins:
 
 * a directory of another server id, or of another cluster (wrong ``--zookeeper`` address or
   chroot, or a ZooKeeper that lost its data), is refused: joining would drop its tables;
-* a directory with databases or tables made outside the cluster (a single server's) is refused.
+* a directory with databases or tables made outside the cluster (a single server's) is refused;
+* every view applied is checked to be of the directory's cluster (a ZooKeeper that lost its data
+  would otherwise bootstrap a new, empty catalog that drops every table).
+
+A table's data is deleted only by its DROP (``view.dropped``, the table ids DROP TABLE and DROP
+DATABASE recorded in ZooKeeper), never because a view lacks it.
 """
 
 from __future__ import annotations
@@ -61,11 +66,14 @@ class CatalogMirror:
         self.last_error: str | None = None
         self._cond = threading.Condition()
         self.on_applied: Callable[[int], None] | None = None
+        self.after_reconcile: Callable[[ClusterView], None] | None = None
 
     # ---- guards -------------------------------------------------------------------------------
-    def check(self, cluster_id: str | None) -> None:
+    def check(self, cluster_id: str | None) -> bool:
         """Refuse to join when this directory belongs elsewhere (see the module docstring).
-        ``cluster_id`` is the cluster's id in ZooKeeper (None before its first coordinator)."""
+        ``cluster_id`` is the cluster's id in ZooKeeper (None before its first coordinator).
+        True when the directory is new to the cluster: whatever replicas the cluster thinks this
+        server holds are empty here (see ``ClusterMember._resign_lost_replicas``)."""
         where = self.store.data_dir
         if self._identity is not None:
             owner = int(self._identity["server_id"])
@@ -78,7 +86,7 @@ class CatalogMirror:
                     f"data directory {where} belongs to cluster {self._identity['cluster_id']} but "
                     f"ZooKeeper holds {found} there (wrong --zookeeper address or chroot?); refusing "
                     "to join, which would drop the directory's tables")
-            return
+            return False
         foreign = [str(p) for p in self.store.catalog.all_tables()]
         foreign += [db for db in self.store.list_databases() if db != DEFAULT_DATABASE]
         if foreign:
@@ -86,14 +94,20 @@ class CatalogMirror:
                 f"data directory {where} holds databases or tables made outside a cluster "
                 f"({', '.join(sorted(foreign)[:5])}); serve it without --zookeeper, or give this "
                 "server an empty --data-dir")
+        return True
 
     # ---- applying -----------------------------------------------------------------------------
     def apply(self, view: ClusterView) -> None:
-        """Make the local catalog equal to ``view``'s (a no-op for a version already applied)."""
+        """Make the local catalog equal to ``view``'s (a no-op for a version already applied).
+        A view of another cluster (ZooKeeper lost its data, or the address moved to another
+        chroot) is refused every time, before anything is changed."""
         if view.version == 0 or view.version <= self.applied_version:
             return
         try:
+            self._check_cluster(view)
             self._reconcile(view)
+            if self.after_reconcile is not None:  # replica roles, before anyone is told "applied"
+                self.after_reconcile(view)
         except Exception as exc:  # report it; the next change (or a restart) retries
             log.exception("could not apply catalog version %d locally", view.version)
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -110,14 +124,29 @@ class CatalogMirror:
         with self._cond:
             return self._cond.wait_for(lambda: self.applied_version >= version, timeout)
 
+    def _check_cluster(self, view: ClusterView) -> None:
+        """InvalidInput unless ``view`` is of the cluster this directory belongs to."""
+        if self._identity is not None and view.cluster_id != self._identity["cluster_id"]:
+            raise InvalidInput(f"the cluster view is of cluster {view.cluster_id}, but data directory "
+                               f"{self.store.data_dir} belongs to cluster {self._identity['cluster_id']}: "
+                               "nothing is applied (did ZooKeeper lose its data?)")
+
     def _reconcile(self, view: ClusterView) -> None:
+        """Make the local catalog ``view``'s. A table's data is deleted only for an explicit DROP
+        (its id in ``view.dropped``) or when the same id comes back new; a table a view merely
+        lacks (which a view read at one version never shows, see the metadata cache) keeps its
+        data, and a warning says so."""
         store = self.store
+        if view.cluster_id is not None:
+            store.join_remote(view.cluster_id)
+        store.table_ids.update({str(path): record.table_id for path, record in view.tables.items()})
         identity = self._identity or {"server_id": self.server_id, "cluster_id": view.cluster_id,
                                       "tables": {}}
         known: dict[str, str] = dict(identity["tables"])
         desired = {str(path): record for path, record in view.tables.items()}
         by_id = {record.table_id: name for name, record in desired.items()}
         local_tables = {str(p) for p in store.catalog.all_tables()}
+        kept: set[str] = set()  # known tables the view lacks without a DROP: their data stays
         for name, table_id in list(known.items()):
             record = desired.get(name)
             renamed = by_id.get(table_id)
@@ -127,12 +156,21 @@ class CatalogMirror:
                 del known[name]
                 known[renamed] = table_id
                 self._save(identity, known, view.version)
-            elif record is None or record.table_id != table_id:
-                store.local_drop_table(TablePath.parse(name))
+            elif (record is None or record.table_id != table_id) and table_id in view.dropped:
+                store.local_drop_table(TablePath.parse(name))  # its DROP: the one reason to delete data
                 del known[name]
                 self._save(identity, known, view.version)
+            elif record is None or record.table_id != table_id:
+                if record is not None:  # another table took the name without a DROP of this one
+                    raise InvalidInput(f"table {name} (id {record.table_id}) replaces table id {table_id} here, "
+                                       "which no DROP removed: its data is kept and the view is not applied")
+                log.warning("table %s (id %s) is not in cluster catalog version %d and no DROP removed it: its "
+                            "data is kept", name, table_id, view.version)
+                kept.add(name)
         for database in store.list_databases():
             if database not in view.databases:
+                if any(name.split(".", 1)[0] == database for name in kept):
+                    continue  # it holds a table that no DROP removed
                 store.local_drop_database(database)
         local_databases = set(store.list_databases())
         for database in sorted(view.databases - local_databases):

@@ -7,13 +7,15 @@ mirror has applied the committed change (so the caller can use the table at once
 applies the coordinator's decisions to this data directory with the ``local_*`` methods: the
 single-server operations.
 
-Data: :meth:`table` answers a :class:`~flightstore.cluster.routing.RoutedTable` once the server
+Data: :meth:`table` answers a :class:`~flightstore.cluster.table.ClusterTable` once the server
 has joined, so reads and writes of buckets another server leads go to that server
-(:mod:`flightstore.cluster.routing`); :meth:`local_table` is this directory's own table.
+(:mod:`flightstore.cluster.table`); :meth:`local_table` is this directory's own table (its
+replicas, led or followed).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +23,12 @@ import pyarrow as pa
 
 from flightstore.alter import Change, RenameTable, apply_changes
 from flightstore.cluster.peers import Peers
-from flightstore.cluster.routing import RoutedTable
+from flightstore.cluster.table import ClusterTable
 from flightstore.config import SERVER_OPTIONS
-from flightstore.errors import CoordinatorUnavailable
+from flightstore.errors import CoordinatorUnavailable, InvalidOption, Unavailable
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.store import Store, Table, new_table_descriptor
+from flightstore.table.api import TableApi
 
 if TYPE_CHECKING:
     from flightstore.cluster.member import ClusterMember
@@ -41,27 +44,68 @@ class ClusterStore(Store):
         super().__init__(data_dir, fsync=fsync, options=options)
         self.member: ClusterMember | None = None
         self.peers = Peers()
-        self._routed: dict[TablePath, RoutedTable] = {}
+        self._routed: dict[TablePath, ClusterTable] = {}
+        self.table_ids: dict[str, str] = {}  # table -> the cluster's table id (the catalog mirror's)
+        self.has_lake = False  # the cluster's lake is configured here (flightstore.lake.cluster)
 
     def local_table(self, path: TablePath | str) -> Table:
         """This data directory's table (the buckets this server leads hold its rows)."""
         return Store.table(self, path)
 
-    def table(self, path: TablePath | str) -> Table:
-        """The table as the cluster serves it: each bucket from its leader (before this server
-        joined, its local table)."""
+    def table(self, path: TablePath | str) -> TableApi:
+        """The table as the cluster serves it: each bucket from its leader (a
+        :class:`~flightstore.cluster.table.ClusterTable`). Before this server joined there is no
+        cluster table to serve: UNAVAILABLE."""
         local = Store.table(self, path)
         member = self.member
         if member is None:
-            return local
+            raise CoordinatorUnavailable("this server has not joined its cluster yet; retry shortly")
         routed = self._routed.get(local.path)
         if routed is None or routed.local is not local:  # new, or reopened (ALTER, DROP + CREATE)
-            routed = self._routed[local.path] = RoutedTable(local, member.server_id, member.view, self.peers)
-        return routed  # type: ignore[return-value]
+            record = member.view().tables.get(local.path)
+            if record is None:
+                view = member.metadata.refresh(10.0)
+                record = view.tables.get(local.path) if view is not None else None
+            if record is None:
+                raise Unavailable(f"table {local.path} is not in this server's cluster view yet; retry")
+            retry_s = 2 * member.config.session_timeout_ms / 1000 + 10
+            routed = self._routed[local.path] = ClusterTable(local, record.table_id, member, self.peers, retry_s)
+        return routed
+
+    def catch_up(self, timeout: float = 10.0) -> bool:
+        """Apply the cluster's newest catalog now (read-your-writes across servers: a database or
+        table another server just created); whether this server holds it within ``timeout``."""
+        member = self.member
+        if member is None:
+            return False
+        deadline = time.monotonic() + timeout
+        view = member.metadata.refresh(timeout)
+        if view is None:
+            return False
+        return member.mirror.wait_applied(view.version, max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         self.peers.close()
         super().close()
+
+    # ---- remote storage: one copy per bucket for the whole cluster -----------------------------
+    def join_remote(self, cluster_id: str) -> None:
+        """Every server of the cluster reads and (as leader) writes the same remote bucket
+        directories: the namespace is the cluster's (set before any table opens)."""
+        if self.remote is not None:
+            self.remote.namespace = f"cluster-{cluster_id}"
+
+    def _remote_table_id(self, path: TablePath, directory: Any) -> str:
+        table_id = self.table_ids.get(str(path))
+        return table_id if table_id is not None else Store._remote_table_id(self, path, directory)
+
+    def _check_lake(self, descriptor: TableDescriptor) -> None:
+        """A datalake-enabled table needs the cluster's lake: without one it would never be
+        tiered (and its log never shrink), so it is refused, not accepted and ignored."""
+        if descriptor.option("table.datalake.enabled") and not self.has_lake:
+            raise InvalidOption(f"table {descriptor.path}: 'table.datalake.enabled' needs the cluster's lake: "
+                                "start every server with datalake.iceberg.uri and datalake.iceberg.warehouse "
+                                "naming one shared catalog and warehouse")
 
     def _ddl(self, request: dict[str, Any]) -> None:
         member = self.member
@@ -84,6 +128,7 @@ class ClusterStore(Store):
                                           schema, primary_key=primary_key, partition_keys=partition_keys,
                                           options=options, descriptor=descriptor)
         self.partition_limits.check_create(descriptor)  # refused before it is sent
+        self._check_lake(descriptor)
         self._ddl({"op": "create_table", "descriptor": descriptor.to_json(), "if_not_exists": if_not_exists})
         if descriptor.option("table.auto-partition.enabled"):
             Store.auto_partition(self, tables=[descriptor.path])  # its first partitions, at once

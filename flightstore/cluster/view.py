@@ -29,31 +29,39 @@ class ServerInfo:
     uri: str
     pid: int = 0
     catalog_version: int = 0  # the catalog version its local mirror has applied
+    # The znode versions of the cluster's users and grants it applied (flightstore.cluster.security).
+    security: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ServerInfo:
         return cls(id=int(data["id"]), uri=str(data["uri"]), pid=int(data.get("pid", 0)),
-                   catalog_version=int(data.get("catalog_version", 0)))
+                   catalog_version=int(data.get("catalog_version", 0)),
+                   security=tuple(sorted((str(k), int(v)) for k, v in (data.get("security") or {}).items())))
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "uri": self.uri, "pid": self.pid, "catalog_version": self.catalog_version}
+        return {"id": self.id, "uri": self.uri, "pid": self.pid, "catalog_version": self.catalog_version,
+                "security": dict(self.security)}
 
 
 @dataclass(frozen=True)
 class BucketAssignment:
-    """Who leads a bucket, since which leader epoch, and which servers hold replicas."""
+    """A bucket's LeaderAndIsr: the servers holding replicas (in preference order), the leader
+    (-1: none alive in sync), its leader epoch, and the in-sync replica set."""
 
     leader: int
     leader_epoch: int = 0
     replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas)}
+        return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas),
+                "isr": list(self.isr)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BucketAssignment:
+        replicas = tuple(int(r) for r in data.get("replicas", [data["leader"]]))
         return cls(leader=int(data["leader"]), leader_epoch=int(data.get("leader_epoch", 0)),
-                   replicas=tuple(int(r) for r in data.get("replicas", [data["leader"]])))
+                   replicas=replicas, isr=tuple(int(r) for r in data.get("isr", replicas)))
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,8 @@ class BucketLocation:
     leader: int
     leader_epoch: int
     server: ServerInfo | None
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
 
     @property
     def available(self) -> bool:
@@ -88,6 +98,9 @@ class BucketLocation:
         """Why the bucket cannot be served ("" when it can)."""
         if self.server is not None:
             return ""
+        if self.leader < 0:
+            return (f"bucket {self.bucket} of table {self.table} is unavailable: no in-sync replica "
+                    f"({', '.join(map(str, self.isr)) or 'none'}) is alive to lead it")
         return (f"bucket {self.bucket} of table {self.table} is unavailable: its leader, server "
                 f"{self.leader}, is down")
 
@@ -99,6 +112,7 @@ class BucketLocation:
 
     def to_json(self) -> dict[str, Any]:
         return {"bucket": self.bucket, "leader": self.leader, "leader_epoch": self.leader_epoch,
+                "replicas": list(self.replicas), "isr": list(self.isr),
                 "uri": self.server.uri if self.server else None, "available": self.available,
                 "reason": self.reason}
 
@@ -113,6 +127,7 @@ class ClusterView:
     coordinator: int | None = None
     databases: frozenset[str] = frozenset()
     tables: Mapping[TablePath, TableRecord] = field(default_factory=dict)
+    dropped: frozenset[str] = frozenset()  # the ids of the tables a DROP removed
 
     def table(self, path: TablePath) -> TableRecord:
         record = self.tables.get(path)
@@ -125,7 +140,8 @@ class ClusterView:
     def locations(self, path: TablePath) -> list[BucketLocation]:
         """Every bucket of ``path`` with its leader and whether that leader is live."""
         record = self.table(path)
-        return [BucketLocation(path, bucket, a.leader, a.leader_epoch, self.servers.get(a.leader))
+        return [BucketLocation(path, bucket, a.leader, a.leader_epoch, self.servers.get(a.leader),
+                               a.replicas, a.isr)
                 for bucket, a in enumerate(record.buckets)]
 
     def bucket(self, path: TablePath, bucket: int) -> BucketLocation:

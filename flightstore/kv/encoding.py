@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -386,7 +386,7 @@ class RowCodec:
         size = self._header_size
         if (sizes < size).any():
             raise CorruptData(f"row value shorter than its {size}-byte header")
-        header = data[starts[:, None] + np.arange(size)]
+        header = _gather_rows(data, starts, size)
         # Where each variable column's bytes start, and a check the lengths add up exactly.
         var_start = {}
         position = starts + size
@@ -487,6 +487,34 @@ def _lengths(header: np.ndarray, slot: _Slot) -> np.ndarray:
     return block.view("<u4").ravel().astype(np.int64)
 
 
+# Bytes gathered per step of a vectorized gather: its index array takes 8 bytes per byte gathered.
+_GATHER_BYTES = 256 << 10
+
+
+def _blocks(offsets: np.ndarray) -> Iterator[tuple[int, int]]:
+    """``(first, stop)`` row ranges of about :data:`_GATHER_BYTES` bytes each (``offsets``: the
+    rows' cumulative sizes, ``n + 1`` of them); a row bigger than that is a block of its own."""
+    n = len(offsets) - 1
+    first = 0
+    while first < n:
+        stop = int(np.searchsorted(offsets, offsets[first] + _GATHER_BYTES, side="right")) - 1
+        stop = min(n, max(stop, first + 1))
+        yield first, stop
+        first = stop
+
+
+def _gather_rows(data: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
+    """The ``size`` bytes at each of ``starts`` in ``data``, as an ``n x size`` block, gathered a
+    block of rows at a time (one index of ``n x size`` int64 would take 8 times the block)."""
+    n = len(starts)
+    out = np.empty((n, size), np.uint8)
+    step = max(1, _GATHER_BYTES // max(1, size))
+    span = np.arange(size)
+    for first in range(0, n, step):
+        out[first:first + step] = data[starts[first:first + step, None] + span]
+    return out
+
+
 def _fixed_array(block: np.ndarray, t: pa.DataType, null: np.ndarray | None) -> pa.Array:
     """An Arrow array from an ``n x width`` block of little-endian value bytes."""
     n = block.shape[0]
@@ -512,7 +540,12 @@ def _gather_variable(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, 
     elif (starts[1:] == starts[:-1] + lengths[:-1]).all():
         gathered = data[starts[0]: starts[0] + total]  # already contiguous (one row, ...)
     else:
-        gathered = data[np.repeat(starts - offsets[:-1], lengths) + np.arange(total)]
+        gathered = np.empty(total, np.uint8)
+        # an int64 index per byte gathered: a block of rows at a time bounds it
+        for first, stop in _blocks(offsets):
+            base = offsets[first]
+            gathered[base:offsets[stop]] = data[np.repeat(starts[first:stop] - (offsets[first:stop] - base),
+                                                          lengths[first:stop]) + np.arange(offsets[stop] - base)]
     return pa.Array.from_buffers(t, n, [_validity(null),
                                         pa.py_buffer(offsets if large else offsets.astype(np.int32)),
                                         pa.py_buffer(gathered)])

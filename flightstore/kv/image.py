@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from flightstore import memory
 from flightstore.errors import Cancelled, CorruptData
 from flightstore.expressions import ColumnStats, Predicate
 from flightstore.kv.encoding import RowCodec, encode_key_array
@@ -73,7 +74,8 @@ def write_image(path: Path, values: Iterable[bytes], codec: RowCodec, primary_ke
                 fsync: bool = True) -> ImageInfo:
     """Write the rows of ``values`` (RocksDB row values in key order) as an image.
 
-    One batch of :data:`IMAGE_BATCH_ROWS` rows is decoded and written at a time; its key column is
+    One batch of :data:`IMAGE_BATCH_ROWS` rows (fewer when they are wide: at most
+    :func:`flightstore.memory.batch_bytes`) is decoded and written at a time; its key column is
     re-encoded from the decoded ``primary_key`` columns (a RocksDB key is exactly that encoding),
     so RocksDB is iterated for values only. ``stop`` is polled between batches; when it answers
     True the write ends with :class:`Cancelled` (the caller deletes the partial file). The file is
@@ -84,13 +86,16 @@ def write_image(path: Path, values: Iterable[bytes], codec: RowCodec, primary_ke
     rows: list[int] = []
     stats: list[dict] = []
     iterator = iter(values)
+    size = memory.batch_rows(codec.schema, IMAGE_BATCH_ROWS)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         while True:
             if stop is not None and stop():
                 raise Cancelled(f"writing the KV image {path} was stopped")
-            chunk = list(itertools.islice(iterator, IMAGE_BATCH_ROWS))
+            chunk = list(itertools.islice(iterator, size))
             if not chunk:
                 break
+            # wide rows make short batches: one batch is decoded in memory at a time
+            size = memory.rows_within(memory.value_bytes(chunk) / len(chunk), IMAGE_BATCH_ROWS)
             table = codec.decode(chunk)
             arrays = [column.combine_chunks() for column in table.columns]
             arrays.append(encode_key_array(table, primary_key))

@@ -3,7 +3,9 @@
 Rows are consumed from rocksdict's iterators with ``itertools.islice`` (the Rust iterator is driven
 from C, no Python per row) in chunks that the caller decodes with the vectorized row codec, so a
 scan of any size holds one chunk in memory at a time. Chunks start small and grow (a ``LIMIT`` or a
-narrow range reads little) up to :data:`MAX_CHUNK_ROWS`.
+narrow range reads little) up to :data:`MAX_CHUNK_ROWS`, and to no more rows than fit in
+:func:`flightstore.memory.batch_bytes` at the width of the rows read so far (65,536 rows of a
+10,000-column table would be gigabytes).
 
 RocksDB iterators end silently at a block they cannot read (a checksum mismatch, a missing file):
 ``valid()`` turns false and only ``status()`` says why, and rocksdict's ``values()``/``items()``
@@ -29,6 +31,7 @@ from typing import Any
 
 from rocksdict import ReadOptions
 
+from flightstore import memory
 from flightstore.errors import DataLoss
 
 __all__ = ["FIRST_CHUNK_ROWS", "MAX_CHUNK_ROWS", "RangeReader", "storage_errors"]
@@ -64,6 +67,13 @@ def storage_errors(where: str, what: str, directory: str) -> Iterator[None]:
         raise data_loss(where, what, exc, directory) from None
 
 
+def _next_size(size: int, values: list[bytes]) -> int:
+    """The next chunk's rows: four times ``size``, within :data:`MAX_CHUNK_ROWS` and the batch
+    bytes at the average width of ``values`` (the chunk just read)."""
+    width = memory.value_bytes(values) / max(1, len(values))
+    return memory.rows_within(width, min(size * 4, MAX_CHUNK_ROWS))
+
+
 class RangeReader:
     """Values of one snapshot's keys in ``[lower, upper)`` (None: unbounded), in key order.
 
@@ -87,8 +97,9 @@ class RangeReader:
         return options
 
     def chunks(self, first: int = FIRST_CHUNK_ROWS) -> Iterator[list[bytes]]:
-        """Lists of values, growing from ``first`` to :data:`MAX_CHUNK_ROWS` rows; raises
-        DataLoss at the end if RocksDB stopped before the end of the range."""
+        """Lists of values, growing from ``first`` to :data:`MAX_CHUNK_ROWS` rows, each within
+        :func:`flightstore.memory.batch_bytes` (at the width read so far); raises DataLoss at the
+        end if RocksDB stopped before the end of the range."""
         if self.lower is not None and self.upper is not None and self.lower >= self.upper:
             return
         size = max(1, min(first, MAX_CHUNK_ROWS))
@@ -103,7 +114,7 @@ class RangeReader:
                         yield chunk
                     if len(chunk) < size:
                         break
-                    size = min(size * 4, MAX_CHUNK_ROWS)
+                    size = _next_size(size, chunk)
                 if read != self.expected_rows:
                     self._check_walk(f"the scan read {read} of {self.expected_rows} rows")
                 return
@@ -113,10 +124,11 @@ class RangeReader:
                 chunk = list(itertools.islice(items, size))
                 if chunk:
                     last = chunk[-1][0]
-                    yield list(map(_VALUE, chunk))
+                    values = list(map(_VALUE, chunk))
+                    yield values
                 if len(chunk) < size:
                     break
-                size = min(size * 4, MAX_CHUNK_ROWS)
+                size = _next_size(size, values)
             self._check_end(last)
 
     def _check_end(self, last: bytes | None) -> None:

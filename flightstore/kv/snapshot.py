@@ -32,7 +32,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,6 +192,18 @@ class KvSnapshots:
         with self._lock:
             return self._snapshots[0].offset if self._snapshots else 0
 
+    def drop_after(self, offset: int) -> list[int]:
+        """Delete the snapshots of offsets above ``offset`` (the log was cut there: they hold changes
+        it no longer has); returns their ids."""
+        with self._lock:
+            doomed = [s for s in self._snapshots if s.offset > offset]
+            self._snapshots = [s for s in self._snapshots if s.offset <= offset]
+            for snapshot in doomed:
+                self._images.pop(snapshot.id, None)
+        for snapshot in doomed:
+            self._remove(snapshot.directory)
+        return [s.id for s in doomed]
+
     # ---- images -------------------------------------------------------------------------------
     def image(self, snapshot: SnapshotInfo, schema) -> Image | None:
         """The opened image of ``snapshot`` (cached), or None when it fails its checks (logged
@@ -295,6 +307,42 @@ class KvSnapshots:
         except FileNotFoundError:
             return
         shutil.rmtree(doomed, ignore_errors=True)
+
+    # ---- copies between replicas -------------------------------------------------------------
+    def files(self, snapshot: SnapshotInfo) -> Iterator[tuple[str, bytes]]:
+        """Every file of ``snapshot`` as ``(path relative to it, bytes)``, the manifest last (a
+        replica copies a snapshot to a follower that cannot catch up from the log alone)."""
+        for path in sorted(snapshot.directory.rglob("*")):
+            if path.is_file() and path.name != MANIFEST:
+                yield str(path.relative_to(snapshot.directory)), path.read_bytes()
+        yield MANIFEST, (snapshot.directory / MANIFEST).read_bytes()
+
+    def install(self, files: Iterable[tuple[str, bytes]]) -> SnapshotInfo:
+        """Take a snapshot copied from another replica (:meth:`files`): written under a temporary
+        name, checked like any snapshot, then published under its id (replacing one of that id)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        staging = self.directory / f"incoming{_TMP}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        try:
+            for relative, data in files:
+                target = (staging / relative).resolve()
+                if staging.resolve() not in target.parents:
+                    raise CorruptData(f"a copied KV snapshot names a file outside it: {relative!r}")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            snapshot_id = int(json.loads((staging / MANIFEST).read_bytes())["id"])
+            final = self.directory / _name(snapshot_id)
+            with self._create_lock:
+                if final.exists():
+                    self._remove(final)
+                os.rename(staging, final)
+                if self.fsync:
+                    _fsync_path(self.directory)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return next(s for s in self.load() if s.id == snapshot_id)
 
     # ---- restore ------------------------------------------------------------------------------
     def restore(self, snapshot: SnapshotInfo, target: Path) -> None:

@@ -23,6 +23,7 @@ serves (:mod:`flightstore.kv.snapshot_read`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import shutil
 import threading
@@ -33,8 +34,9 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import BlockBasedOptions, Checkpoint, Options, Rdict, WriteBatch
 
+from flightstore import memory
 from flightstore.batches import limited
-from flightstore.errors import CorruptData, DataLoss, FlightstoreError
+from flightstore.errors import CorruptData, DataLoss, FlightstoreError, NotLeader
 from flightstore.expressions import Predicate
 from flightstore.kv.encoding import encode_keys
 from flightstore.kv.merge import merger_for
@@ -52,7 +54,7 @@ from flightstore.kv.meta import (
 from flightstore.kv.ranges import KeyRange, encode_range, prefix_successor
 from flightstore.kv.scan import FIRST_CHUNK_ROWS, RangeReader, storage_errors
 from flightstore.kv.snapshot import KvSnapshots, SnapshotInfo
-from flightstore.kv.snapshot_read import read_at
+from flightstore.kv.snapshot_read import TailTooLong, read_at
 from flightstore.kv.versions import VersionedRowCodec
 from flightstore.kv.writes import ApplyResult, KvWrites, PreparedWrite, changelog_schema
 from flightstore.log import LogTablet
@@ -64,13 +66,10 @@ __all__ = ["UNDO_FENCE_PREFIX", "WRITER_META_PREFIXES", "ApplyResult", "KvTablet
 
 log = logging.getLogger("flightstore.kv")
 
+LOOKUP_CHUNK_KEYS = 4096  # keys per multi-get of a lookup (its rows are checked against the budget)
 _FOUND, _NOT_FOUND = np.ones(1, bool), np.zeros(1, bool)  # found masks of one key (read-only)
 _FOUND.setflags(write=False)
 _NOT_FOUND.setflags(write=False)
-# A full scan reads the newest snapshot image plus the changelog after it unless that tail holds
-# more than this many rows per image row (then iterating RocksDB is cheaper).
-IMAGE_TAIL_FACTOR = 4
-IMAGE_TAIL_MIN_ROWS = 65_536
 
 
 class KvTablet(KvWrites):
@@ -298,6 +297,9 @@ class KvTablet(KvWrites):
                 newest = self.snapshots.newest
                 if not force and (applied == 0 or (newest is not None and newest.offset == applied)):
                     return None
+                if self.log.replicated and applied > 0 and not self.log.wait_for(
+                        applied - 1, self.log.commit_timeout_s):
+                    return None  # a snapshot holds committed changes only: the next round tries again
                 Checkpoint(self._db).create_checkpoint(str(path))
                 return applied, self.row_count
 
@@ -325,8 +327,11 @@ class KvTablet(KvWrites):
         return found, self.codec.decode(array.drop_null() if array.null_count else array, columns)
 
     # ---- recovery -----------------------------------------------------------------------------
-    def recover(self) -> int:
+    def recover(self, uncommitted: bool = False) -> int:
         """Replay the changelog after the applied offset into RocksDB; returns rows replayed.
+
+        A replicated log is replayed up to its high watermark (a follower's KV holds committed
+        changes only); ``uncommitted`` replays to its end (a new leader takes its whole log).
 
         A KV that applied more than the log holds (the log lost its tail) is still the table's
         state: it keeps serving, the log continues at the applied offset (new changes never reuse
@@ -348,7 +353,7 @@ class KvTablet(KvWrites):
                 raise CorruptData(f"{self.log.label}: the log no longer holds offsets {applied}.."
                                   f"{self.log.start_offset}; cannot catch up the KV")
             replayed = 0
-            for record in self.log.read(applied):
+            for record in self.log.read(applied, uncommitted=uncommitted):
                 replayed += self._replay(record)
             return replayed
 
@@ -366,6 +371,14 @@ class KvTablet(KvWrites):
         self._db.write(write)
         return batch.num_rows
 
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold reads off while the log under this KV is cut and the KV rebuilt (a follower's
+        truncation): a read starts by noting the log's truncation count under this lock, so it
+        either sees the KV after the rebuild or finds the count changed (:meth:`_committed`)."""
+        with self._lock:
+            yield
+
     def rebuild(self) -> int:
         """Throw the RocksDB state away and rebuild it from the newest usable snapshot and the log
         after it (the whole log while it starts at 0); returns the log rows replayed."""
@@ -378,8 +391,52 @@ class KvTablet(KvWrites):
 
     # ---- reads --------------------------------------------------------------------------------
     def lookup(self, keys: pa.Table, columns: Sequence[str] | None = None) -> tuple[np.ndarray, pa.Table]:
-        """Rows of ``keys`` (PK columns) with one multi-get: (found mask, rows of the found keys)."""
-        return self._multi_get(encode_keys(keys, self.primary_key), columns)
+        """Rows of ``keys`` (PK columns): (found mask, rows of the found keys). One multi-get per
+        :data:`LOOKUP_CHUNK_KEYS` keys (fewer when rows are wide: within
+        :func:`flightstore.memory.batch_bytes`); a lookup whose rows pass what a query may hold
+        (:func:`flightstore.memory.work_bytes`) is refused with ResourceExhausted. On a replicated
+        leader it returns once what it read is committed (:meth:`_committed`)."""
+        with self._lock:  # not while a truncation cuts the log and rebuilds this KV (see exclusive)
+            cuts = self.log.truncations
+        encoded = encode_keys(keys, self.primary_key)
+        step = memory.batch_rows(self.schema, LOOKUP_CHUNK_KEYS)
+        if len(encoded) <= step:
+            found, rows = self._multi_get(encoded, columns)
+            memory.require(rows.nbytes, f"{self.where}: a lookup of {len(encoded)} keys")
+        else:
+            masks, parts, held = [], [], 0
+            for start in range(0, len(encoded), step):
+                part_found, part_rows = self._multi_get(encoded[start:start + step], columns)
+                held += part_rows.nbytes
+                memory.require(held, f"{self.where}: a lookup of {len(encoded)} keys")
+                masks.append(part_found)
+                parts.append(part_rows)
+            found, rows = np.concatenate(masks), pa.concat_tables(parts)
+        self._committed(cuts)
+        return found, rows
+
+    def committed_row_count(self) -> int:
+        """:attr:`row_count` once the changes it counts are committed (see :meth:`_committed`)."""
+        with self._lock:
+            cuts = self.log.truncations
+            count = self.row_count
+        self._committed(cuts)
+        return count
+
+    def _committed(self, cuts: int) -> None:
+        """Return once what a read just saw is committed: a replicated leader's RocksDB may hold
+        changes its in-sync replicas do not have yet; they are at most what its log holds, so the
+        read waits (normally one replication round trip) until the high watermark covers the log
+        end read *after* the data. Never an uncommitted row: NotEnoughReplicas past the timeout,
+        NotLeader when the log was cut since the read began (``cuts``: its
+        :attr:`~flightstore.log.LogTablet.truncations` then): this server was deposed, and what
+        the read saw may be gone although the high watermark passes its offsets."""
+        log_ = self.log
+        if log_.replicated:
+            log_.await_committed(log_.end_offset)
+            if log_.truncations != cuts:
+                raise NotLeader(f"{self.name}: this server stopped leading the bucket during the read (its "
+                                "log was cut to follow a new leader); retry at the leader")
 
     def prefix_lookup(self, prefixes: Sequence[bytes], columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
@@ -387,57 +444,61 @@ class KvTablet(KvWrites):
         wanted = list(columns) if columns is not None else self.schema.names
         parts = []
         remaining = limit
+        held = 0
+        with self._lock:
+            cuts = self.log.truncations
         for prefix in prefixes:
             for table in self._read(prefix, prefix_successor(prefix), wanted, None, remaining):
                 parts.append(table)
+                held += table.nbytes
+                memory.require(held, f"{self.where}: a prefix lookup")  # its answer is held whole
                 if remaining is not None:
                     remaining -= table.num_rows
             if remaining is not None and remaining <= 0:
                 break
+        self._committed(cuts)
         if not parts:
             return self.codec.decode([], wanted)
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
     def full_scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
                   limit: int | None = None, *, exact: bool = True) -> Iterator[pa.RecordBatch]:
-        """Every current row, filtered exactly, at most ``limit``: the newest snapshot image plus
-        the changelog after it (:mod:`flightstore.kv.snapshot_read`, consistent at the log end
-        when called), or RocksDB (:meth:`scan`) when there is no usable image or the changelog
-        since it is much longer than the image.
+        """Every current row, filtered exactly, at most ``limit``, consistent at the log end when
+        called: the newest snapshot image plus the changelog after it, or without a usable image
+        the whole changelog while the log still holds it from offset 0 with no lost range (the
+        image of offset 0 is empty), folded vectorized (:mod:`flightstore.kv.snapshot_read`):
+        columnar reads, no RocksDB iteration, whatever the snapshot state. RocksDB (:meth:`scan`)
+        answers when neither serves, when the changelog cannot be read, or when folding the
+        changes (updates and deletes; inserts cost nothing) would hold more memory than a query
+        may (:func:`flightstore.memory.work_bytes`): RocksDB is read in bounded chunks (the next
+        KV snapshot makes the tail short again).
 
-        ``exact=False`` is for analytic callers that apply ``filter`` again and need no key order
-        (residual SQL): rows come unfiltered (batches are still skipped by statistics), and a
-        bucket without a usable image is read from its whole changelog (the image of offset 0 is
-        empty) when the log still starts at 0, has no declared-lost range and is not much longer
-        than the bucket: columnar reads instead of a RocksDB iteration."""
+        Rows come image batches first (key order), then the changed rows; ``exact=False`` is for
+        analytic callers that apply ``filter`` again: rows come unfiltered (batches are still
+        skipped by statistics)."""
         snapshot = self.snapshots.newest
-        at = self.log.end_offset
+        at = self.log.high_watermark
         wanted = columns or self.schema.names
         try:  # read_at reads the changelog part before it returns: damage found there is found here
-            if snapshot is not None and self._tail_is_short(at - snapshot.offset, snapshot.rows) \
-                    and snapshot.offset >= self.log.local_start_offset:  # its tail is on local disk
+            if snapshot is not None and snapshot.offset >= self.log.local_start_offset:  # its tail is on local disk
                 image = self.snapshots.image(snapshot, self.schema)
                 if image is not None:
                     return read_at(image, snapshot.offset, self.log, at, self.primary_key, wanted, filter,
-                                   limit, where=self.name, exact=exact)
-            if not exact and self._replayable(at):
+                                   limit, where=self.name, exact=exact, max_bytes=memory.work_bytes())
+            if self._replayable():
                 return read_at(None, 0, self.log, at, self.primary_key, wanted, filter, limit,
-                               where=self.name, exact=False)
+                               where=self.name, exact=exact, max_bytes=memory.work_bytes())
+        except TailTooLong as reason:
+            log.info("%s: %s; scanning RocksDB instead", self.name, reason)
         except (DataLoss, CorruptData) as error:
             # RocksDB holds the current rows whatever the changelog lost: answer from it.
             log.warning("%s: the changelog cannot be read (%s); scanning RocksDB instead", self.name, error)
         return self.scan(columns, filter, limit)
 
-    @staticmethod
-    def _tail_is_short(tail_rows: int, image_rows: int) -> bool:
-        return tail_rows <= IMAGE_TAIL_FACTOR * max(image_rows, IMAGE_TAIL_MIN_ROWS)
-
-    def _replayable(self, at: int) -> bool:
-        """Whether the changelog ``[0, at)`` is held whole on local disk and short enough to read
-        instead of RocksDB."""
+    def _replayable(self) -> bool:
+        """Whether the whole changelog (from offset 0) is held on local disk, with no lost range."""
         log_ = self.log
-        return (log_.local_start_offset == 0 and log_.lost_rows == 0 and not log_.damage()
-                and self._tail_is_short(at, self.row_count))
+        return log_.local_start_offset == 0 and log_.lost_rows == 0 and not log_.damage()
 
     def rows_at(self, at: int, columns: Sequence[str] | None = None, filter: Predicate | None = None,
                 limit: int | None = None) -> Iterator[pa.RecordBatch]:
@@ -480,14 +541,18 @@ class KvTablet(KvWrites):
         needed = wanted + [c for c in sorted(filter.columns()) if c not in wanted] if filter else wanted
         expression = filter.to_arrow() if filter is not None else None
         with self._lock:  # the snapshot and the row count that goes with it
+            cuts = self.log.truncations
             snapshot = self._db.snapshot()
             expected = self.row_count if lower is None and upper is None else None
+        self._committed(cuts)
         reader = RangeReader(snapshot, lower, upper, where=self.where, directory=str(self.directory),
                              expected_rows=expected)
 
         def decoded() -> Iterator[pa.Table]:
-            # With a LIMIT the first chunk is just big enough; chunks grow when the filter drops rows.
-            for values in reader.chunks(FIRST_CHUNK_ROWS if limit is None else limit):
+            # With a LIMIT the first chunk is just big enough; chunks grow when the filter drops rows
+            # (never past the batch bytes: wide rows make short chunks).
+            first = memory.batch_rows(self.schema, FIRST_CHUNK_ROWS if limit is None else limit)
+            for values in reader.chunks(first):
                 with self._io_lock:
                     self._io["rows_read"] += len(values)
                     self._io["chunks_read"] += 1

@@ -217,7 +217,7 @@ class KvWrites:
         with self._lock:
             if self.applied_offset >= self.log.end_offset:
                 return 0
-            return self.recover()
+            return self.recover(uncommitted=True)  # this replica's own appends (it leads)
 
     def _changes(self, changelog: pa.Table) -> tuple[np.ndarray, tuple[np.ndarray, list[bytes]],
                                                       np.ndarray, int]:

@@ -1,12 +1,13 @@
 """A bounded local cache of decoded lake data files, so a union read of tiered rows costs what a
 log read costs: the rows of each Parquet data file, once decoded (the columns a union read asks
-for: :func:`flightstore.lake.read.cached_schema`), are kept as an uncompressed Arrow IPC file that
+for: :func:`flightstore.lake.files.cached_schema`), are kept as an uncompressed Arrow IPC file that
 later reads memory-map (zero-copy, no decode).
 
 * Key: the lake table's Iceberg ``table-uuid``, the data file's path, byte size and record count,
-  and the schema of the cached rows. Iceberg never rewrites a data file in place, but a table
-  dropped and created again may reuse a warehouse path: it is another lake table (another uuid),
-  so it never reads the rows of the old one's file.
+  and the schema of the cached rows. Only checked data files are put in the cache (size and
+  whole-file CRC, :mod:`flightstore.lake.integrity`, before they are decoded). Iceberg never
+  rewrites a data file in place, but a table dropped and created again may reuse a warehouse
+  path: it is another lake table (another uuid), so it never reads the rows of the old one's file.
 * A file is filled under a temporary name and renamed into place once every row of the data file
   is in it: a fill that dies (kill -9) leaves a temporary file no read ever opens, removed when a
   cache opens the directory again. A read checks the file it opens (Arrow IPC footer, schema, row
@@ -33,6 +34,9 @@ __all__ = ["CacheFill", "ReadCache"]
 _SUFFIX = ".arrow"
 _PARTIAL = ".partial"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression=None)
+# In every key: files cached before data files were checked before they are decoded
+# (flightstore.lake.integrity) are never read again (the cache evicts them in time).
+_KEY_VERSION = b"checked-1\0"
 
 
 class ReadCache:
@@ -64,7 +68,7 @@ class ReadCache:
     @staticmethod
     def key(table_uuid: str, file_path: str, file_size: int, record_count: int, schema: pa.Schema) -> str:
         """The cache key of a data file of a lake table, cached with ``schema``."""
-        digest = hashlib.sha256()
+        digest = hashlib.sha256(_KEY_VERSION)
         for part in (str(table_uuid), file_path, str(int(file_size)), str(int(record_count))):
             digest.update(part.encode())
             digest.update(b"\0")

@@ -32,6 +32,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
+from flightstore import memory
 from flightstore.config import ICEBERG_TABLE_PREFIX
 from flightstore.errors import FlightstoreError, LakeUnavailable, TableNotFound, Unsupported
 from flightstore.lake.cache import ReadCache
@@ -67,10 +68,20 @@ def lake_failures(what: str) -> Iterator[None]:
 DEFAULT_TABLE_PROPERTIES = {"write.parquet.compression-codec": "snappy"}
 
 
+# Parquet row groups of a wide table hold at most about this many bytes: a reader decodes a row
+# group's column chunks together (pyiceberg's limit is in rows only: 1,048,576).
+ROW_GROUP_BYTES = 128 << 20
+_ROW_GROUP_ROWS = 1_048_576
+
+
 def table_properties(descriptor: TableDescriptor, table_id: str) -> dict[str, str]:
-    """Iceberg table properties: :data:`DEFAULT_TABLE_PROPERTIES` overridden by the ``iceberg.*``
-    table options, and the incarnation id."""
+    """Iceberg table properties: :data:`DEFAULT_TABLE_PROPERTIES` (and, for a wide table, a row
+    group limit of about :data:`ROW_GROUP_BYTES`) overridden by the ``iceberg.*`` table options,
+    and the incarnation id."""
     properties = dict(DEFAULT_TABLE_PROPERTIES)
+    rows = memory.rows_within(memory.row_width(descriptor.schema), _ROW_GROUP_ROWS, ROW_GROUP_BYTES)
+    if rows < _ROW_GROUP_ROWS:
+        properties["write.parquet.row-group-limit"] = str(rows)
     properties.update({key[len(ICEBERG_TABLE_PREFIX):]: value for key, value in descriptor.options.items()
                        if key.startswith(ICEBERG_TABLE_PREFIX)})
     properties[TABLE_ID_PROPERTY] = table_id
@@ -87,6 +98,9 @@ class LakeCatalog:
         self._catalog: SqlCatalog | None = None
         self._lock = threading.RLock()
         self._read_cache: ReadCache | None = None
+        # Damaged lake files reads met (t$lake$status): flightstore.lake.integrity.
+        from flightstore.lake.integrity import DamageLog
+        self.damage = DamageLog()
 
     @property
     def read_cache(self) -> ReadCache | None:

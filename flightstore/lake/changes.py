@@ -27,12 +27,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 from pyiceberg import expressions as ice
-from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import Transaction
 
 from flightstore import changetype
+from flightstore.lake.files import check_intact
+from flightstore.lake.integrity import FileCheck, write_data_files
 from flightstore.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN, lake_rows
 
 __all__ = ["FoldedChanges", "LakeRewrite", "fold_changes", "plan_rewrite", "snapshot_rows", "sort_for_files",
@@ -106,6 +108,8 @@ def plan_rewrite(lake_table: IcebergTable, touched: pa.Table, primary_key: Seque
     buckets = sorted(set(touched.column(BUCKET_COLUMN).to_pylist()))
     scan = lake_table.scan(row_filter=ice.In(BUCKET_COLUMN, buckets))
     tasks = list(scan.plan_files())
+    name = ".".join(lake_table.name())  # a damaged file stops the round (DATA_LOSS naming it)
+    check_intact(lake_table, None, [t.file for t in tasks], name, f"rewriting the lake files of {name}")
     keys = touched.select(list(primary_key))
     removed, kept, read = [], [], 0
     for task in tasks:
@@ -125,19 +129,19 @@ def plan_rewrite(lake_table: IcebergTable, touched: pa.Table, primary_key: Seque
 
 
 def stage_overwrite(transaction: Transaction, removed: list[DataFile], rows: pa.Table,
-                    properties: dict[str, str]) -> list[DataFile]:
+                    properties: dict[str, str]) -> list[FileCheck]:
     """Stage one snapshot in ``transaction`` that drops ``removed`` and adds ``rows`` (written now
-    as data files, split by partition). Returns the files written."""
+    as data files, split by partition). Returns the checks of the files written (to record
+    before the commit)."""
     commit_uuid = uuid.uuid4()
     with transaction.update_snapshot(snapshot_properties=properties).overwrite(commit_uuid=commit_uuid) as overwrite:
         for data_file in removed:
             overwrite.delete_data_file(data_file)
-        written = list(_dataframe_to_data_files(table_metadata=transaction.table_metadata, df=rows,
-                                                io=transaction._table.io, write_uuid=commit_uuid,
-                                                counter=itertools.count(0))) if rows.num_rows else []
+        written, checks = write_data_files(transaction.table_metadata, transaction._table.io, rows, commit_uuid,
+                                           itertools.count(0))
         for data_file in written:
             overwrite.append_data_file(data_file)
-    return written
+    return checks
 
 
 def sort_for_files(rows: pa.Table) -> pa.Table:

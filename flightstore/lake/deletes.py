@@ -4,7 +4,8 @@ A round of a primary-key table no longer rewrites the data files holding changed
 changed bucket it
 
 1. finds the ``(file_path, pos)`` of each changed key's live row: only the key columns of the
-   bucket's current data files are read, and rows the bucket's delete files already delete are
+   bucket's current data files are read (each file checked first: size and whole-file CRC,
+   :mod:`flightstore.lake.integrity`), and rows the bucket's delete files already delete are
    skipped (:func:`plan_deletes`);
 2. writes ONE position delete file for the bucket (Iceberg's schema: ``file_path`` string, field
    id 2147483546, ``pos`` long, field id 2147483545, sorted by ``file_path, pos``; in the bucket's
@@ -38,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg import expressions as ice
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.io.pyarrow import ArrowScan, ParquetFormatWriter, schema_to_pyarrow
+from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
@@ -56,6 +57,8 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _SnapshotProducer
 from pyiceberg.types import LongType, NestedField, StringType
 
+from flightstore.lake.files import check_intact
+from flightstore.lake.integrity import FileCheck, checked_parquet_writer, written_check
 from flightstore.lake.layout import BUCKET_COLUMN
 
 __all__ = ["DELETE_FILE_SCHEMA", "DeletePlan", "merge_on_read", "plan_deletes", "stage_row_delta",
@@ -127,7 +130,7 @@ def _current_buckets(lake_table: IcebergTable, buckets: Sequence[int]) -> dict[i
 
 def _read_parquet(lake_table: IcebergTable, location: str, columns: list[str]) -> pa.Table:
     with lake_table.io.new_input(location).open() as stream:
-        return pq.read_table(stream, columns=columns)
+        return pq.read_table(stream, columns=columns, page_checksum_verification=True)
 
 
 def _positions_deleted(lake_table: IcebergTable, delete_files: Iterable[DataFile]) -> pa.Table:
@@ -170,6 +173,12 @@ def plan_deletes(lake_table: IcebergTable, touched: pa.Table, upserts: pa.Table,
         return empty
     bucket_column = touched.column(BUCKET_COLUMN).to_numpy()
     current = _current_buckets(lake_table, sorted(set(bucket_column.tolist())))
+    # Every file the round reads is checked first: a damaged one stops the round (DATA_LOSS
+    # naming it) instead of carrying its damage into the files the round writes.
+    name = ".".join(lake_table.name())
+    check_intact(lake_table, None, [f for files in current.values()
+                                    for f in [*files.data_files, *files.delete_files.values()]],
+                 name, f"tiering the changes of {name} into its lake files")
     key_schema = pa.schema([schema.field(c) for c in primary_key])
     upserted_buckets = upserts.column(BUCKET_COLUMN).to_numpy()
     deletes, removed, kept, compacted, read = {}, [], [], [], 0
@@ -201,20 +210,24 @@ def plan_deletes(lake_table: IcebergTable, touched: pa.Table, upserts: pa.Table,
 
 
 def write_position_deletes(lake_table: IcebergTable, positions: pa.Table, partition: object, spec_id: int,
-                           write_uuid: uuid.UUID, bucket: int) -> DataFile:
+                           write_uuid: uuid.UUID, bucket: int) -> tuple[DataFile, FileCheck]:
     """Write one position delete file of ``positions`` (sorted ``file_path, pos``) into the
-    partition of the data files it refers to; return its :class:`DataFile`."""
+    partition of the data files it refers to; return its :class:`DataFile` and its check (page
+    checksums and a whole-file CRC, :mod:`flightstore.lake.integrity`)."""
     location = lake_table.location_provider().new_data_location(
         f"{write_uuid}-deletes-{bucket:05d}.parquet")
     output = lake_table.io.new_output(location)
-    writer = ParquetFormatWriter(output, DELETE_FILE_SCHEMA, {**lake_table.properties, **_DELETE_METRICS})
+    writer = checked_parquet_writer(output, DELETE_FILE_SCHEMA, {**lake_table.properties, **_DELETE_METRICS})
     with writer:
         writer.write(positions.cast(_DELETE_ARROW))
     statistics = writer.result()
+    check = written_check(lake_table.io, location)
+    if check is None:  # never: the writer records it when closed
+        raise RuntimeError(f"no checksum was recorded while writing {location}")
     return DataFile.from_args(
         content=DataFileContent.POSITION_DELETES, file_path=location, file_format=FileFormat.PARQUET,
         partition=partition, file_size_in_bytes=len(output), sort_order_id=None, spec_id=spec_id,
-        equality_ids=None, key_metadata=None, **statistics.to_serialized_dict())
+        equality_ids=None, key_metadata=None, **statistics.to_serialized_dict()), check
 
 
 class _DeleteManifestWriter(ManifestWriterV2):

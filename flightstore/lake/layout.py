@@ -16,18 +16,19 @@ order within a file, which the declared sort order states.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
-from pyiceberg.catalog import Catalog as _IcebergCatalog
-from pyiceberg.io.pyarrow import UnsupportedPyArrowTypeException
-from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema, assign_fresh_schema_ids
-from pyiceberg.table.sorting import SortField, SortOrder
-from pyiceberg.transforms import BucketTransform, IdentityTransform
 
 from flightstore.errors import Unsupported
 from flightstore.log import LogBatch
 from flightstore.schema import TableDescriptor
+
+if TYPE_CHECKING:  # pyiceberg is imported where it is used: a server without a lake never loads it
+    from pyiceberg.partitioning import PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.sorting import SortOrder
 
 __all__ = [
     "BUCKET_COLUMN",
@@ -85,6 +86,9 @@ def table_types(descriptor: TableDescriptor) -> pa.Schema:
 
 def iceberg_schema(descriptor: TableDescriptor) -> Schema:
     """The Iceberg schema of the lake table (fresh field ids 1..n in column order)."""
+    from pyiceberg.catalog import Catalog as _IcebergCatalog
+    from pyiceberg.io.pyarrow import UnsupportedPyArrowTypeException
+    from pyiceberg.schema import assign_fresh_schema_ids
     try:
         converted = _IcebergCatalog._convert_schema_if_needed(lake_schema(descriptor))
     except (ValueError, TypeError, UnsupportedPyArrowTypeException) as exc:
@@ -118,6 +122,8 @@ def bucket_transform_column(descriptor: TableDescriptor) -> str | None:
 
 def partition_spec(descriptor: TableDescriptor, schema: Schema) -> PartitionSpec:
     """identity(partition columns), then bucket(key, bucket.num) or identity(__bucket)."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import BucketTransform, IdentityTransform
     fields = []
     for name in descriptor.partition_keys:
         fields.append(PartitionField(source_id=schema.find_field(name).field_id,
@@ -138,6 +144,8 @@ def partition_spec(descriptor: TableDescriptor, schema: Schema) -> PartitionSpec
 
 def sort_order(schema: Schema) -> SortOrder:
     """Rows are ordered by ``__offset`` within each data file."""
+    from pyiceberg.table.sorting import SortField, SortOrder
+    from pyiceberg.transforms import IdentityTransform
     return SortOrder(SortField(source_id=schema.find_field(OFFSET_COLUMN).field_id,
                                transform=IdentityTransform()))
 

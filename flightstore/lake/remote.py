@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io import load_file_io
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.metadata import TableMetadataUtil
@@ -36,29 +35,32 @@ from flightstore import changetype
 from flightstore.client import Connection
 from flightstore.errors import Unsupported
 from flightstore.lake.changes import snapshot_rows
+from flightstore.lake.integrity import FileCheck, write_data_files
 from flightstore.lake.layout import lake_rows, lake_schema
 from flightstore.schema import TableDescriptor
 
-__all__ = ["BucketFiles", "BucketRead", "FlightSource", "LakeTarget", "read_bucket_changes", "write_bucket_files"]
+__all__ = ["BucketFiles", "BucketRead", "FlightSource", "LakeTarget", "from_ipc", "ipc", "lake_changes",
+           "read_bucket_changes", "write_bucket_files"]
 
 # One bucket's read: (bucket, start offset, end offset, row budget or None).
 BucketRead = tuple[int, int, int, "int | None"]
 # What reading it gives: (bucket, lake rows as Arrow IPC bytes, offset reached).
 BucketRows = tuple[int, bytes, int]
 MapBuckets = Callable[[Sequence[BucketRead]], list[BucketRows]]
-# What writing it gives: (bucket, data files written, offset reached, rows in them).
-BucketFiles = tuple[int, list[DataFile], int, int]
+# What writing it gives: (bucket, data files written, offset reached, rows in them, the files'
+# checks: :mod:`flightstore.lake.integrity`).
+BucketFiles = tuple[int, list[DataFile], int, int, list[FileCheck]]
 MapWrites = Callable[[Sequence[BucketRead], "LakeTarget"], list[BucketFiles]]
 
 
-def _ipc(table: pa.Table) -> bytes:
+def ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
-def _from_ipc(data: bytes) -> pa.Table:
+def from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
@@ -70,32 +72,47 @@ def read_bucket_changes(connection: Connection, name: str, descriptor: TableDesc
     A row budget stops the read after the record that reaches it: rounds end on record
     boundaries, so a ``-U``/``+U`` pair (one write) is never split between two rounds."""
     bucket, rows, reached = _read_bucket(connection, name, descriptor, read)
-    return bucket, _ipc(rows), reached
+    return bucket, ipc(rows), reached
 
 
 def _read_bucket(connection: Connection, name: str, descriptor: TableDescriptor,
                  read: BucketRead) -> tuple[int, pa.Table, int]:
     bucket, start, end, budget = read
+    if start >= end:
+        return bucket, lake_changes((), bucket, descriptor, start, end, budget)[0], start
+    with connection.table(name).subscribe({bucket: start}, until={bucket: end}) as stream:
+        rows, reached = lake_changes(stream, bucket, descriptor, start, end, budget)
+    return bucket, rows, reached
+
+
+def lake_changes(batches: Iterable[pa.RecordBatch], bucket: int, descriptor: TableDescriptor, start: int,
+                 end: int, budget: int | None) -> tuple[pa.Table, int]:
+    """Lake rows of ``batches`` (one bucket's changelog rows, ``t$changelog`` columns, from offset
+    ``start``), with the int8 change kinds in a ``_change_type`` column on a primary-key table, and
+    the offset reached (at most ``end``). A ``budget`` of rows stops after the batch that reaches
+    it (each batch is one record or ends one, so a round never splits a ``-U``/``+U`` pair).
+    Shared by the Spark job's readers and the cluster's tierer
+    (:class:`flightstore.lake.cluster.ClusterSource`)."""
     reached = start
     schema = lake_schema(descriptor)
     out = schema.append(pa.field(changetype.CHANGE_TYPE_COLUMN, pa.int8())) \
         if descriptor.has_primary_key else schema
-    batches = []
-    if start < end:
-        with connection.table(name).subscribe({bucket: start}, until={bucket: end}) as stream:
-            for batch in stream:
-                micros = batch.column(changetype.COMMIT_TIMESTAMP_COLUMN).cast(pa.int64()).to_numpy() * 1000
-                rows = lake_rows(batch, bucket, batch.column(changetype.LOG_OFFSET_COLUMN), micros, schema)
-                if descriptor.has_primary_key:
-                    kinds = changetype.from_strings(batch.column(changetype.CHANGE_TYPE_COLUMN))
-                    rows = pa.RecordBatch.from_arrays(rows.columns + [kinds], schema=out)
-                batches.append(rows)
-                reached = min(end, batch.column(changetype.LOG_OFFSET_COLUMN)[-1].as_py() + 1)
-                if budget is not None:
-                    budget -= rows.num_rows
-                    if budget <= 0:
-                        break
-    return bucket, pa.Table.from_batches(batches, schema=out), reached
+    parts = []
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        micros = batch.column(changetype.COMMIT_TIMESTAMP_COLUMN).cast(pa.int64()).to_numpy() * 1000
+        rows = lake_rows(batch, bucket, batch.column(changetype.LOG_OFFSET_COLUMN), micros, schema)
+        if descriptor.has_primary_key:
+            kinds = changetype.from_strings(batch.column(changetype.CHANGE_TYPE_COLUMN))
+            rows = pa.RecordBatch.from_arrays(rows.columns + [kinds], schema=out)
+        parts.append(rows)
+        reached = min(end, batch.column(changetype.LOG_OFFSET_COLUMN)[-1].as_py() + 1)
+        if budget is not None:
+            budget -= rows.num_rows
+            if budget <= 0:
+                break
+    return pa.Table.from_batches(parts, schema=out), reached
 
 
 @dataclass(frozen=True)
@@ -110,26 +127,29 @@ class LakeTarget:
     def of(cls, lake_table: IcebergTable) -> LakeTarget:
         return cls(lake_table.metadata.model_dump_json(), dict(lake_table.io.properties))
 
-    def write(self, rows: pa.Table) -> list[DataFile]:
+    def write(self, rows: pa.Table) -> tuple[list[DataFile], list[FileCheck]]:
         """Write ``rows`` (lake rows of one bucket, in offset order) as data files of the table's
-        partition spec, under a fresh write id; returns their metadata. Nothing is committed."""
+        partition spec, under a fresh write id; returns their metadata and checks (the committer
+        records them). Nothing is committed."""
         if rows.num_rows == 0:
-            return []
+            return [], []
         metadata = TableMetadataUtil.parse_raw(self.metadata_json)
         io = load_file_io(self.io_properties, metadata.location)
-        return list(_dataframe_to_data_files(table_metadata=metadata, df=rows, io=io, write_uuid=uuid.uuid4()))
+        return write_data_files(metadata, io, rows, uuid.uuid4())
 
 
 def write_bucket_files(connection: Connection, name: str, descriptor: TableDescriptor, read: BucketRead,
                        target: LakeTarget) -> BucketFiles:
     """Read one bucket of a log table in ``[start, end)`` (as :func:`read_bucket_changes`) and
-    write its rows straight to the lake's warehouse: ``(bucket, data files, offset reached, rows)``."""
+    write its rows straight to the lake's warehouse: ``(bucket, data files, offset reached, rows,
+    the files' checks)``."""
     if descriptor.has_primary_key:
         raise Unsupported(f"table {name} has a primary key: its changelog is folded before it is written")
     bucket, rows, reached = _read_bucket(connection, name, descriptor, read)
     # Buffers straight off the Flight wire may be unaligned, which pyiceberg-core's bucket
     # transform refuses: one copy through IPC aligns them (the driver path gets that copy anyway).
-    return bucket, target.write(_from_ipc(_ipc(rows))), reached, rows.num_rows
+    files, checks = target.write(from_ipc(ipc(rows)))
+    return bucket, files, reached, rows.num_rows, checks
 
 
 class FlightSource:
@@ -171,7 +191,7 @@ class FlightSource:
         parts = []
         for bucket, data, offset in sorted(self._map(self._reads(start, end, max_rows)),
                                            key=lambda answer: answer[0]):
-            parts.append(_from_ipc(data))
+            parts.append(from_ipc(data))
             reached[bucket] = offset
         schema = lake_schema(self.descriptor)
         pk = self.descriptor.has_primary_key
@@ -185,20 +205,22 @@ class FlightSource:
         return rows, kinds, reached
 
     def write_changes(self, lake_table: IcebergTable, start: Mapping[int, int], end: Mapping[int, int],
-                      max_rows: int | None) -> tuple[list[DataFile], dict[int, int], int]:
+                      max_rows: int | None) -> tuple[list[DataFile], list[FileCheck], dict[int, int], int]:
         """A log table's backlog in ``[start, end)`` written as data files of ``lake_table`` where
-        ``map_writes`` runs (each bucket's reader writes its own files): the files, the offset
-        each bucket reached and the rows written. Nothing is committed."""
+        ``map_writes`` runs (each bucket's reader writes its own files): the files, their checks,
+        the offset each bucket reached and the rows written. Nothing is committed."""
         reached = dict(start)
         files: list[DataFile] = []
+        checks: list[FileCheck] = []
         rows = 0
         target = LakeTarget.of(lake_table)
-        for bucket, written, offset, count in sorted(self._map_writes(self._reads(start, end, max_rows), target),
-                                                     key=lambda answer: answer[0]):
+        for bucket, written, offset, count, written_checks in sorted(
+                self._map_writes(self._reads(start, end, max_rows), target), key=lambda answer: answer[0]):
             files.extend(written)
+            checks.extend(written_checks)
             reached[bucket] = offset
             rows += count
-        return files, reached, rows
+        return files, checks, reached, rows
 
     def rows_at(self, bucket: int, at: int, schema: pa.Schema) -> list[pa.RecordBatch]:
         table = self.connection.table(self.name)

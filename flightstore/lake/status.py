@@ -10,9 +10,14 @@ status``. A process that does not tier (a reader of the lake) gets it from the l
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 
-from flightstore.store import Table
+import pyarrow as pa
+
+from flightstore.changetype import COMMIT_TIMESTAMP_COLUMN
+from flightstore.errors import OffsetOutOfRange
+from flightstore.table.api import TableApi
 
 __all__ = ["BucketStatus", "TableStatus", "bucket_statuses", "lake_status"]
 
@@ -20,13 +25,16 @@ __all__ = ["BucketStatus", "TableStatus", "bucket_statuses", "lake_status"]
 @dataclass(frozen=True)
 class BucketStatus:
     """One bucket: the lake holds offsets below ``tiered_offset`` (None: not known yet), the log
-    ends at ``log_end_offset``; ``lag_records`` rows wait, the oldest since ``lag_seconds``."""
+    ends at ``log_end_offset``; ``lag_records`` rows wait, the oldest since ``lag_seconds``;
+    ``damaged_files``: the bucket's lake files that reads of this process found damaged
+    (missing, truncated, corrupt: :mod:`flightstore.lake.integrity`), each described."""
 
     bucket: int
     tiered_offset: int | None
     log_end_offset: int
     lag_records: int
     lag_seconds: float
+    damaged_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,39 +66,65 @@ class TableStatus:
     def to_dict(self) -> dict:
         return asdict(self) | {"lag_records": self.lag_records, "lag_seconds": self.lag_seconds}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> TableStatus:
+        """The status :meth:`to_dict` gave (another server's, in a cluster)."""
+        known = {f.name for f in fields(cls)} - {"buckets"}
+        buckets = tuple(BucketStatus(**b) for b in data["buckets"])
+        return cls(buckets=buckets, **{k: v for k, v in data.items() if k in known})
 
-def bucket_statuses(table: Table, tiered: dict[int, int] | None,
-                    now_ms: int | None = None) -> tuple[BucketStatus, ...]:
+
+def bucket_statuses(table: TableApi, tiered: dict[int, int] | None, now_ms: int | None = None,
+                    damaged: Mapping[int | None, list[str]] | None = None) -> tuple[BucketStatus, ...]:
     """Per-bucket lag of ``table`` given the ``tiered`` offsets (None: unknown; the lag then counts
-    from the log's start). ``lag_seconds`` is the age of the oldest untiered record."""
+    from the log's start). ``lag_seconds`` is the age of the oldest untiered record. Only the
+    table interface is read (in a cluster each bucket's offsets come from its leader). ``damaged``:
+    descriptions of damaged lake files by bucket (:meth:`~flightstore.lake.integrity.DamageLog.damaged`)."""
+    damaged = damaged or {}
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    starts, ends = table.start_offsets(), table.end_offsets()
     statuses = []
-    for bucket, (log, _) in sorted(table.tablets().items()):  # table-wide numbers when partitioned
-        end = log.end_offset
-        known = None if tiered is None else tiered.get(bucket, log.start_offset)
-        first = log.start_offset if known is None else max(known, log.start_offset)
+    for bucket, end in sorted(ends.items()):  # table-wide numbers when partitioned
+        start = starts.get(bucket, 0)
+        known = None if tiered is None else tiered.get(bucket, start)
+        first = start if known is None else max(known, start)
         lag_seconds = 0.0
         if first < end:
-            oldest = next(iter(log.read(first, columns=[], max_rows=1)), None)
+            oldest = _oldest_ms(table, bucket, first)
             if oldest is not None:
-                lag_seconds = max(0.0, (now - oldest.timestamp_ms) / 1000)
-        statuses.append(BucketStatus(bucket, known, end, max(0, end - first), lag_seconds))
+                lag_seconds = max(0.0, (now - oldest) / 1000)
+        statuses.append(BucketStatus(bucket, known, end, max(0, end - first), lag_seconds,
+                                     tuple(damaged.get(bucket, ()))))
     return tuple(statuses)
 
 
-def lake_status(catalog, table: Table) -> TableStatus:
+def _oldest_ms(table: TableApi, bucket: int, offset: int) -> int | None:
+    """The commit time of the record holding ``offset`` (None: retention deleted it meanwhile)."""
+    try:
+        batch = next(iter(table.read_changelog(bucket, offset, columns=[COMMIT_TIMESTAMP_COLUMN],
+                                               max_rows=1)), None)
+    except OffsetOutOfRange:
+        return None
+    if batch is None or batch.num_rows == 0:
+        return None
+    return batch.column(0).cast(pa.int64())[0].as_py()
+
+
+def lake_status(catalog, table: TableApi) -> TableStatus:
     """The status of ``table`` as its lake tells it (``catalog``: a
     :class:`~flightstore.lake.catalog.LakeCatalog`): tiered offsets and last commit of the latest
     tiering snapshot. Raises LakeUnavailable when the lake cannot be read."""
     from flightstore.errors import TableNotFound
     from flightstore.lake.offsets import committed_offsets, tiering_snapshots
 
+    damaged = catalog.damage.damaged(str(table.path))
     try:
         lake_table = catalog.load_table(table.path)
     except TableNotFound:
-        return TableStatus(str(table.path), bucket_statuses(table, None), None, None, None, None, 0, None)
+        return TableStatus(str(table.path), bucket_statuses(table, None, damaged=damaged), None, None, None, None,
+                           0, None)
     latest = next(iter(tiering_snapshots(lake_table)), None) if lake_table.current_snapshot() else None
     tiered = committed_offsets(lake_table) if latest is not None else None
-    return TableStatus(str(table.path), bucket_statuses(table, tiered),
+    return TableStatus(str(table.path), bucket_statuses(table, tiered, damaged=damaged),
                        latest.timestamp_ms if latest is not None else None,
                        latest.snapshot_id if latest is not None else None, None, None, 0, None)

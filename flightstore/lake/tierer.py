@@ -21,6 +21,11 @@ After a successful round, still holding the lease, the tierer runs the lake's up
 at most once per ``datalake.maintenance.interval`` (:mod:`flightstore.lake.upkeep`): old snapshots
 expire, files nothing references any more are deleted. An upkeep that fails is logged and
 reported in the status; it never fails the round.
+
+In cluster mode (:attr:`LakeTierer.cluster`, a :class:`flightstore.lake.cluster.ClusterLake`) every
+server runs a tierer, but only the one holding the cluster's tiering lease in ZooKeeper tiers:
+it reads every bucket at its leader; the others follow the lake's commits, so each server's
+replicas (leaders and followers) get their retention floor. See :mod:`flightstore.lake.cluster`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from flightstore.errors import (
     FlightstoreError,
@@ -41,6 +47,7 @@ from flightstore.errors import (
     TieringLeaseHeld,
 )
 from flightstore.lake.catalog import LakeCatalog
+from flightstore.lake.cluster_source import ClusterSource
 from flightstore.lake.lease import LeaseStore
 from flightstore.lake.offsets import TABLE_ID_PROPERTY, committed_offsets, tiering_snapshots
 from flightstore.lake.read import cache_appended
@@ -49,7 +56,8 @@ from flightstore.lake.status import TableStatus, bucket_statuses
 from flightstore.lake.tiering import RoundResult, hold_untiered, tier_round
 from flightstore.lake.upkeep import UpkeepResult, upkeep
 from flightstore.schema import TablePath
-from flightstore.store import Store, Table
+from flightstore.store import Store
+from flightstore.table.api import TableApi
 
 __all__ = ["INITIAL_BACKOFF_MS", "LakeTierer"]
 
@@ -82,8 +90,11 @@ class LakeTierer:
         self.store = store
         self.settings = settings
         self.catalog = catalog or LakeCatalog(settings)
-        self.holder = holder or f"server:{socket.gethostname()}:{settings.data_dir}"
+        self._holder = holder or f"server:{socket.gethostname()}:{settings.data_dir}"
         self.hook = hook
+        # Cluster mode: the tiering lease in ZooKeeper (flightstore.lake.cluster.ClusterLake), set
+        # before start() once the server joined its cluster.
+        self.cluster: Any = None
         self._leases: LeaseStore | None = None
         self._states: dict[TablePath, _TableState] = {}
         self._lock = threading.Lock()
@@ -100,19 +111,28 @@ class LakeTierer:
             self._thread.start()
         return self
 
+    @property
+    def holder(self) -> str:
+        """The name this tierer takes the lake's leases under (a cluster's servers share one)."""
+        return self.cluster.holder if self.cluster is not None else self._holder
+
     def stop(self, timeout: float = 60.0) -> None:
-        """Stop after the round in progress, give the leases back, close the catalog connection."""
+        """Stop after the round in progress, give the leases back (in a cluster: when this server
+        holds the cluster's tiering lease, then that lease too), close the catalog connection."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         with self._lock:
             paths = list(self._states)
-        for path in paths:
-            try:
-                self._lease_store().release(str(path), self.holder)
-            except FlightstoreError:
-                break  # the lake is down: the leases expire by themselves
+        if self.cluster is None or self.cluster.holds_now():
+            for path in paths:
+                try:
+                    self._lease_store().release(str(path), self.holder)
+                except FlightstoreError:
+                    break  # the lake is down: the leases expire by themselves
+        if self.cluster is not None:
+            self.cluster.release()
         self.catalog.reset()
 
     def wake(self) -> None:
@@ -196,25 +216,35 @@ class LakeTierer:
             self._leases = LeaseStore(self.catalog.catalog.engine)
         return self._leases
 
-    def _round(self, table: Table) -> RoundResult:
+    def _round(self, table: TableApi) -> RoundResult:
         name = str(table.path)
         if not self.settings.tiering_enabled:
             return self._follow(table)
+        cluster = self.cluster
+        if cluster is not None and not cluster.holds():
+            return self._follow(table)  # another server of the cluster tiers: follow its commits
         leases = self._lease_store()
         try:
             leases.acquire(name, self.holder, self.settings.lease_ms)
         except TieringLeaseHeld:
             self._follow(table)  # the other tierer's commits still let this log shrink
             raise
-        lake_table = self.catalog.ensure_table(table.descriptor, table.directory.name)
+
+        def before_commit() -> None:
+            if cluster is not None:
+                cluster.check_held()  # a deposed tierer does not commit
+            leases.acquire(name, self.holder, self.settings.lease_ms)
+
+        lake_table = self.catalog.ensure_table(table.descriptor, table.table_id)
+        source = ClusterSource(table) if table.distributed else table
         result = tier_round(
-            table, lake_table, max_rows=self.settings.max_round_rows, hook=self.hook,
-            before_commit=lambda: leases.acquire(name, self.holder, self.settings.lease_ms),
+            source, lake_table, max_rows=self.settings.max_round_rows, hook=self.hook,
+            before_commit=before_commit,
             appended=lambda committed, rows: self._cache_appended(table, committed, rows))
         self._upkeep(table, lake_table, leases)
         return result
 
-    def _upkeep(self, table: Table, lake_table, leases: LeaseStore) -> UpkeepResult | None:
+    def _upkeep(self, table: TableApi, lake_table, leases: LeaseStore) -> UpkeepResult | None:
         """The lake upkeep of ``table`` when due (under its lease, renewed first); never raises."""
         with self._lock:
             state = self._states.setdefault(table.path, _TableState())
@@ -249,7 +279,7 @@ class LakeTierer:
             state = self._states.get(path) or _TableState()
             return state.last_upkeep, state.upkeep_error
 
-    def _cache_appended(self, table: Table, lake_table, rows) -> None:
+    def _cache_appended(self, table: TableApi, lake_table, rows) -> None:
         """Write-through of a committed round's data files into the read cache (best effort: the
         round is committed; a file not cached now is cached by its first read)."""
         cache = self.catalog.read_cache
@@ -260,26 +290,28 @@ class LakeTierer:
         except Exception:  # noqa: BLE001 - never fail a committed round
             log.warning("table %s: caching the files of the round failed", table.path, exc_info=True)
 
-    def _follow(self, table: Table) -> RoundResult:
-        """What another tierer (a Spark job) committed for ``table``: hand its offsets to log
-        retention and report them, without tiering. Only the lake table of this incarnation of the
-        table counts (a dropped table's lake must not let the new one's log go)."""
+    def _follow(self, table: TableApi) -> RoundResult:
+        """What another tierer (a Spark job, another server of the cluster) committed for
+        ``table``: hand its offsets to log retention and report them, without tiering. Only the
+        lake table of this incarnation of the table counts (a dropped table's lake must not let
+        the new one's log go)."""
+        local = self.store.local_table(table.path)
         try:
             lake_table = self.catalog.load_table(table.path)
         except TableNotFound:
             lake_table = None
-        if lake_table is None or lake_table.properties.get(TABLE_ID_PROPERTY) != table.directory.name:
-            hold_untiered(table, {})
+        if lake_table is None or lake_table.properties.get(TABLE_ID_PROPERTY) != table.table_id:
+            hold_untiered(local, {})
             return RoundResult(table.path, 0, {}, {})
         offsets = committed_offsets(lake_table)
-        hold_untiered(table, offsets)
+        hold_untiered(local, offsets)
         latest = next(iter(tiering_snapshots(lake_table)), None)
         return RoundResult(table.path, 0, offsets, offsets,
                            snapshot_id=latest.snapshot_id if latest is not None else None,
                            committed_at_ms=latest.timestamp_ms if latest is not None else None)
 
-    def _succeeded(self, table: Table, result: RoundResult) -> None:
-        hold_untiered(table, result.end_offsets)
+    def _succeeded(self, table: TableApi, result: RoundResult) -> None:
+        hold_untiered(self.store.local_table(table.path), result.end_offsets)
         freshness_s = table.descriptor.option("table.datalake.freshness") / 1000
         with self._lock:
             state = self._states.setdefault(table.path, _TableState())
@@ -308,12 +340,24 @@ class LakeTierer:
         log.warning("tiering %s failed (attempt %d): %s", path, state.failures, state.last_error)
 
     # ---- status ---------------------------------------------------------------------------------
-    def status(self, path: TablePath | str) -> TableStatus:
-        """The tiering status of one datalake-enabled table (answers while the lake is down)."""
+    def status(self, path: TablePath | str, *, here: bool = False) -> TableStatus:
+        """The tiering status of one datalake-enabled table (answers while the lake is down). In
+        a cluster, the status of the server that tiers (asked of it unless ``here``); while no
+        server tiers (a failover), this server's view of the lake."""
         path = path if isinstance(path, TablePath) else TablePath.parse(path)
         table = self.store.table(path)
         if not table.descriptor.option("table.datalake.enabled"):
             raise InvalidInput(f"table {path} is not datalake-enabled ('table.datalake.enabled')")
+        tierer = self.holder
+        if self.cluster is not None and self.settings.tiering_enabled:
+            if not here:
+                remote = self.cluster.holder_status(str(path))
+                if remote is not None:
+                    return remote
+            tierer = self.cluster.describe()
+            if not self.cluster.holds_now():  # following: what the lake says now
+                with contextlib.suppress(FlightstoreError):
+                    self.tier_now(path)
         if not self.settings.tiering_enabled:  # following another tierer: what the lake says now
             with contextlib.suppress(FlightstoreError):  # unreachable: the last known state, the error
                 self.tier_now(path)
@@ -324,12 +368,13 @@ class LakeTierer:
                         state.last_error_ms, state.failures)
             upkept, upkeep_error = state.last_upkeep, state.upkeep_error
         return TableStatus(
-            str(path), bucket_statuses(table, tiered), *snapshot, tierer=self.holder,
+            str(path), bucket_statuses(table, tiered, damaged=self.catalog.damage.damaged(str(path))), *snapshot,
+            tierer=tierer,
             last_upkeep_ms=upkept.ran_at_ms if upkept is not None else None,
             upkeep_expired_snapshots=len(upkept.expired_snapshots) if upkept is not None else 0,
             upkeep_removed_files=len(upkept.files_removed) + len(upkept.orphans_removed) if upkept else 0,
             upkeep_error=upkeep_error)
 
-    def statuses(self) -> list[TableStatus]:
+    def statuses(self, *, here: bool = False) -> list[TableStatus]:
         """The status of every datalake-enabled table."""
-        return [self.status(path) for path in self.enabled_tables()]
+        return [self.status(path, here=here) for path in self.enabled_tables()]

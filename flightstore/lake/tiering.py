@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table import Transaction
@@ -57,6 +56,7 @@ from flightstore.lake.changes import (
 )
 from flightstore.lake.deletes import merge_on_read, plan_deletes, stage_row_delta, write_position_deletes
 from flightstore.lake.drops import dropped_buckets, stage_drops
+from flightstore.lake.integrity import FileCheck, record_checks, write_data_files
 from flightstore.lake.layout import lake_batch, lake_schema
 from flightstore.lake.offsets import OFFSETS_PROPERTY, committed_offsets, encode_offsets, tiering_snapshots
 from flightstore.log import LogTablet
@@ -185,7 +185,7 @@ class StoreSource:
 
     def offsets(self) -> tuple[dict[int, int], dict[int, int]]:
         return ({b: log.start_offset for b, log in self._logs.items()},
-                {b: log.end_offset for b, log in self._logs.items()})
+                {b: log.high_watermark for b, log in self._logs.items()})
 
     def read_changes(self, start: Mapping[int, int], end: Mapping[int, int], max_rows: int | None
                      ) -> tuple[pa.Table, np.ndarray | None, dict[int, int]]:
@@ -255,18 +255,26 @@ def tier_round(table: Table | StoreSource, lake_table: IcebergTable, *, max_rows
             rows, plan, kept, removed, folded = changes, None, None, [], None
         transaction = lake_table.transaction()
         stage_drops(transaction, lake_table, dropped, {OFFSETS_PROPERTY: encode_offsets(recorded)})
+        checks: list[FileCheck] = []
         if plan is not None and (plan.deletes or removed):
             commit_uuid = uuid.uuid4()
-            added = list(_dataframe_to_data_files(table_metadata=transaction.table_metadata, df=rows,
-                                                  io=lake_table.io, write_uuid=commit_uuid,
-                                                  counter=itertools.count(0))) if rows.num_rows else []
-            added += [write_position_deletes(lake_table, positions, partition, spec_id, commit_uuid, bucket)
-                      for bucket, (positions, partition, spec_id) in sorted(plan.deletes.items())]
+            added, checks = write_data_files(transaction.table_metadata, lake_table.io, rows, commit_uuid,
+                                             itertools.count(0))
+            for bucket, (positions, partition, spec_id) in sorted(plan.deletes.items()):
+                delete_file, check = write_position_deletes(lake_table, positions, partition, spec_id,
+                                                            commit_uuid, bucket)
+                added.append(delete_file)
+                checks.append(check)
             stage_row_delta(transaction, added, removed, properties, commit_uuid)
         elif removed:
-            stage_overwrite(transaction, removed, rows, properties)
+            checks = stage_overwrite(transaction, removed, rows, properties)
         else:
-            transaction.append(rows, snapshot_properties=properties)
+            with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                added, checks = write_data_files(transaction.table_metadata, lake_table.io, rows,
+                                                 append.commit_uuid)
+                for data_file in added:
+                    append.append_data_file(data_file)
+        record_checks(lake_table, checks)  # before the commit: a committed file always has its check
     committed = _commit(source, transaction, before_commit, hook)
     snapshot = committed.current_snapshot()
     if appended is not None and not primary_key:
@@ -302,7 +310,8 @@ def _tier_written(source, lake_table: IcebergTable, recorded: dict[int, int], dr
     if hook is not None:
         hook("before-write")
     with lake_failures(f"writing the lake files of {source.path}"):
-        files, reached, rows = source.write_changes(lake_table, start, end, max_rows)
+        files, checks, reached, rows = source.write_changes(lake_table, start, end, max_rows)
+        record_checks(lake_table, checks)  # before the commit: a committed file always has its check
         transaction = lake_table.transaction()
         stage_drops(transaction, lake_table, dropped, {OFFSETS_PROPERTY: encode_offsets(recorded)})
         properties = {OFFSETS_PROPERTY: encode_offsets({**recorded, **reached})}

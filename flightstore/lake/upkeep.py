@@ -20,7 +20,8 @@ table's lease, at most once per ``datalake.maintenance.interval``:
 
 Only files under the table's own location are ever deleted, and never one that any live snapshot
 of any catalog table sharing that location references: a table dropped and created again keeps
-its old lake table, renamed ``<table>__replaced_<id>``, at the same location.
+its old lake table, renamed ``<table>__replaced_<id>``, at the same location. The recorded
+checksums of deleted files (:mod:`flightstore.lake.integrity`) are dropped with them.
 
 A read planned on a snapshot that expires meanwhile fails with
 :class:`~flightstore.errors.LakeFileMissing` (a union read plans again on the current snapshot
@@ -40,6 +41,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from flightstore.lake.catalog import lake_failures
+from flightstore.lake.integrity import ChecksumStore
 from flightstore.lake.offsets import snapshot_offsets
 
 __all__ = ["UpkeepResult", "expirable", "expire_snapshots", "referenced_files", "remove_orphans", "upkeep"]
@@ -218,4 +220,7 @@ def upkeep(lake_table: IcebergTable, *, max_age_ms: int, num_retained: int, orph
     now = int(time.time() * 1000) if now_ms is None else now_ms
     lake_table, expired, removed = expire_snapshots(lake_table, now, max_age_ms, num_retained)
     orphans = remove_orphans(lake_table, orphans_older_than_ms, now)
+    store = ChecksumStore.of(lake_table)  # the checks of deleted files go with them
+    if store is not None and (removed or orphans):
+        store.forget([*removed, *orphans])
     return UpkeepResult(now, tuple(expired), tuple(removed), tuple(orphans))

@@ -42,6 +42,12 @@ class GroupCommit:
                 self._durable = offset
                 self._cond.notify_all()
 
+    def reset(self, offset: int) -> None:
+        """The log was cut back to ``offset`` (and made durable there): later appends start over."""
+        with self._cond:
+            self._durable = offset
+            self._cond.notify_all()
+
     def wait(self, offset: int, flush: Callable[[], int]) -> None:
         """Return once everything below ``offset`` is durable.
 

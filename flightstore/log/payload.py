@@ -123,6 +123,10 @@ class PayloadReader:
                         f"are unreadable: the record at byte {record.position} of {self.path.name} is "
                         f"corrupt ({why}); run `flightstore verify` and `flightstore repair`")
 
+    def raw(self, record: RecordHeader) -> pa.Buffer:
+        """The record's payload bytes as stored, unchecked (replication checks the CRC on arrival)."""
+        return self._mapped(record)
+
     def _mapped(self, record: RecordHeader) -> pa.Buffer:
         """The record's payload as a slice of a memory map of the segment."""
         end = record.payload_position + record.payload_len

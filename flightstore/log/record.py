@@ -60,6 +60,7 @@ __all__ = [
     "HEADER",
     "MAGIC",
     "PAYLOAD_ALIGNMENT",
+    "RawRecord",
     "RecordHeader",
     "column_checksums",
     "compute_statistics",
@@ -113,6 +114,30 @@ class RecordHeader:
     @property
     def end_position(self) -> int:
         return self.payload_position + self.payload_len
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One stored record as it travels between replicas: its header fields and its payload bytes,
+    verbatim (a follower stores the same record at the same offsets; only its position in the
+    follower's file, and so its padding, may differ). ``lost`` is the reason of a lost-range
+    record (no payload); ``schema_version`` the table schema version it was written under."""
+
+    base_offset: int
+    num_rows: int
+    timestamp_ms: int
+    writer_id: str | None
+    sequence: int | None
+    stats_raw: bytes
+    checksums: tuple[int, ...]
+    payload_crc: int
+    payload: bytes | pa.Buffer
+    schema_version: int
+    lost: str | None = None
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.num_rows
 
 
 def compute_statistics(batch: pa.RecordBatch, columns: Sequence[str]) -> dict[str, list]:

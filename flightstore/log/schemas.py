@@ -81,6 +81,28 @@ class SchemaEpochs:
         self._epochs = self._epochs + [(version, from_offset)]
         self._save()
 
+    def place(self, version: int, from_offset: int) -> None:
+        """Records from ``from_offset`` (the log's end) on are ``version``, as a replicated record
+        says: an epoch that holds no record yet is replaced (a follower's catalog may have begun
+        one its leader had not reached at that offset)."""
+        epochs = list(self._epochs)
+        if epochs[-1][1] >= from_offset:
+            epochs = [e for e in epochs if e[1] < from_offset] or []
+        if not epochs or epochs[-1][0] != version:
+            if epochs and version < epochs[-1][0]:
+                raise CorruptData(f"{self._file}: schema version {version} at offset {from_offset} "
+                                  f"after {epochs[-1]}")
+            epochs.append((version, from_offset if epochs else 0))
+        self._epochs = epochs
+        self._save()
+
+    def truncate_from(self, offset: int) -> None:
+        """Forget epochs that begin past ``offset`` (the log was cut there)."""
+        kept = [e for e in self._epochs if e[1] <= offset] or self._epochs[:1]
+        if kept != self._epochs:
+            self._epochs = kept
+            self._save()
+
     def _save(self) -> None:
         self._offsets = [o for _, o in self._epochs]
         tmp = self._file.with_suffix(".tmp")

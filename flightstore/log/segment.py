@@ -477,6 +477,11 @@ class Segment:
         """Decode and check ``record``'s payload (see :class:`PayloadReader`)."""
         return self._payloads.read_batch(record, included_fields, schema, compressed)
 
+    def read_payload(self, record: RecordHeader) -> pa.Buffer:
+        """``record``'s payload bytes as stored (a zero-copy view of the file's map), unchecked:
+        replication sends them with their CRC and the receiver checks it."""
+        return self._payloads.raw(record)
+
     # -- closing -----------------------------------------------------------------------------
 
     def close(self) -> None:

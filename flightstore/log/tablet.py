@@ -28,24 +28,36 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from flightstore.errors import CorruptData, DataLoss, FlightstoreError, InvalidInput, SchemaMismatch
+from flightstore.errors import (
+    CorruptData,
+    DataLoss,
+    FlightstoreError,
+    InvalidInput,
+    NotEnoughReplicas,
+    OffsetOutOfRange,
+    SchemaMismatch,
+    SchemaVersionUnknown,
+)
 from flightstore.expressions import Predicate
 from flightstore.log import durability
 from flightstore.log.durability import GroupCommit
 from flightstore.log.record import (
     COMPRESSIONS,
+    RawRecord,
     RecordHeader,
     compute_statistics,
+    encode_lost_range,
     encode_payload,
     encode_record,
     payload_checksums,
+    read_header,
     statistics_from_json,
 )
 from flightstore.log.schemas import SchemaEpochs, needed_indices
 from flightstore.log.segment import Segment
 from flightstore.schema import conform
 
-__all__ = ["LogBatch", "LogTablet"]
+__all__ = ["LogBatch", "LogTablet", "RawRecord"]
 
 log = logging.getLogger("flightstore.log")
 _SEGMENT_SUFFIX = ".log"
@@ -139,6 +151,18 @@ class LogTablet:
             newest = segment.max_timestamp_ms or 0
             self._writers.update({w: (seq, newest) for w, seq in segment.writers.items()})
         self._group = GroupCommit(self._end_offset)
+        # The high watermark: None while the log is not replicated (every appended record is
+        # committed at once); set by the bucket's replica otherwise (see flightstore.replica).
+        self._hw: int | None = None
+        # A follower replica's log takes records (and their schema versions) from its leader only.
+        self.following = False
+        self._cuts: list[int] = []  # where each truncate_to cut the log, in order (see cut_below)
+        # Whether this replica leads its bucket (uploads to remote storage are the leader's).
+        self.leading = True
+        self.commit_timeout_s = 30.0  # reads waiting for the high watermark (set by the replica)
+        # A new leader answers reads only once its high watermark covers the log it took office
+        # with: before that, what it would answer may be shorter than what was acknowledged.
+        self.read_floor = 0
         self._open_io = {key: sum(s.io[key] for s in self._segments)
                          for key in ("headers_parsed", "bytes_read")}
 
@@ -180,6 +204,24 @@ class LogTablet:
         return self._end_offset
 
     @property
+    def high_watermark(self) -> int:
+        """The end of what readers may see: every in-sync replica holds the records below it.
+        Unreplicated (a single server, or replication factor 1) it is :attr:`end_offset`."""
+        hw = self._hw
+        return self._end_offset if hw is None else hw
+
+    @property
+    def replicated(self) -> bool:
+        return self._hw is not None
+
+    def set_high_watermark(self, offset: int | None) -> None:
+        """Set the high watermark (None: unreplicated, it follows the end offset). It never passes
+        the end offset; waiting readers and subscribers wake."""
+        with self._lock:
+            self._hw = None if offset is None else min(int(offset), self._end_offset)
+            self._appended.notify_all()
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -196,7 +238,10 @@ class LogTablet:
             self._check_open()
             if version == self._version:
                 return
-            self._epochs.begin(version, self._end_offset)
+            if self.following:  # the leader's records say where its version begins (append_raw)
+                self._schemas[version] = schema
+            else:
+                self._epochs.begin(version, self._end_offset)
             self._schemas[self._version] = self.schema
             self.schema, self._version = schema, version
             if statistics_columns is not None:
@@ -349,8 +394,11 @@ class LogTablet:
     def read(self, from_offset: int = 0, *, columns: Sequence[str] | None = None,
              filter: Predicate | None = None, to_offset: int | None = None,
              max_bytes: int | None = None, max_rows: int | None = None,
-             exact: bool = True) -> Iterator[LogBatch]:
+             exact: bool = True, uncommitted: bool = False) -> Iterator[LogBatch]:
         """Records overlapping ``[from_offset, to_offset)``, in offset order.
+
+        Reads stop at the :attr:`high_watermark` (``uncommitted``: at the end offset; only the
+        replica's own KV and replication read past it).
 
         ``from_offset`` below :attr:`start_offset` is clamped to it; ``to_offset`` defaults to the
         end offset at call time (later appends are not seen). Rows outside the range are sliced
@@ -370,8 +418,11 @@ class LogTablet:
         if unknown:
             raise InvalidInput(f"unknown column(s) {', '.join(unknown)}; the log has "
                                f"{', '.join(self.schema.names)}")
+        if not uncommitted and self.high_watermark < self.read_floor:
+            self.await_committed(self.read_floor)
         with self._lock:
-            segments, end = self._segments, self._end_offset
+            segments = self._segments
+            end = self._end_offset if uncommitted else self.high_watermark
         upper = end if to_offset is None else min(int(to_offset), end)
         if self.remote is not None and int(from_offset) < segments[0].base_offset:
             segments = self.remote.segments_below(segments[0].base_offset) + segments
@@ -486,6 +537,185 @@ class LogTablet:
         with self._stats_lock:
             return dict(self._io)
 
+    # -- replication: records verbatim, truncation --------------------------------------------
+
+    def read_raw(self, from_offset: int, max_bytes: int, to_offset: int | None = None) -> list[RawRecord]:
+        """Whole stored records from ``from_offset`` (a record boundary) on, committed or not, up to
+        about ``max_bytes`` of payload (at least one record): what a leader sends its followers.
+        :class:`~flightstore.errors.OffsetOutOfRange` below the log's start or past its end."""
+        self._check_open()
+        with self._lock:
+            segments, end = self._segments, self._end_offset
+        upper = end if to_offset is None else min(int(to_offset), end)
+        if from_offset < segments[0].base_offset or from_offset > end:
+            raise OffsetOutOfRange(f"{self.label}: offset {from_offset} is outside the log "
+                                   f"[{segments[0].base_offset}, {end})")
+        out: list[RawRecord] = []
+        size = 0
+        first = max(bisect.bisect_right([s.base_offset for s in segments], from_offset) - 1, 0)
+        for segment in segments[first:]:
+            if segment.base_offset >= upper:
+                break
+            index = segment.view()
+            number = index.record_for_offset(from_offset)
+            while number < len(index) and index.bases[number] < upper:
+                record = segment.header(number, index)
+                number += 1
+                if record.next_offset <= from_offset:
+                    continue
+                if record.base_offset != from_offset and not out:
+                    raise InvalidInput(f"{self.label}: offset {from_offset} is not the start of a "
+                                       f"record (the record at {record.base_offset} holds it)")
+                payload = b"" if record.lost is not None else segment.read_payload(record)
+                out.append(RawRecord(record.base_offset, record.num_rows, record.timestamp_ms,
+                                     record.writer_id, record.sequence, record.stats_raw,
+                                     record.checksums, record.payload_crc, payload,
+                                     self._epochs.version_at(record.base_offset), record.lost))
+                size += record.payload_len
+                if size >= max_bytes:
+                    return out
+        return out
+
+    def append_raw(self, record: RawRecord, *, durable: bool = False) -> None:
+        """Append a record read from another replica's log at exactly its offsets (it must start
+        at :attr:`end_offset`), after checking its payload CRC. Its schema version must be one the
+        log knows (:class:`SchemaVersionUnknown` otherwise: the catalog has not caught up yet)."""
+        self._check_open()
+        payload = record.payload
+        if record.lost is None and zlib.crc32(payload) != record.payload_crc:
+            raise DataLoss(f"{self.label}: a replicated record at offset {record.base_offset} fails "
+                           "its payload checksum")
+        with self._lock:
+            self._check_open()
+            base = self._end_offset
+            if record.base_offset != base:
+                raise InvalidInput(f"{self.label}: a replicated record starts at offset "
+                                   f"{record.base_offset} but the log ends at {base}")
+            version = record.schema_version
+            if version != self._epochs.version_at(base):
+                if version != self._version and version not in self._schemas:
+                    raise SchemaVersionUnknown(f"{self.label}: schema version {version} is not known "
+                                               "here yet")
+                self._epochs.place(version, base)
+            active = self._segments[-1]
+
+            def encoded(position: int) -> bytes:
+                if record.lost is not None:
+                    return encode_lost_range(base, record.num_rows, record.timestamp_ms, record.lost,
+                                             position)
+                return encode_record(base, record.num_rows, record.timestamp_ms, record.writer_id,
+                                     record.sequence, record.stats_raw, payload, record.checksums,
+                                     position, record.payload_crc)
+
+            header_bytes = encoded(active.size)
+            if active.size > 0 and active.size + len(header_bytes) + len(payload) > self.segment_bytes:
+                active.seal(self.fsync)
+                if self.fsync:
+                    self._group.advance(base)
+                active = Segment.create(self.directory, base, self.label, self.fsync)
+                self._segments = self._segments + [active]
+                header_bytes = encoded(active.size)
+            position = active.append(header_bytes, payload if record.lost is None else b"")
+            header = read_header(lambda n, p: header_bytes[p - position:p - position + n], position,
+                                 position + len(header_bytes) + len(payload))
+            if header is None:  # our own encoding: never expected
+                raise CorruptData(f"{self.label}: a replicated record header does not read back")
+            active.add(header)
+            if record.writer_id is not None and record.sequence is not None and record.lost is None:
+                self._writers[record.writer_id] = (record.sequence, record.timestamp_ms)
+            self._end_offset = header.next_offset
+            self._appended.notify_all()
+        if durable:
+            self.sync(header.next_offset)
+
+    def reset(self, offset: int) -> None:
+        """Drop every record and continue at ``offset``: a follower far behind a leader whose log
+        no longer starts at its end restarts from the leader's start (nothing is a hole: the
+        offsets before it are not held anywhere any more)."""
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                segment.close()
+                segment.delete()
+            Segment.create(self.directory, offset, self.label, self.fsync)
+            self._segments = self._open_segments()
+            self._end_offset = offset
+            self._writers = {}
+            self._epochs.truncate_from(offset)
+            self._cuts.append(-1)  # everything went: a waiter's records are not here any more
+            self._group.reset(offset)
+            if self._hw is not None:
+                self._hw = offset
+            self._appended.notify_all()
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut every record at or after ``offset`` (a record boundary); returns the new end offset.
+
+        A follower does this where its log diverges from its new leader's (see
+        :mod:`flightstore.replica.epochs`); nothing below the high watermark is ever cut there. An
+        ``offset`` below the log's start empties the log, which then continues at ``offset``."""
+        with self._lock:
+            self._check_open()
+            if offset >= self._end_offset:
+                return self._end_offset
+            segments = self._segments
+            keep = [s for s in segments if s.base_offset < offset]
+            cut = None  # (segment, byte position) where the kept part ends
+            if keep:
+                last = keep[-1]
+                index = last.view()
+                number = bisect.bisect_left(index.bases, offset)
+                if number and last.header(number - 1, index).next_offset > offset:
+                    raise InvalidInput(f"{self.label}: cannot truncate at offset {offset}: it is "
+                                       f"inside the record at {index.bases[number - 1]}")
+                cut = (last, index.positions[number] if number < len(index) else last.size)
+            for segment in segments:
+                segment.close()
+            for segment in segments[len(keep):]:
+                segment.delete()
+            if cut is not None:
+                last, position = cut
+                fd = os.open(last.path, os.O_RDWR)
+                try:
+                    os.ftruncate(fd, position)
+                    if self.fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                for sidecar in (last.summary_path, last.index_path):
+                    sidecar.unlink(missing_ok=True)
+            else:
+                Segment.create(self.directory, offset, self.label, self.fsync)
+            self._segments = self._open_segments()
+            self._end_offset = self._segments[-1].next_offset
+            self._writers = {}
+            for segment in self._segments:
+                newest = segment.max_timestamp_ms or 0
+                self._writers.update({w: (seq, newest) for w, seq in segment.writers.items()})
+            self._epochs.truncate_from(self._end_offset)
+            self._cuts.append(self._end_offset)
+            self._group.reset(self._end_offset)
+            if self._hw is not None and self._hw > self._end_offset:
+                self._hw = self._end_offset
+            self._appended.notify_all()
+            return self._end_offset
+
+    @property
+    def truncations(self) -> int:
+        """How many times :meth:`truncate_to` cut this log: a position for :meth:`cut_below`."""
+        with self._lock:
+            return len(self._cuts)
+
+    def cut_below(self, offset: int, since: int) -> bool:
+        """Whether a truncation after the first ``since`` ones cut the log below ``offset``.
+
+        A leader that is deposed while it waits for a write (or a read) to be committed becomes a
+        follower, cuts its uncommitted tail and fetches the new leader's records into the same
+        offsets: the high watermark then passes the write's offsets although the write is gone.
+        Waiters check this after the high watermark covered them (never acknowledge what was cut)."""
+        with self._lock:
+            return any(cut < offset for cut in self._cuts[since:])
+
     # -- time, retention, writers ------------------------------------------------------------
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
@@ -497,14 +727,14 @@ class LogTablet:
         if earlier is not None:
             return earlier
         with self._lock:
-            segments, end = self._segments, self._end_offset
+            segments, end = self._segments, self.high_watermark
         for segment in segments:
             if segment.max_timestamp_ms is None or segment.max_timestamp_ms < timestamp_ms:
                 continue
             index = segment.view()
             number = index.record_for_timestamp(timestamp_ms)
             if number < len(index):
-                return index.bases[number]
+                return min(index.bases[number], end)
         return end
 
     def enforce_retention(self, now_ms: int | None = None, floor: int | None = None) -> int:
@@ -588,6 +818,24 @@ class LogTablet:
     def wait_for(self, offset: int, timeout: float | None) -> bool:
         """Block until :attr:`end_offset` > ``offset`` (or the tablet closes, or ``timeout``
         seconds pass); True when data at ``offset`` exists."""
+        with self._appended:
+            self._appended.wait_for(lambda: self.high_watermark > offset or self._closed, timeout)
+            return self.high_watermark > offset
+
+    def await_committed(self, end_offset: int, timeout: float | None = None) -> None:
+        """Return once the high watermark reaches ``end_offset``; :class:`NotEnoughReplicas`
+        after ``timeout`` seconds (default :attr:`commit_timeout_s`)."""
+        if end_offset <= 0 or self.high_watermark >= end_offset:
+            return
+        timeout = self.commit_timeout_s if timeout is None else timeout
+        if not self.wait_for(end_offset - 1, timeout):
+            raise NotEnoughReplicas(f"{self.label}: the in-sync replicas did not confirm offsets up to "
+                                    f"{end_offset} within {timeout:g} s (the leader cannot answer with "
+                                    "changes that a failover could lose)")
+
+    def wait_appended(self, offset: int, timeout: float | None) -> bool:
+        """Block until :attr:`end_offset` > ``offset`` (committed or not), the tablet closes, or
+        ``timeout`` seconds pass (a leader's replication stream waits here for new records)."""
         with self._appended:
             self._appended.wait_for(lambda: self._end_offset > offset or self._closed, timeout)
             return self._end_offset > offset

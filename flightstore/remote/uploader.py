@@ -55,7 +55,11 @@ def _changing_manifests(function: Callable[..., int]) -> Callable[..., int]:
 def upload_segments(bucket: RemoteBucket, tablet: LogTablet) -> int:
     """Upload the closed segments of ``tablet`` that are not uploaded yet, then write the log
     manifest listing them (once: the files of every segment first); returns how many."""
-    sealed = tablet.sealed_segments()
+    # Only a bucket's leader uploads, and only committed records (below the high watermark):
+    # what remote storage holds is the same on every replica and never truncated by a failover.
+    if not tablet.leading:
+        return 0
+    sealed = [s for s in tablet.sealed_segments() if s.next_offset <= tablet.high_watermark]
     if not sealed:
         return 0  # (nothing to ask remote storage)
     committed = manifest = bucket.log_manifest()
@@ -214,7 +218,7 @@ class RemoteLogManager:
                     try:
                         with bucket.writing:
                             done["segments"] += upload_segments(bucket, tablet)
-                            if kv is not None:
+                            if kv is not None and tablet.leading:
                                 done["snapshots"] += upload_snapshots(bucket, kv.snapshots, retained)
                             done["released"] += release_uploaded(bucket, tablet, keep)
                     except (FlightstoreError, OSError) as exc:

@@ -14,9 +14,10 @@ import pyarrow as pa
 from pyarrow import flight
 
 from flightstore.acl import CLUSTER, Operation, Permission
-from flightstore.errors import FlightstoreError, InvalidInput, Unsupported
+from flightstore.errors import FlightstoreError, InvalidInput, Unavailable, Unsupported
 from flightstore.expressions import from_json
 from flightstore.server import protocol, tickets
+from flightstore.server.peer import is_peer_call
 from flightstore.server.rpc import _CALLER, _peer, _rpc
 from flightstore.server.session import apply_options, option_values
 from flightstore.server.writes import _probe_value
@@ -24,6 +25,7 @@ from flightstore.sql.execute import is_query
 from flightstore.sql.plan import is_union, parameter_schema
 from flightstore.sql.privileges import plan_resources, required_permissions
 from flightstore.sql.resolve import resolve_database
+from flightstore.table.upkeep import TASKS, merged
 
 __all__ = ["ActionRpcs", "PreparedStatement"]
 
@@ -38,7 +40,10 @@ class ActionRpcs:
         kind = action.type
         body = action.body.to_pybytes() if action.body is not None else b""
         if kind.startswith("flightstore."):
-            return iter([self._custom_action(kind, tickets.decode_custom(body))])
+            payload = tickets.decode_custom(body)
+            if is_peer_call(payload):  # a part of a call another server of the cluster split by leader
+                return iter([self._peer_action(kind, payload, context)])
+            return iter([self._custom_action(kind, payload)])
         request = protocol.decode_action(kind, body)
         if kind == protocol.CREATE_PREPARED_STATEMENT:
             result = self._prepare(request.query, self.session(context).database)
@@ -98,7 +103,9 @@ class ActionRpcs:
                 ("flightstore.release", "release the columns a writer owns"),
                 ("flightstore.snapshot", "take a KV snapshot of a primary-key table's buckets now"),
                 ("flightstore.usage", "bytes a table holds on disk (KV, snapshots, log) and its offsets"),
-                ("flightstore.describe", "a table's descriptor, incarnation id and offsets (tiering jobs)")]
+                ("flightstore.expire-writers", "forget a table's writers idle past table.writer-id.expiration"),
+                ("flightstore.describe", "a table's descriptor, incarnation id and offsets (tiering jobs)"),
+                ("flightstore.user", "add or remove a user (the users file, or a cluster's users)")]
 
     def _prepare(self, sql: str, database: str) -> Any:
         key = (sql, database, self.store.catalog.version)
@@ -137,8 +144,6 @@ class ActionRpcs:
         if kind == "flightstore.offsets":
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)  # as Fluss's LIST_OFFSETS
-            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
-                table = table.local
             which = payload.get("which", "end")
             if which not in ("end", "start", "timestamp"):
                 raise InvalidInput(f"unknown offsets {which!r}: use end, start or timestamp")
@@ -159,51 +164,51 @@ class ActionRpcs:
         if kind == "flightstore.lake-split":
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.READ, table)
-            if not is_union(table.descriptor):
+            # ``lake_only``: a reader of the lake snapshot alone (a Spark backfill), which also
+            # takes primary-key tables and applies their position delete files itself.
+            lake_only = bool(payload.get("lake_only")) and bool(table.descriptor.option("table.datalake.enabled"))
+            if not is_union(table.descriptor) and not lake_only:
                 return tickets.encode_custom({"op": "lake-split", "union": False})
             from flightstore.lake.union import plan_split
             filter = from_json(payload["filter"]) if payload.get("filter") else None
-            planned = plan_split(self.executor.lake, table, filter, payload.get("snapshot_id"))
-            return tickets.encode_custom({"op": "lake-split", "union": True, **planned})
+            planned = plan_split(self.executor.lake, table, filter, payload.get("snapshot_id"),
+                                 with_deletes=lake_only)
+            return tickets.encode_custom({"op": "lake-split", "union": is_union(table.descriptor), **planned})
+        # Upkeep (each task needs what TASKS says): on one server here; in a cluster on every leader of
+        # the table over the buckets it leads, and the answer says what each server did ("servers").
         if kind == "flightstore.undo":
-            table = self._visible_table(payload["table"])
-            self._authorize_table(Operation.WRITE, table)
-            restored = table.undo(payload["writer_id"], int(payload["after_sequence"]))
-            return tickets.encode_custom({"op": "undone", "rows": restored})
+            done = self._upkeep(payload, "undo", writer_id=payload["writer_id"],
+                                after_sequence=int(payload["after_sequence"]))
+            return tickets.encode_custom({"op": "undone", "rows": merged("undo", done), **_servers(done)})
         if kind == "flightstore.release":
-            table = self._visible_table(payload["table"])
-            self._authorize_table(Operation.WRITE, table)
-            table.ownership.release(payload["writer_id"])
-            return tickets.encode_custom({"op": "released"})
+            done = self._upkeep(payload, "release", writer_id=payload["writer_id"])
+            return tickets.encode_custom({"op": "released", **_servers(done)})
         if kind == "flightstore.snapshot":
-            table = self._visible_table(payload["table"])
-            self._authorize_table(Operation.ALTER, table)  # storage upkeep of the table, like DDL
-            taken = table.snapshot(force=bool(payload.get("force", False)))
-            table.enforce_retention()  # the new snapshot may let the changelog shrink
-            return tickets.encode_custom({"op": "snapshot", "snapshots": {
-                str(bucket): None if info is None else {"id": info.id, "offset": info.offset,
-                                                        "rows": info.rows, "created_ms": info.created_ms}
-                for bucket, info in taken.items()}})
+            done = self._upkeep(payload, "snapshot", force=bool(payload.get("force", False)))
+            self._upkeep(payload, "retention")  # the new snapshot may let the changelog shrink
+            return tickets.encode_custom({"op": "snapshot", "snapshots": merged("snapshot", done), **_servers(done)})
         if kind == "flightstore.usage":
+            done = self._upkeep(payload, "usage")
             table = self._visible_table(payload["table"])
-            self._authorize_table(Operation.DESCRIBE, table)  # like the offsets
             start, end = table.start_offsets(), table.end_offsets()
-            return tickets.encode_custom({"op": "usage", "bytes": table.disk_usage(),
+            return tickets.encode_custom({"op": "usage", "bytes": merged("usage", done),
                                           "start_offsets": {str(k): v for k, v in start.items()},
-                                          "end_offsets": {str(k): v for k, v in end.items()}})
+                                          "end_offsets": {str(k): v for k, v in end.items()}, **_servers(done)})
+        if kind == "flightstore.expire-writers":
+            done = self._upkeep(payload, "expire_writers")
+            return tickets.encode_custom({"op": "expired", "writers": merged("expire_writers", done),
+                                          **_servers(done)})
         if kind == "flightstore.describe":
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)
             start, end = table.start_offsets(), table.end_offsets()
             return tickets.encode_custom({"op": "describe", "descriptor": table.descriptor.to_json(),
-                                          "table_id": table.directory.name,
+                                          "table_id": table.table_id,
                                           "start_offsets": {str(k): v for k, v in start.items()},
                                           "end_offsets": {str(k): v for k, v in end.items()}})
         if kind == "flightstore.writer":
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.WRITE, table)  # as Fluss's INIT_WRITER
-            if payload.get("local") and hasattr(table, "local"):  # a cluster peer: this server's buckets
-                table = table.local
             return tickets.encode_custom({"op": "writer",
                                           "sequence": table.writer_sequence(payload["writer_id"])})
         if kind == "flightstore.lake-status":
@@ -212,7 +217,8 @@ class ActionRpcs:
             else:
                 self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.tierer is None:
-                raise Unsupported("this server does not tier tables into the lake (cluster mode)")
+                raise Unsupported("this server has no lake (a cluster member started without the "
+                                  "datalake.iceberg.uri and datalake.iceberg.warehouse options)")
             statuses = ([self.tierer.status(payload["table"])] if payload.get("table")
                         else self.tierer.statuses())
             return tickets.encode_custom({"op": "lake-status", "tables": [s.to_dict() for s in statuses]})
@@ -220,12 +226,25 @@ class ActionRpcs:
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)
             descriptor = table.descriptor
-            places = table.locations() if hasattr(table, "locations") else []
+            leaders = []
+            if table.distributed:
+                for bucket in range(descriptor.num_buckets):
+                    try:
+                        leaders.append(table.leader_uri(bucket))
+                    except Unavailable:
+                        leaders.append(None)
             return tickets.encode_custom({
                 "op": "locations", "num_buckets": descriptor.num_buckets,
                 "bucket_key": list(descriptor.bucket_key), "partitioned": descriptor.is_partitioned,
-                "primary_key": list(descriptor.primary_key),
-                "leaders": [p.server.uri if p.server is not None else None for p in places]})
+                "primary_key": list(descriptor.primary_key), "leaders": leaders})
+        if kind == "flightstore.user":
+            return self._user_action(payload)
+        if kind == "flightstore.decommission":
+            self._authorize([Permission(Operation.ALTER, CLUSTER)])
+            if self.cluster is None:
+                raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
+            self.cluster.decommission(int(payload["server_id"]))
+            return tickets.encode_custom({"op": "decommission", "server_id": int(payload["server_id"])})
         if kind == "flightstore.cluster":
             self._authorize([Permission(Operation.DESCRIBE, CLUSTER)])
             if self.cluster is None:
@@ -233,6 +252,35 @@ class ActionRpcs:
             return tickets.encode_custom({"op": "cluster", **self.cluster.describe(payload.get("table")),
                                           "partial_aggregates": int(self.metrics.partials._value.get())})
         raise Unsupported(f"action {kind} is not supported by flightstore")
+
+
+    def _upkeep(self, payload: dict, task: str, **args: Any) -> dict:
+        """Upkeep ``task`` of the table ``payload`` names, for a caller allowed what it needs."""
+        table = self._visible_table(payload["table"])
+        self._authorize_table(TASKS[task], table)
+        return table.run_upkeep(task, **args)
+
+    def _user_action(self, payload: dict) -> bytes:
+        """Add a user (or set its password: ``replace``) or remove one, for a caller allowed ALTER
+        on the cluster: in the users file of a single server, or the cluster's users in
+        ZooKeeper (returns once every live server applied it)."""
+        self._authorize([Permission(Operation.ALTER, CLUSTER)])
+        if self.authenticator is None:
+            raise Unsupported("this server has no users (start it with --users-file, or in a cluster)")
+        action, name = payload.get("action"), payload.get("name")
+        if not isinstance(name, str):
+            raise InvalidInput("flightstore.user names the user under 'name'")
+        users = self.authenticator.users
+        if action == "add":
+            password = payload.get("password")
+            if not isinstance(password, str):
+                raise InvalidInput("flightstore.user add needs the password under 'password'")
+            users.add(name, password, replace=bool(payload.get("replace")))
+        elif action == "remove":
+            users.remove(name)
+        else:
+            raise InvalidInput(f"unknown flightstore.user action {action!r}: use add or remove")
+        return tickets.encode_custom({"op": "user", "action": action, "name": name})
 
 
 @dataclass
@@ -243,6 +291,12 @@ class PreparedStatement:
     parameter_schema: pa.Schema
     params: list[list[Any]] = field(default_factory=list)
     owner: str | None = None  # the user who prepared it: no one else may bind, run or close it
+
+
+def _servers(done: dict) -> dict:
+    """``{"servers": {id: answer}}`` when a cluster's leaders did the work (nothing on one server)."""
+    by_server = {str(k): v for k, v in done.items() if k is not None}
+    return {"servers": by_server} if by_server else {}
 
 
 def _is_query_ticket(data: bytes) -> bool:

@@ -18,14 +18,15 @@ token stops working as soon as its user is removed from the users file or gets a
 The authenticated user name is the call's principal for authorization
 (:func:`principal_of`); without authentication there is none and every caller is a super user.
 
-In cluster mode every server holds the cluster secret (kept in ZooKeeper) and tokens are signed
-with it instead of remembered: ``fs2.<user>.<expiry ms>.<fingerprint>.<HMAC-SHA256>``. Any server of the cluster
-accepts a token another one minted, so a client follows per-bucket endpoints to other servers
-with its token, and a server forwarding a call to a bucket's leader sends the caller's token
+In cluster mode every server holds the cluster secret (derived from the cluster secret file, never
+stored: :mod:`flightstore.cluster.security`) and tokens are signed with it instead of remembered:
+``fs2.<user>.<expiry ms>.<fingerprint>.<HMAC-SHA256>``. Any server of the cluster accepts a
+token another one minted, so a client follows per-bucket endpoints to other servers with its
+token, and a server forwarding a call to a bucket's leader sends the caller's token
 (:data:`CALLER_TOKEN`): the leader authorizes the original caller. Signed tokens expire after
 ``auth.token-ttl`` like the others and stop working when their user is removed or gets a new
-password (every server must hold the same users file, as it must anyway); ``auth.max-tokens``
-does not bound them (nothing is kept per token).
+password (the cluster's users live in ZooKeeper, the same for every server); ``auth.max-tokens``
+does not bound them (nothing is kept per token). A cluster without users does not authenticate.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from pyarrow import flight
 
+from flightstore.cluster.identity import PEER_HEADER
 from flightstore.config import SERVER_OPTIONS
 from flightstore.errors import Unavailable
 from flightstore.server.logins import LoginGate
@@ -119,15 +122,21 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
         self._tokens: OrderedDict[str, tuple[str, float, str]] = OrderedDict()
         self._lock = threading.Lock()
         self.secret: bytes | None = None  # the cluster secret: tokens are signed, not remembered
+        self.peer_identity: Any = None  # cluster mode: checks the peer credential of internal calls
 
     def live_tokens(self) -> int:
         """How many tokens are held (expired ones are dropped as new ones are minted)."""
         with self._lock:
             return len(self._tokens)
 
-    def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> flight.ServerMiddleware:
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> flight.ServerMiddleware | None:
+        if getattr(self.users, "is_open", False):  # a cluster without users: no authentication (yet)
+            return None
         try:
-            return self._authenticate(headers)
+            try:
+                return self._authenticate(headers)
+            except Unavailable as exc:  # the users cannot be read (a cluster member not joined yet)
+                raise flight.FlightUnavailableError(str(exc)) from None
         except flight.FlightError as exc:
             if self.on_refused is not None:
                 self.on_refused(info.method, exc)
@@ -139,6 +148,12 @@ class BasicAuthMiddlewareFactory(flight.ServerMiddlewareFactory):
         return self.gate.check(user, lambda: self.users.authenticate(user, password))
 
     def _authenticate(self, headers: dict[str, list[str]]) -> Authenticated:
+        peer = headers.get(PEER_HEADER) or []
+        if peer and not headers.get("authorization"):  # a cluster peer's own call (replication)
+            server_id = self.peer_identity.verify(peer[0]) if self.peer_identity is not None else None
+            if server_id is None:
+                raise flight.FlightUnauthenticatedError("invalid or expired peer credential")
+            return Authenticated(f"<server {server_id}>", None)
         values = headers.get("authorization") or headers.get("Authorization") or []
         if not values:
             raise flight.FlightUnauthenticatedError("authentication required: send Basic credentials")

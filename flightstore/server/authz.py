@@ -6,9 +6,11 @@ one implying it, on the resource or any resource above it. Super users (``author
 may do everything. With no authentication configured there is no principal and the server stays
 open: everyone is a super user.
 
-Grants live in ``DATA_DIR/grants.json``, rewritten atomically on every GRANT / REVOKE, so they
-survive restarts. A denied call is :class:`~flightstore.errors.Unauthorized` (Flight UNAUTHORIZED,
-gRPC PERMISSION_DENIED) naming the user, the operation and the resource, and changes nothing.
+Grants live in ``DATA_DIR/grants.json`` (:class:`GrantsFile`), rewritten atomically on every
+GRANT / REVOKE, so they survive restarts; a cluster keeps them in ZooKeeper, the same on every
+server (:mod:`flightstore.cluster.security`). A denied call is
+:class:`~flightstore.errors.Unauthorized` (Flight UNAUTHORIZED, gRPC PERMISSION_DENIED) naming
+the user, the operation and the resource, and changes nothing.
 
 Listings (``SHOW DATABASES``/``TABLES``/``GRANTS``, Flight SQL GetDbSchemas/GetTables) are filtered
 to what the caller may DESCRIBE; a database is listed when the caller may describe it or holds a
@@ -23,8 +25,9 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -35,27 +38,71 @@ from flightstore.sql import nodes
 from flightstore.sql.grants import SHOW_GRANTS_SCHEMA
 from flightstore.sql.resolve import CatalogView, VisibleCatalog
 
-__all__ = ["GRANTS_FILE", "Authorizer"]
+__all__ = ["GRANTS_FILE", "Authorizer", "GrantsFile"]
 
 GRANTS_FILE = "grants.json"
 
 
-class Authorizer:
-    """Grants of one data directory, checked for ``principal`` (None: no authentication)."""
+class GrantsFile:
+    """The grants of one server, in ``DATA_DIR/grants.json`` (rewritten atomically on every
+    change). A cluster keeps its grants in ZooKeeper instead
+    (:class:`~flightstore.cluster.security.ClusterGrants`, the same two methods)."""
 
-    def __init__(self, data_dir: str | os.PathLike | None, *, enabled: bool,
-                 super_users: Iterable[str] = ()) -> None:
-        self.enabled = enabled
-        self.super_users = frozenset(super_users)
+    def __init__(self, data_dir: str | os.PathLike | None) -> None:
         self._file = Path(data_dir) / GRANTS_FILE if data_dir is not None else None
-        self._grants: set[Grant] = set()
+        self._grants: frozenset[Grant] = frozenset()
         self._lock = threading.Lock()
         if self._file is not None and self._file.exists():
             try:
                 state = json.loads(self._file.read_text(encoding="utf-8"))
-                self._grants = {Grant.from_json(item) for item in state["grants"]}
+                self._grants = frozenset(Grant.from_json(item) for item in state["grants"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise CorruptData(f"grants file {self._file} is corrupt: {exc}") from None
+
+    def grants(self) -> frozenset[Grant]:
+        return self._grants
+
+    def update(self, change: Callable[[set[Grant]], set[Grant]]) -> int:
+        """Apply ``change`` (current grants -> new grants) and save; how many grants changed."""
+        with self._lock:
+            before = self._grants
+            after = frozenset(change(set(before)))
+            changed = len(after ^ before)
+            if changed:
+                self._save(after)  # before memory: nothing half-done if the file cannot be written
+                self._grants = after
+        return changed
+
+    def _save(self, grants: frozenset[Grant]) -> None:
+        if self._file is None:
+            return
+        tmp = self._file.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({"version": 1, "grants": [g.to_json() for g in sorted(grants, key=_sort_key)]},
+                      handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self._file)
+
+
+class Authorizer:
+    """Grants of one data directory (or of the cluster: ``grants``), checked for ``principal``
+    (None: no authentication). ``enabled`` may be a callable: a cluster authenticates only once
+    it has users."""
+
+    def __init__(self, data_dir: str | os.PathLike | None, *, enabled: bool | Callable[[], bool],
+                 super_users: Iterable[str] = (), grants: Any = None) -> None:
+        self._enabled = enabled
+        self.super_users = frozenset(super_users)
+        self.store = grants if grants is not None else GrantsFile(data_dir)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._enabled() if callable(self._enabled) else self._enabled)
+
+    @property
+    def _grants(self) -> frozenset[Grant]:
+        return self.store.grants()
 
     # ---- checks -------------------------------------------------------------------------------
     def is_super(self, principal: str | None) -> bool:
@@ -64,8 +111,7 @@ class Authorizer:
     def allowed(self, principal: str | None, permission: Permission) -> bool:
         if self.is_super(principal):
             return True
-        with self._lock:
-            return any(grant.allows(principal, permission) for grant in self._grants)  # type: ignore[arg-type]
+        return any(grant.allows(principal, permission) for grant in self._grants)  # type: ignore[arg-type]
 
     def check(self, principal: str | None, permissions: Iterable[Permission]) -> None:
         """Raise Unauthorized naming the first permission ``principal`` lacks."""
@@ -87,9 +133,8 @@ class Authorizer:
         one of its tables (as SHOW DATABASES lists it)."""
         if self.allowed(principal, Permission(Operation.DESCRIBE, Resource.of_database(database))):
             return True
-        with self._lock:
-            return any(g.principal == principal and g.resource.kind == "table" and g.resource.database == database
-                       for g in self._grants)
+        return any(g.principal == principal and g.resource.kind == "table" and g.resource.database == database
+                   for g in self._grants)
 
     def sees(self, principal: str | None, resources: Iterable[Resource]) -> bool:
         """Whether every one of ``resources`` exists for ``principal`` (the cluster always does)."""
@@ -137,28 +182,17 @@ class Authorizer:
 
     # ---- GRANT / REVOKE / SHOW GRANTS ---------------------------------------------------------
     def apply(self, plan: nodes.Grant | nodes.Revoke) -> int:
-        """Add (GRANT) or remove (REVOKE) the plan's grants and save; returns how many changed."""
+        """Add (GRANT) or remove (REVOKE) the plan's grants and save; returns how many changed.
+        In a cluster it returns once every live server applied the change."""
         wanted = {Grant(principal, plan.resource, operation)
                   for principal in plan.principals for operation in plan.operations}
-        with self._lock:
-            before = set(self._grants)
-            if isinstance(plan, nodes.Grant):
-                self._grants |= wanted
-            else:
-                self._grants -= wanted
-            changed = len(self._grants ^ before)
-            if changed:
-                try:
-                    self._save()
-                except OSError:
-                    self._grants = before  # nothing half-done: the file and memory agree
-                    raise
-        return changed
+        if isinstance(plan, nodes.Grant):
+            return self.store.update(lambda grants: grants | wanted)
+        return self.store.update(lambda grants: grants - wanted)
 
     def show(self, principal: str | None, plan: nodes.ShowGrants) -> pa.Table:
         """The grants matching ``plan`` on resources ``principal`` may DESCRIBE (Fluss's LIST_ACLS)."""
-        with self._lock:
-            grants = sorted(self._grants, key=_sort_key)
+        grants = sorted(self._grants, key=_sort_key)
         rows = [g for g in grants
                 if (plan.principal is None or g.principal == plan.principal)
                 and (plan.resource is None or g.resource == plan.resource)
@@ -169,17 +203,6 @@ class Authorizer:
             "resource": [_resource_name(g.resource) for g in rows],
             "operation": [g.operation.value for g in rows],
         }, schema=SHOW_GRANTS_SCHEMA)
-
-    def _save(self) -> None:
-        if self._file is None:
-            return
-        tmp = self._file.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump({"version": 1, "grants": [g.to_json() for g in sorted(self._grants, key=_sort_key)]},
-                      handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self._file)
 
 
 def _sort_key(grant: Grant) -> tuple:

@@ -21,14 +21,18 @@ MAX_BATCH_ROWS = 65_536  # the default of ``server.max-batch-rows``
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()  # built once: the default reads os.environ each time
 
 
-def rechunk(batches: Iterator[pa.RecordBatch | pa.Table], max_rows: int = MAX_BATCH_ROWS) -> Iterator[pa.Table]:
+def rechunk(batches: Iterator[pa.RecordBatch | pa.Table], max_rows: int = MAX_BATCH_ROWS,
+            keep_empty: bool = False) -> Iterator[pa.Table | pa.RecordBatch]:
     """Cut batches into Flight messages of at most ``max_rows`` rows and :data:`MAX_BATCH_BYTES`
     (far below gRPC's 16 MiB limit). Each input batch comes out as one table of zero-copy slices:
     pyarrow streams a table's chunks from C++, so Python runs once per stored batch, not once per
-    message."""
+    message. Empty batches are dropped, unless ``keep_empty`` (a subscription's heartbeats are
+    empty batches)."""
     for item in batches:
         for batch in (item.to_batches() if isinstance(item, pa.Table) else [item]):
             if batch.num_rows == 0:
+                if keep_empty:
+                    yield batch
                 continue
             per_row = max(1, batch.nbytes // max(batch.num_rows, 1))
             step = max(1, min(max_rows, MAX_BATCH_BYTES // per_row))

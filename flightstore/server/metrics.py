@@ -11,6 +11,8 @@ Series (each server has its own registry, so several servers in one process do n
   written (DoPut, ingest, SQL INSERT); ``flightstore_rows_out_total{table}``,
   ``flightstore_bytes_out_total{table}``: rows and bytes sent to clients, labelled with the table a
   result comes from (the input tables, comma-separated, for joins and other residual SQL).
+* ``flightstore_lookup_duration_seconds`` (histogram): each lookup answered on a client's lookup
+  stream (DoExchange), from its request read to its answer written.
 * ``flightstore_partial_aggregates_total``: partial aggregates this server ran over the buckets it
   leads for a query another server of the cluster received (which merges them).
 * ``flightstore_log_end_offset{table,bucket}``, ``flightstore_kv_applied_offset{table,bucket}``:
@@ -32,7 +34,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -52,6 +54,7 @@ METRICS_MIDDLEWARE = "metrics"
 _log = logging.getLogger("flightstore.server.metrics")
 _QUERY_METHODS = (flight.FlightMethod.DO_GET, flight.FlightMethod.GET_FLIGHT_INFO)
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LOOKUP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 
 
 def method_name(method: flight.FlightMethod) -> str:
@@ -147,8 +150,55 @@ class _StoreCollector:
         yield applied
 
 
+class _ReplicaCollector:
+    """Per bucket held by this cluster member: role, in-sync replicas, high watermark and (on the
+    leader) each follower's lag, read from the replica manager at each scrape."""
+
+    def __init__(self, replicas: Any) -> None:
+        self.replicas = replicas
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["table", "bucket"]
+        leader = GaugeMetricFamily("flightstore_replica_leader", "1 when this server leads the bucket",
+                                   labels=labels)
+        epoch = GaugeMetricFamily("flightstore_replica_leader_epoch", "The bucket's leader epoch", labels=labels)
+        isr = GaugeMetricFamily("flightstore_replica_in_sync", "In-sync replicas of the bucket", labels=labels)
+        replicas = GaugeMetricFamily("flightstore_replica_count", "Replicas of the bucket", labels=labels)
+        under = GaugeMetricFamily("flightstore_replica_under_replicated",
+                                  "1 when the bucket (led here) has fewer in-sync replicas than replicas",
+                                  labels=labels)
+        hw = GaugeMetricFamily("flightstore_replica_high_watermark",
+                               "High watermark of the bucket here (summed over partitions)", labels=labels)
+        lag = GaugeMetricFamily("flightstore_replica_follower_lag",
+                                "Records a follower lacks of the bucket's log (reported by the leader)",
+                                labels=[*labels, "follower"])
+        try:
+            buckets = self.replicas.status()["buckets"]
+        except Exception:  # noqa: BLE001 - a scrape never fails the server
+            _log.debug("metrics: replica status failed", exc_info=True)
+            buckets = []
+        for entry in buckets:
+            key = [entry["table"], str(entry["bucket"])]
+            leading = entry["role"] == "leader"
+            leader.add_metric(key, 1 if leading else 0)
+            epoch.add_metric(key, entry["epoch"])
+            isr.add_metric(key, len(entry["isr"]))
+            replicas.add_metric(key, len(entry["replicas"]))
+            hw.add_metric(key, entry["high_watermark"])
+            if leading:
+                under.add_metric(key, 1 if len(entry["isr"]) < len(entry["replicas"]) else 0)
+                for follower, behind in entry.get("lag", {}).items():
+                    if behind is not None:
+                        lag.add_metric([*key, follower], behind)
+        yield from (leader, epoch, isr, replicas, under, hw, lag)
+
+
 class ServerMetrics:
     """The metrics of one server and, once :meth:`serve` ran, its HTTP endpoint."""
+
+    def watch_replicas(self, replicas: Any) -> None:
+        """Export the replica manager's per-bucket state (cluster mode)."""
+        self.registry.register(_ReplicaCollector(replicas))
 
     def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry()
@@ -165,6 +215,9 @@ class ServerMetrics:
         self.rows_out = Counter("flightstore_rows_out", "Rows sent to clients, by table", by_table, registry=r)
         self.bytes_out = Counter("flightstore_bytes_out", "Arrow bytes sent to clients, by table",
                                  by_table, registry=r)
+        self.lookups = Histogram("flightstore_lookup_duration_seconds",
+                                 "Lookups on lookup streams, from the request read to the answer written",
+                                 buckets=_LOOKUP_BUCKETS, registry=r)
         self.partials = Counter("flightstore_partial_aggregates",
                                 "Partial aggregates run here for a cluster peer's query", registry=r)
         self.active_queries = Gauge("flightstore_active_queries",
@@ -237,12 +290,13 @@ class ServerMetrics:
         return generate_latest(self.registry).decode()
 
     def serve(self, host: str, port: int, *, admit: Callable[[str, str], None] | None = None,
-              tls: ssl.SSLContext | None = None) -> int:
+              tls: ssl.SSLContext | None = None, is_open: Callable[[], bool] | None = None) -> int:
         """Serve ``/metrics`` on ``host:port`` (0: a free port) in daemon threads; returns the port.
         ``admit`` checks a scrape's Basic credentials (None: anyone may scrape); ``tls``: HTTPS."""
         with self._lock:
             if self._http is None:
-                endpoint = MetricsEndpoint(lambda: generate_latest(self.registry), admit=admit, tls=tls)
+                endpoint = MetricsEndpoint(lambda: generate_latest(self.registry), admit=admit, tls=tls,
+                                           is_open=is_open)
                 self._port = endpoint.start(host, port)
                 self._http = endpoint
             return self._port

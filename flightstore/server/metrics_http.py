@@ -27,7 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from flightstore.errors import Unauthenticated, Unauthorized, Unavailable
 
-__all__ = ["MetricsEndpoint", "ssl_context"]
+__all__ = ["MetricsEndpoint", "basic_credentials", "ssl_context"]
 
 _REALM = 'Basic realm="flightstore metrics", charset="UTF-8"'
 
@@ -59,7 +59,8 @@ def ssl_context(cert: bytes, key: bytes, client_ca: bytes | None) -> ssl.SSLCont
     return context
 
 
-def _credentials(header: str) -> tuple[str, str] | None:
+def basic_credentials(header: str) -> tuple[str, str] | None:
+    """``(user, password)`` of an HTTP Basic ``Authorization`` header; None for anything else."""
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":
         return None
@@ -78,9 +79,10 @@ class MetricsEndpoint:
     """
 
     def __init__(self, render: Callable[[], bytes], *, admit: Callable[[str, str], None] | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, is_open: Callable[[], bool] | None = None) -> None:
         self.render = render
         self.admit = admit
+        self.is_open = is_open or (lambda: False)  # a cluster without users yet: no credentials asked
         self.tls = tls
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -105,8 +107,8 @@ class MetricsEndpoint:
     def _app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("PATH_INFO") not in ("/metrics", "/"):
             return _answer(start_response, "404 Not Found", b"only /metrics is served here\n")
-        if self.admit is not None:
-            credentials = _credentials(environ.get("HTTP_AUTHORIZATION", ""))
+        if self.admit is not None and not self.is_open():
+            credentials = basic_credentials(environ.get("HTTP_AUTHORIZATION", ""))
             if credentials is None:
                 return _answer(start_response, "401 Unauthorized", b"send Basic credentials\n",
                                [("WWW-Authenticate", _REALM)])

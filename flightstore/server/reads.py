@@ -21,13 +21,13 @@ from pyarrow import flight
 
 from flightstore import changetype
 from flightstore.acl import Operation, Permission
-from flightstore.errors import FlightstoreError, InvalidInput, NotFound, Unsupported
+from flightstore.errors import FlightstoreError, InvalidInput, NotFound, Unavailable, Unsupported
 from flightstore.expressions import from_json
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import metadata, protocol, tickets
 from flightstore.server.messages import _IPC_OPTIONS, _messages, rechunk
-from flightstore.server.recheck import StreamRecheck
-from flightstore.server.rpc import _CALLER, _guarded, _in_call_context, _rpc
+from flightstore.server.peer import is_peer_call
+from flightstore.server.rpc import _CALLER, CallStop, _guarded, _in_call_context, _rpc
 from flightstore.server.session import Session
 from flightstore.sql import nodes
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, is_query
@@ -102,11 +102,8 @@ class ReadRpcs:
         (UNAVAILABLE naming it when it is down: no client gets a partial answer)."""
         if partition is None or self.cluster is None:
             return []
-        routed = self.store.table(plan.table)
-        place = routed.location(partition) if hasattr(routed, "location") else None
-        if place is None:
-            return [self.cluster.config.advertised_uri]
-        return [place.require().uri]
+        uri = self.store.table(plan.table).leader_uri(partition)
+        return [uri if uri is not None else self.cluster.config.advertised_uri]
 
     def _answer_now(self, plan: nodes.PlanNode, schema: pa.Schema) -> pa.Table:
         """The whole result of a small query (GetFlightInfo ships it in the ticket): grants come
@@ -146,8 +143,11 @@ class ReadRpcs:
             return flight.RecordBatchStream(_messages(tickets.decode_result(data, self._ticket_key, _CALLER.get()),
                                                       self.max_batch_rows),
                                             _IPC_OPTIONS)
+        heartbeats = False  # a subscription's empty batches are heartbeats: they are sent
         if tickets.is_custom(data):
-            schema, batches = self._custom_get(tickets.decode_custom(data), context)
+            payload = tickets.decode_custom(data)
+            heartbeats = payload.get("op") == "subscribe"
+            schema, batches = self._custom_get(payload, context)
         else:
             try:
                 command = protocol.unpack_any(data)
@@ -169,13 +169,15 @@ class ReadRpcs:
                 batches = self._rechecked(plan, self.executor.execute(plan, payload.get("partition"), schema,
                                                                       control))
                 batches = self.queries.stream(payload.get("query"), control,
-                                              self.metrics.metered(_result_label(plan), batches))
+                                              self.metrics.metered(_result_label(plan), batches),
+                                              user=_CALLER.get(), sql=payload["sql"])
             else:
                 table = self._metadata_table(command, self.session(context))
                 schema, batches = table.schema, table
         if isinstance(batches, pa.Table):  # materialized (lookups, counts, metadata): C++ streams it
             return flight.RecordBatchStream(_messages(batches, self.max_batch_rows), _IPC_OPTIONS)
-        return flight.GeneratorStream(schema, _in_call_context(_guarded(rechunk(batches, self.max_batch_rows),
+        return flight.GeneratorStream(schema, _in_call_context(_guarded(rechunk(batches, self.max_batch_rows,
+                                                                                heartbeats),
                                                                         self._hidden_paths)))
 
     # ---- metadata commands --------------------------------------------------------------------
@@ -269,6 +271,8 @@ class ReadRpcs:
             if entry is None or entry[2] != _CALLER.get():  # absent, or bound to another user
                 raise InvalidInput("this result expired or was already read")
             return entry[1].schema, entry[1]
+        if is_peer_call(payload):  # a part of a call another server of the cluster split by leader
+            return self._peer_get(payload, context)
         table = self._visible_table(payload["table"])
         self._authorize_table(Operation.READ, table)
         columns = payload.get("columns")
@@ -280,7 +284,6 @@ class ReadRpcs:
             unknown = [c for c in columns if c not in known]
             if unknown:
                 raise InvalidInput(f"table {table.path} has no column {unknown[0]!r}")
-        forwarded = bool(payload.get("local")) and hasattr(table, "check_owned")  # from a cluster peer
         if op in ("lookup", "prefix_lookup"):
             if payload.get("keys_ipc") is not None:
                 keys = tickets.decode_table(payload["keys_ipc"])
@@ -291,27 +294,10 @@ class ReadRpcs:
             schema = table.projection(columns or table.schema.names)
             if plan_only:
                 return schema, iter(())
-            if forwarded:
-                table = table.owner_side_keys(keys)
             found = table.lookup(keys, columns) if op == "lookup" else \
                 table.prefix_lookup(keys, columns, payload.get("limit"))
             self.metrics.sent(str(table.path), found)
             return schema, found
-        if op == "partial":  # a cluster peer's partial aggregate over the buckets this server leads
-            if not forwarded or not isinstance(payload.get("buckets"), list) or \
-                    not isinstance(payload.get("partial"), str) or not isinstance(payload.get("name"), str):
-                raise InvalidInput("a partial aggregate is a forwarded call naming its buckets, "
-                                   "partial SQL and input name")
-            filter = from_json(payload["filter"]) if payload.get("filter") else None
-            item = nodes.ResidualInput(payload["name"], table.path, "table", tuple(columns or table.schema.names),
-                                 filter.bind(table.schema) if filter is not None else None,
-                                 partial=payload["partial"])
-            schema = self.executor.partial_schema(item)
-            if plan_only:
-                return schema, iter(())
-            rows = self.executor.partial_rows(table.check_owned(payload["buckets"]), item, payload["buckets"])
-            self.metrics.partials.inc()
-            return schema, self.metrics.metered(str(table.path), iter([rows]))
         if op == "scan":
             filter = from_json(payload["filter"]) if payload.get("filter") else None
             schema = table.projection(columns or table.schema.names)
@@ -319,10 +305,6 @@ class ReadRpcs:
             if buckets is not None and not set(buckets) <= set(table.bucket_ids()):
                 raise InvalidInput(f"table {table.path} has no bucket "
                                    f"{min(set(buckets) - set(table.bucket_ids()))}")
-            if forwarded:
-                if buckets is None:
-                    raise InvalidInput("a forwarded scan names its buckets")
-                table = table.check_owned(buckets)
             if is_union(table.descriptor):  # the lake below the tiered offsets, then the log
                 from flightstore.lake.union import UnionSplit, read_union
                 split = None
@@ -343,14 +325,21 @@ class ReadRpcs:
             # Authorized once, but it may run for hours: the token and the grant are checked
             # again at every batch and every idle poll (heartbeats included).
             recheck = self._stream_recheck([Permission(Operation.READ, table_resource(table.path))])
-            stop = threading.Event() if context is None else _CallStop(context, self._stop, recheck)
+            stop = threading.Event() if context is None else CallStop(context, self._stop, recheck)
+            heartbeat_s = payload.get("heartbeat_s", 1.0)
+            if heartbeat_s is None or heartbeat_s <= 0:
+                raise InvalidInput(f"a subscription's heartbeat_s must be a positive number of seconds, "
+                                   f"not {heartbeat_s!r}")
             if not plan_only:
                 self.metrics.mark_subscription(context)
-            if forwarded:
-                table = table.local
-            rows = table.subscribe(payload.get("start", "earliest"), columns=columns, stop=stop,
-                                   heartbeat_s=payload.get("heartbeat_s", 1.0), until=payload.get("until"))
-            return schema, self.metrics.metered(str(table.path), rows if recheck is None else recheck.guard(rows))
+            rows = _unless_shut_down(table.subscribe(payload.get("start", "earliest"), columns=columns, stop=stop,
+                                                     heartbeat_s=heartbeat_s, until=payload.get("until")),
+                                     self._stop)
+            if recheck is not None:
+                rows = recheck.guard(rows)
+            if isinstance(stop, CallStop):
+                rows = stop.guard(rows)  # after it, the stop flag never asks the call's context again
+            return schema, self.metrics.metered(str(table.path), rows)
         if op == "changelog":
             full = changetype.changelog_schema(table.schema)
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
@@ -359,8 +348,6 @@ class ReadRpcs:
             bucket = int(payload["bucket"])
             if bucket not in table.bucket_ids():
                 raise InvalidInput(f"table {table.path} has no bucket {bucket}")
-            if forwarded:
-                table = table.check_owned([bucket])
             return schema, self.metrics.metered(str(table.path), table.read_changelog(
                 bucket, payload.get("from_offset"), columns=columns, to_offset=payload.get("to_offset"),
                 max_rows=payload.get("max_rows")))
@@ -369,14 +356,10 @@ class ReadRpcs:
             schema = pa.schema([full.field(c) for c in (columns or full.names)])
             if plan_only:
                 return schema, iter(())
-            if forwarded:
-                table = table.check_owned([int(payload["bucket"])])
             return schema, self.metrics.metered(str(table.path), table.read_snapshot(
                 int(payload["bucket"]), int(payload["at"]), columns))
         if op == "count":
             schema = pa.schema([pa.field("count", pa.int64(), nullable=False)])
-            if forwarded:
-                table = table.local
             if is_union(table.descriptor):
                 from flightstore.lake.union import union_count
                 return schema, pa.table({"count": [union_count(self.executor.lake, table)]}, schema=schema)
@@ -408,7 +391,8 @@ class ReadRpcs:
         # shutdown stop it between batches (no query id: CancelFlightInfo needs a FlightInfo).
         control = self.executor.control(context.is_cancelled if context is not None else None)
         batches = self._rechecked(plan, self.executor.execute(plan, None, schema, control))
-        return schema, self.queries.stream(None, control, self.metrics.metered(_result_label(plan), batches))
+        return schema, self.queries.stream(None, control, self.metrics.metered(_result_label(plan), batches),
+                                           user=_CALLER.get(), sql=sql)
 
     def _rechecked(self, plan: nodes.PlanNode, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """A query's stream, ending (UNAUTHENTICATED / PERMISSION_DENIED) when its caller's token
@@ -417,22 +401,14 @@ class ReadRpcs:
         return batches if recheck is None else recheck.guard(batches)
 
 
-class _CallStop:
-    """A stop flag for a streaming DoGet: set when the client cancels or the server stops; it
-    raises when the caller may no longer receive the stream (``recheck``)."""
-
-    def __init__(self, context: flight.ServerCallContext, server_stop: threading.Event,
-                 recheck: StreamRecheck | None = None) -> None:
-        self.context = context
-        self.server_stop = server_stop
-        self.recheck = recheck
-
-    def is_set(self) -> bool:
-        if self.recheck is not None:
-            self.recheck.check()
-        return self.server_stop.is_set() or self.context.is_cancelled()
-
-
+def _unless_shut_down(batches: Iterator[pa.RecordBatch], server_stop: threading.Event) -> Iterator[pa.RecordBatch]:
+    """A subscription's batches; when the server's shutdown ended it, an UNAVAILABLE error rather
+    than a normal end of stream, so a consumer does not take a stopped server for the end of the
+    data (a subscription with ``until`` that reached its offsets before the shutdown ends normally)."""
+    yield from batches
+    if server_stop.is_set():
+        raise Unavailable("the server is shutting down: the subscription ended; subscribe again from "
+                          "the offsets you have read, once the server is back (or on another server)")
 
 
 def _result_label(plan: nodes.PlanNode) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -111,3 +112,39 @@ def _pulled_in(context: contextvars.Context, batches: Iterator[pa.Table]) -> Ite
 def _peer(context: flight.ServerCallContext | None) -> str:
     """The key of a call's session: its connection's gRPC peer address ("" in process)."""
     return context.peer() if context is not None else ""
+
+
+class CallStop:
+    """The stop flag of a streaming call (a subscription): set when the client cancels the call
+    or the server stops; it raises when the caller may no longer receive the stream (``recheck``).
+    Threads may outlive the call (a cluster subscription's source threads stop at their next batch
+    or heartbeat), and the call's gRPC context is freed when it ends: asking it then crashed the
+    server (SIGSEGV, found by the Jepsen-style test). :meth:`guard` marks the call ended when its
+    stream closes; from then on the flag is set and the context is never touched again."""
+
+    def __init__(self, context: flight.ServerCallContext, server_stop: threading.Event,
+                 recheck: Any = None) -> None:
+        self._context: flight.ServerCallContext | None = context
+        self._server_stop = server_stop
+        self._recheck = recheck  # a StreamRecheck: raises once the caller may no longer read
+        self._lock = threading.Lock()
+
+    def is_set(self) -> bool:
+        with self._lock:  # finish() waits for a question in progress
+            if self._context is None:
+                return True
+            if self._recheck is not None:
+                self._recheck.check()
+            return self._server_stop.is_set() or self._context.is_cancelled()
+
+    def finish(self) -> None:
+        with self._lock:
+            self._context = None
+
+    def guard(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches``, after which (or when the call is closed early) the flag is set for good."""
+        try:
+            yield from batches
+        finally:
+            self.finish()
+

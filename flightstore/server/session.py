@@ -12,8 +12,11 @@ actions SetSessionOptions / GetSessionOptions:
   over it) read only a FlightInfo's first endpoint: one endpoint that streams every bucket keeps
   their answers whole.
 
-An unknown option name or a bad value is refused per option (the result's ``errors`` map), and
-nothing of that request is applied, so a client never believes a setting took that did not.
+An unknown option name is refused in the result's ``errors`` map (INVALID_NAME: clients name the
+option). A bad value fails the call with a message saying what is wrong (``database 'nope' does not
+exist``): the result's INVALID_VALUE cannot carry a reason, and ADBC would show only "invalid
+value". Either way nothing of that request is applied, so a client never believes a setting took
+that did not.
 """
 
 from __future__ import annotations
@@ -24,14 +27,14 @@ from typing import Any
 
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.config import SESSION_OPTIONS
-from flightstore.errors import InvalidOption
+from flightstore.errors import FlightstoreError, InvalidOption, NotFound
 from flightstore.server import protocol
 from flightstore.server.sql_info import CATALOG_NAME
 
 __all__ = ["PER_BUCKET_ENDPOINTS", "Session", "apply_options", "option_values"]
 
 PER_BUCKET_ENDPOINTS = "flightstore.per-bucket-endpoints"
-_INVALID_NAME, _INVALID_VALUE = 1, 2  # SetSessionOptionsResult.ErrorValue
+_INVALID_NAME = 1  # SetSessionOptionsResult.ErrorValue
 
 
 @dataclass
@@ -58,9 +61,12 @@ def apply_options(session: Session, options: Mapping[str, Any],
     """Apply a SetSessionOptions request to ``session``; return the errors by option name.
 
     ``resolve_database`` returns the catalog's spelling of a database or raises NotFound. Either
-    every option of the request is applied or (when any is refused) none is.
+    every option of the request is applied or (when any is refused) none is: unknown names are
+    returned (INVALID_NAME); a refused value raises the error that says why (NOT_FOUND when every
+    refused value names something missing, else INVALID_ARGUMENT), naming the unknown names too.
     """
     errors: dict[str, int] = {}
+    reasons: dict[str, FlightstoreError] = {}
     changes: dict[str, Any] = {}
     for name, raw in options.items():
         option = SESSION_OPTIONS.get(name)
@@ -77,10 +83,12 @@ def apply_options(session: Session, options: Mapping[str, Any],
                 raise InvalidOption(f"the only catalog is {CATALOG_NAME!r}")
             if name == "schema":
                 parsed = resolve_database(parsed)
-        except Exception:  # noqa: BLE001 - any refusal is this option's INVALID_VALUE
-            errors[name] = _INVALID_VALUE
+        except FlightstoreError as exc:
+            reasons[name] = exc
             continue
         changes[name] = parsed
+    if reasons:
+        _refuse(reasons, [name for name in errors])
     if errors:
         return errors
     if "schema" in changes:
@@ -88,6 +96,16 @@ def apply_options(session: Session, options: Mapping[str, Any],
     if PER_BUCKET_ENDPOINTS in changes:
         session.per_bucket_endpoints = changes[PER_BUCKET_ENDPOINTS]
     return {}
+
+
+def _refuse(reasons: Mapping[str, FlightstoreError], unknown: list[str]) -> None:
+    """Raise the error of a request with refused values: each option and why, in one message."""
+    parts = [f"session option '{name}': {exc}" for name, exc in reasons.items()]
+    parts += [f"unknown session option '{name}'" for name in unknown]
+    message = "; ".join(parts) + " (nothing was set)"
+    if all(isinstance(exc, NotFound) for exc in reasons.values()) and not unknown:
+        raise NotFound(message)
+    raise InvalidOption(message)
 
 
 def option_values(session: Session) -> dict[str, Any]:

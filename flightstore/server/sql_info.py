@@ -206,11 +206,15 @@ STRING_FUNCTIONS = ["ASCII", "BIT_LENGTH", "CHR", "CONCAT", "CONCAT_WS", "CONTAI
                     "STRPOS", "SUBSTR", "SUBSTRING", "TRIM", "UCASE", "UPPER"]
 SYSTEM_FUNCTIONS = ["COALESCE", "CURRENT_DATABASE", "CURRENT_SCHEMA", "HASH", "IFNULL", "NULLIF",
                     "TYPEOF", "VERSION"]
-DATETIME_FUNCTIONS = ["CURRENT_DATE", "CURRENT_TIME", "CURRENT_TIMESTAMP", "DATE_ADD", "DATE_DIFF",
-                      "DATE_PART", "DATE_SUB", "DATE_TRUNC", "DAYNAME", "DAYOFMONTH", "DAYOFWEEK",
-                      "DAYOFYEAR", "EPOCH", "EPOCH_MS", "EXTRACT", "HOUR", "LAST_DAY", "MAKE_DATE",
-                      "MAKE_TIME", "MAKE_TIMESTAMP", "MINUTE", "MONTH", "MONTHNAME", "NOW",
-                      "QUARTER", "SECOND", "STRFTIME", "STRPTIME", "TO_TIMESTAMP", "WEEK", "YEAR"]
+# (flightstore/sql/dates.py reads each in the forms DuckDB, PostgreSQL, Flink and JDBC write it;
+# tests/sql/test_dates.py calls every one.)
+DATETIME_FUNCTIONS = ["AGE", "CURDATE", "CURRENT_DATE", "CURRENT_TIME", "CURRENT_TIMESTAMP", "CURTIME",
+                      "DATEADD", "DATEDIFF", "DATEPART", "DATE_ADD", "DATE_DIFF", "DATE_FORMAT", "DATE_PART",
+                      "DATE_SUB", "DATE_TRUNC", "DAY", "DAYNAME", "DAYOFMONTH", "DAYOFWEEK", "DAYOFYEAR",
+                      "EPOCH", "EPOCH_MS", "EXTRACT", "HOUR", "LAST_DAY", "LOCALTIME", "LOCALTIMESTAMP",
+                      "MAKE_DATE", "MAKE_TIME", "MAKE_TIMESTAMP", "MINUTE", "MONTH", "MONTHNAME", "NOW",
+                      "QUARTER", "SECOND", "STRFTIME", "STRPTIME", "TIMESTAMPADD", "TIMESTAMPDIFF", "TO_CHAR",
+                      "TO_DATE", "TO_TIMESTAMP", "WEEK", "YEAR"]
 # Keywords beyond SQL:2003 (what JDBC's getSQLKeywords asks for): flightstore's and DuckDB's.
 KEYWORDS = ["ANTI", "ASOF", "BUCKET", "CHANGELOG", "DESCRIBE", "EXCLUDE", "GLOB", "ILIKE",
             "LIMIT", "OFFSET", "PARTITIONED", "PIVOT", "PRAGMA", "QUALIFY", "SEMI", "SHOW",

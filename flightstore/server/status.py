@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import traceback
@@ -113,13 +114,27 @@ def full_tracebacks_in_log() -> None:
 
 def client_message(message: str, hidden_paths: Iterable[str | os.PathLike]) -> str:
     """``message`` as a client may see it: each of ``hidden_paths`` (the data directory, as given
-    and resolved) replaced by ``<data-dir>``, at most :data:`MAX_MESSAGE_CHARS` characters."""
+    and resolved) replaced by ``<data-dir>`` where it is a path, at most :data:`MAX_MESSAGE_CHARS`
+    characters. Only paths are masked, never words: with ``--data-dir ./data`` (given as ``data``)
+    a column ``metadata`` or a database ``database_x`` keeps its name (:func:`_path_pattern`)."""
     for path in sorted({str(p) for p in hidden_paths if str(p) not in ("", "/", ".")}, key=len,
                        reverse=True):
-        message = message.replace(path, "<data-dir>")
+        message = _path_pattern(path).sub("<data-dir>", message)
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS] + f"... ({len(message)} characters)"
     return message
+
+
+_PATH_CHAR = r"[\w.~+-]"  # a character that may continue a path's file name
+
+
+def _path_pattern(path: str) -> re.Pattern[str]:
+    """Where ``path`` appears as a path in a message: not inside a longer name on either side, and,
+    for a relative path (``data``, ``./data``), only with a file below it (``data/...``): a relative
+    path alone is indistinguishable from a word."""
+    path = path.rstrip("/") or path
+    tail = r"(?=/|$|[^\w.~+-])" if os.path.isabs(path) else r"(?=/)"
+    return re.compile(rf"(?<!{_PATH_CHAR})(?<!/){re.escape(path)}{tail}")
 
 
 def log_failure(what: str, exc: BaseException, level: int = logging.ERROR) -> None:

@@ -94,7 +94,8 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "after_sequence": _INT, "keys": (dict,), "filter": (dict, str), "limit": _INT, "buckets": (list,),
     "bucket": _INT, "at": _INT, "start": (str, int, dict), "until": (dict,), "log_from": (dict,),
     "heartbeat_s": _NUMBER, "which": (str,), "timestamp_ms": _INT, "force": (bool,), "exact": (bool,),
-    "local": (bool,), "keys_ipc": (str,), "from_offset": _INT, "to_offset": _INT, "max_rows": _INT,
+    "peer": (bool,), "keys_ipc": (str,), "from_offset": _INT, "to_offset": _INT, "max_rows": _INT,
+    "table_id": (str,), "epochs": (dict,), "server_id": _INT,
 }
 
 
@@ -167,15 +168,37 @@ def _tag(key: bytes, owner: str | None, nonce: bytes, body: memoryview | bytes) 
 
 def result_ticket(table: pa.Table, key: bytes, owner: str | None) -> bytes | None:
     """A ticket carrying ``table`` itself, bound to user ``owner`` (None: no authentication) with
-    the server's ``key``; None when its IPC stream exceeds :data:`INLINE_RESULT_BYTES`."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTIONS) as writer:
-        writer.write_table(table)
-    if sink.tell() > INLINE_RESULT_BYTES:
-        return None
-    body = sink.getvalue()
+    the server's ``key``; None when its IPC stream exceeds :data:`INLINE_RESULT_BYTES`. The stream
+    is assembled from its messages (the schema's serialized once per schema, then each batch, then
+    the end-of-stream marker): a point lookup's answer is built without a stream writer."""
+    schema = _schema_message(table.schema)
+    parts = [schema]
+    size = len(schema) + len(_END_OF_STREAM)
+    for batch in table.to_batches():
+        message = batch.serialize()
+        size += message.size
+        if size > INLINE_RESULT_BYTES:
+            return None
+        parts.append(message)
+    parts.append(_END_OF_STREAM)
+    body = b"".join(parts)
     nonce = os.urandom(_NONCE_BYTES)
-    return RESULT_PREFIX + nonce + _tag(key, owner, nonce, memoryview(body)) + body.to_pybytes()
+    return RESULT_PREFIX + nonce + _tag(key, owner, nonce, body) + body
+
+
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_SCHEMA_MESSAGES: dict[tuple, bytes] = {}  # a few result schemas (lookups ask for the same few)
+
+
+def _schema_message(schema: pa.Schema) -> bytes:
+    key = (schema, tuple(sorted(schema.metadata.items())) if schema.metadata else None)  # == ignores metadata
+    message = _SCHEMA_MESSAGES.get(key)
+    if message is None:
+        message = schema.serialize().to_pybytes()
+        if len(_SCHEMA_MESSAGES) >= 256:
+            _SCHEMA_MESSAGES.clear()
+        _SCHEMA_MESSAGES[key] = message
+    return message
 
 
 def is_result(data: bytes) -> bool:

@@ -32,7 +32,7 @@ import pyarrow as pa
 from flightstore.config import server_option
 from flightstore.errors import Cancelled, InvalidInput
 
-__all__ = ["UploadLimits", "upload_chunks"]
+__all__ = ["UploadLimits", "read_forwarded", "upload_chunks"]
 
 
 @dataclass(frozen=True)
@@ -88,3 +88,35 @@ def upload_chunks(reader: Any, limits: UploadLimits,
                         f"{rows} row(s) of its unfinished chunk were not written")
     if pending:
         yield pa.Table.from_batches(pending, reader.schema)
+
+
+def read_forwarded(reader: Any, limits: UploadLimits) -> pa.Table:
+    """The rows of a write another server of the cluster forwarded: one part of one chunk, which
+    the receiver must apply as one atomic write, so it is held whole, but bounded. A part is at
+    most what the sender's chunk held (a client's chunk: its bounds plus the message that closed
+    it; a statement's rows are cut to a chunk by the sender), so a part whose messages hold more
+    than twice ``chunk_bytes + max_message_bytes`` (room for re-encoding) is refused
+    (INVALID_ARGUMENT) as soon as they reach that, before anything is applied; every message is
+    checked against ``limits.max_message_bytes`` like a client's."""
+    bound = 2 * (limits.chunk_bytes + limits.max_message_bytes)
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            break
+        batch = chunk.data
+        if batch is None or batch.num_rows == 0:
+            continue
+        nbytes = batch.get_total_buffer_size()
+        if nbytes > limits.max_message_bytes:
+            raise InvalidInput(f"a forwarded Flight message of {nbytes} bytes exceeds write.max-message-bytes "
+                               f"({limits.max_message_bytes})")
+        pending.append(batch)
+        size += nbytes
+        if size > bound:
+            raise InvalidInput(f"a forwarded write holds more than a write chunk (over {bound} bytes: "
+                               "write.chunk-bytes, write.max-message-bytes); give every server of the cluster "
+                               "the same write options")
+    return pa.Table.from_batches(pending, reader.schema)

@@ -13,13 +13,15 @@ from pyarrow import flight
 
 from flightstore import changetype
 from flightstore.acl import Operation, Permission, Resource
-from flightstore.errors import Cancelled, FlightstoreError, InvalidInput, TableNotFound, Unsupported
+from flightstore.errors import FlightstoreError, InvalidInput, TableNotFound, Unsupported
 from flightstore.schema import TableDescriptor, TablePath
 from flightstore.server import protocol, tickets
+from flightstore.server.peer import is_peer_call
 from flightstore.server.rpc import _rpc
 from flightstore.server.session import Session
 from flightstore.server.upload import upload_chunks
 from flightstore.sql import nodes
+from flightstore.sql.ddl import TEMPORARY_REFUSED
 from flightstore.sql.dml import parameter_columns
 from flightstore.sql.execute import is_query
 from flightstore.sql.parse import parse_statement
@@ -40,7 +42,9 @@ class WriteRpcs:
             raise InvalidInput("flightstore answers command descriptors only")
         command_bytes = descriptor.command
         if tickets.is_custom(command_bytes):
-            result = self._custom_put(tickets.decode_custom(command_bytes), reader, context)
+            payload = tickets.decode_custom(command_bytes)
+            result = (self._peer_put(payload, reader, context) if is_peer_call(payload)
+                      else self._custom_put(payload, reader, context))
             writer.write(pa.py_buffer(tickets.encode_custom(result)))
             return
         command = protocol.unpack_any(command_bytes)
@@ -147,6 +151,8 @@ class WriteRpcs:
         """Bulk ingest, applied chunk by chunk as the upload streams in (see :mod:`.upload`);
         a table the ingest created is dropped again if any chunk fails."""
         options = command.table_definition_options
+        if command.temporary:  # ADBC adbc_ingest(..., temporary=True)
+            raise Unsupported(f"bulk ingest with temporary=True: {TEMPORARY_REFUSED}")
         database = command.schema if command.HasField("schema") and command.schema else default_database
         path = TablePath.checked(database, command.table)  # before anything is looked up or made
         create = options.if_not_exist  # 0 unspecified, 1 CREATE, 2 FAIL
@@ -193,17 +199,6 @@ class WriteRpcs:
             raise InvalidInput("a changelog write needs a _change_type column")
         writer_id, base = payload.get("writer_id"), payload.get("sequence")
         columns = payload.get("columns")
-        if payload.get("local") and hasattr(table, "owner_side"):
-            # A part a cluster peer forwarded (at most one of its chunks): one batch, on this
-            # server's own buckets only.
-            data = reader.read_all()
-            if context is not None and context.is_cancelled():  # the peer went away mid-upload
-                raise Cancelled("the forwarded upload was cancelled before it finished; nothing written")
-            table.accept_gap(writer_id, base)
-            result = _write_chunk(table.owner_side(data, columns, op), op, data, columns, writer_id, base)
-            self.metrics.written(table.path, data)
-            return {"op": "written", "rows": data.num_rows, "duplicate": bool(result.duplicate),
-                    "offsets": {str(k): v for k, v in result.items()}, "chunks": 1, "sequence": base}
         # Chunk k of a sequenced upload is batch ``base + k`` of its writer: a retried upload is
         # cut the same way, so the chunks applied before a lost acknowledgement are skipped.
         rows, duplicates, chunks, offsets = 0, 0, 0, {}

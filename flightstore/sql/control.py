@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from flightstore.errors import Cancelled, DeadlineExceeded
+from flightstore.errors import Cancelled, DeadlineExceeded, Unavailable
 
 __all__ = ["QueryControl"]
 
@@ -63,6 +63,7 @@ class QueryControl:
         if reason == "timeout":
             raise DeadlineExceeded(f"the query ran longer than its timeout of {self.timeout_s:g} s "
                                    "(server option query.timeout) and was stopped")
-        if reason == "shutdown":
-            raise Cancelled("the server is shutting down: the query was stopped")
+        if reason == "shutdown":  # UNAVAILABLE, not CANCELLED: pyarrow raises KeyboardInterrupt for that
+            raise Unavailable("the server is shutting down: the query was stopped; run it again once the "
+                              "server is back (or on another server)")
         raise Cancelled(f"the query was stopped: {reason}")

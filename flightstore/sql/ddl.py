@@ -30,7 +30,13 @@ from flightstore.sql.nodes import (
 from flightstore.sql.parse import Show
 from flightstore.sql.resolve import CatalogView, resolve_database, resolve_table_node
 
-__all__ = ["plan_show", "plan_ddl", "statement_kind", "column_field"]
+__all__ = ["TEMPORARY_REFUSED", "plan_show", "plan_ddl", "statement_kind", "column_field"]
+
+# Refused rather than half done: a "temporary" table every connection saw and that outlived its
+# session would be a permanent table under a name a client believes private.
+TEMPORARY_REFUSED = ("temporary tables are not supported: flightstore has no session-scoped tables, and a "
+                     "table it created would be seen by every connection and outlive the session; create a "
+                     "regular table (and DROP TABLE it when done)")
 
 
 def statement_kind(statement: exp.Expression) -> str:
@@ -159,6 +165,8 @@ def _create_table(statement: exp.Create, catalog: CatalogView) -> CreateTable:
                                                                           exp.Var, exp.Column)):
             key = prop.this.name if not isinstance(prop.this, exp.Literal) else prop.this.this
             options[str(key)] = _option_value(prop.args.get("value"), path)
+        elif isinstance(prop, exp.TemporaryProperty):
+            raise Unsupported(TEMPORARY_REFUSED)
         else:
             raise Unsupported(f"table {path}: unsupported table property {prop.sql()!r}; put "
                               "options in WITH ('key' = 'value')")

@@ -23,6 +23,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from flightstore import memory
 from flightstore.errors import Cancelled, FlightstoreError, ResourceExhausted, SqlError
 from flightstore.sql.control import QueryControl
 
@@ -30,6 +31,7 @@ __all__ = ["WATCHDOG_INTERVAL_S", "InputRescanned", "SqlEngine"]
 
 WATCHDOG_INTERVAL_S = 0.05
 log = logging.getLogger("flightstore.sql.engine")
+_VALUE_BYTES = 16  # a result value's estimated bytes (sizes result batches by their width)
 _CONSUMED = "has already been consumed"
 
 
@@ -125,7 +127,10 @@ class SqlEngine:
                 cursor.register(name, data)
             self._enter(cursor, control)
             try:
-                reader = cursor.sql(sql).to_arrow_reader(batch_rows)
+                relation = cursor.sql(sql)
+                # result batches within the read batch bytes: 65,536 rows of a wide result are GBs
+                reader = relation.to_arrow_reader(
+                    memory.rows_within(len(relation.columns) * _VALUE_BYTES, batch_rows))
                 if schema_only:
                     yield reader.schema
                     return
@@ -199,11 +204,43 @@ class SqlEngine:
 
 
 def engine_message(message: str, inputs: Mapping) -> str:
-    """DuckDB's message without what only the rewritten SQL has: its ``LINE 1: ...`` excerpt (of
-    SQL the user did not write), the ``"__t0"`` input names and the tuning advice of an
-    out-of-memory error (the user cannot SET anything)."""
+    """DuckDB's message in one line of the user's terms: without what only the rewritten SQL has
+    (its ``LINE 1: ...`` excerpt of SQL the user did not write, the ``"__t0"`` input names), the
+    tuning advice of an out-of-memory error (the user cannot SET anything), and DuckDB's list of
+    candidate functions (kilobytes for an operator): a type mismatch says which types met
+    (:func:`_no_match`)."""
+    mismatch = _NO_MATCH.search(message)
+    if mismatch is not None:
+        return _no_match(mismatch, message)
     kept = [line for line in message.splitlines() if line.strip()]
     cut = next((i for i, line in enumerate(kept)
                 if line.startswith(("LINE ", "Possible solutions"))), len(kept))
     text = " ".join(kept[:cut])
     return re.sub(r'"?__t\d+"?(?: AS )?', "", text).strip()
+
+
+_NO_MATCH = re.compile(r"No function matches the given name and argument types '(?P<name>.+?)\((?P<types>.*)\)'\.")
+_CANDIDATE = re.compile(r'^\t"?(?P<name>[^"(]+)"?\((?P<params>.*)\) -> (?P<result>.+)$', re.M)
+# DuckDB's type names as flightstore's SQL writes them.
+_TYPE_NAMES = {"VARCHAR": "STRING", "INTEGER_LITERAL": "INTEGER", "STRING_LITERAL": "STRING", "BLOB": "BYTES",
+               "TIMESTAMP WITH TIME ZONE": "TIMESTAMP_LTZ", "TIME WITH TIME ZONE": "TIME_TZ"}
+_MAX_SIGNATURES = 3  # candidate signatures named in the message; more means "cast" is the advice
+
+
+def _user_types(text: str) -> str:
+    return ", ".join(_TYPE_NAMES.get(t.strip(), t.strip()) for t in text.split(",") if t.strip())
+
+
+def _no_match(match: re.Match, message: str) -> str:
+    """DuckDB's "No function matches ... Candidate functions: <a line per overload>" in one line:
+    ``the operator + does not apply to STRING and INTEGER``, or for a function the few signatures
+    it has."""
+    name, types = match.group("name"), _user_types(match.group("types"))
+    if not re.match(r"\w", name):  # an operator
+        operands = types.split(", ")
+        return (f"the operator {name} does not apply to {' and '.join(operands)}; cast "
+                f"{'the operand' if len(operands) == 1 else 'an operand'} to a type it takes (CAST(x AS ...))")
+    candidates = [f"{name}({_user_types(', '.join(p.split()[-1] for p in c.group('params').split(',') if p.strip()))})"
+                  for c in _CANDIDATE.finditer(message)]
+    takes = f"; it takes {' or '.join(candidates)}" if 0 < len(candidates) <= _MAX_SIGNATURES else ""
+    return f"the function {name} does not take ({types}){takes}; cast the arguments (CAST(x AS ...))"

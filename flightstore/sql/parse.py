@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import sqlglot
-from sqlglot import exp, tokens
+from sqlglot import exp, parser, tokens
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from flightstore.errors import SqlError, Unsupported
+from flightstore.sql import dates, escapes
 from flightstore.sql.grants import parse_grant, parse_show_grants
 
 __all__ = [
@@ -50,6 +52,13 @@ class FlinkSql(Dialect):
     class Tokenizer(tokens.Tokenizer):
         IDENTIFIERS = ['"', "`"]
         HEX_STRINGS = [("x'", "'"), ("X'", "'")]
+
+    class Parser(parser.Parser):
+        # Date functions in the forms DuckDB, PostgreSQL, Flink, JDBC and BI tools write (.dates).
+        FUNCTIONS = {**parser.Parser.FUNCTIONS, **dates.FUNCTIONS}
+        # LOCALTIMESTAMP and LOCALTIME without parentheses, like CURRENT_TIMESTAMP (else a column)
+        NO_PAREN_FUNCTIONS = {**parser.Parser.NO_PAREN_FUNCTIONS, TokenType.LOCALTIMESTAMP: exp.Localtimestamp,
+                              TokenType.LOCALTIME: exp.Localtime}
 
 
 DIALECT = FlinkSql
@@ -235,7 +244,11 @@ def parse_statement(sql: str) -> Statement:
     """
     if not isinstance(sql, str):
         raise SqlError(f"SQL must be a string, not {type(sql).__name__}")
-    statements = _split_statements(sql, _tokenize(sql))
+    toks = _tokenize(sql)
+    expanded = escapes.expand(sql, toks)  # JDBC {fn ...}, {d '...'}, {ts '...'}
+    if expanded != sql:
+        sql, toks = expanded, _tokenize(expanded)
+    statements = _split_statements(sql, toks)
     if not statements:
         raise SqlError("empty SQL statement")
     if len(statements) > 1:
@@ -253,6 +266,10 @@ def parse_statement(sql: str) -> Statement:
         if not inner:
             raise SqlError("EXPLAIN needs a statement to explain")
         return Explain(parse_statement(inner))
+    if toks[0].token_type == TokenType.VAR:  # a word no statement of ours starts with
+        if head in _OTHER_STATEMENTS:  # well-formed elsewhere (START TRANSACTION, ATTACH...)
+            raise Unsupported(f"unsupported statement: {head}")
+        raise _not_a_statement(toks[0])  # a misspelling: SELEC, INSRT...
     text = _number_question_marks(text, toks)
     try:
         parsed = sqlglot.parse(text, read=FlinkSql)
@@ -266,7 +283,27 @@ def parse_statement(sql: str) -> Statement:
     statement = parsed[0]
     if isinstance(statement, exp.Command):
         raise Unsupported(f"unsupported statement: {statement.name.upper()}")
-    return _normalize_placeholders(statement)
+    if isinstance(statement, (exp.Condition, exp.Alias)) and not isinstance(statement, exp.Query):
+        raise _not_a_statement(toks[0])  # an expression alone (``oops``, ``1 + 1``) is no statement
+    return _normalize_placeholders(dates.normalize(statement))
+
+
+# Statements of other SQL dialects that flightstore does not run (UNIMPLEMENTED, not a syntax error).
+_OTHER_STATEMENTS = frozenset({
+    "ATTACH", "CHECKPOINT", "CLOSE", "COMMENT", "DEALLOCATE", "DECLARE", "DETACH", "EXECUTE", "EXPORT",
+    "FETCH", "IMPORT", "INSTALL", "LIST", "LOCK", "MSCK", "OPEN", "PREPARE", "REFRESH", "RELEASE", "RENAME",
+    "RESET", "SAVEPOINT", "START", "SUMMARIZE", "UNLOCK", "UPSERT"})
+_STATEMENT_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "DROP", "ALTER", "USE", "SHOW",
+                    "DESCRIBE", "EXPLAIN", "GRANT", "REVOKE", "WITH", "VALUES")
+
+
+def _not_a_statement(first: tokens.Token) -> SqlError:
+    """The syntax error of a statement that does not start with a statement keyword."""
+    column = first.col - len(first.text) + 1  # sqlglot's col is where the token ends
+    guess = difflib.get_close_matches(first.text.upper(), _STATEMENT_WORDS, n=1, cutoff=0.75)
+    hint = f" (did you mean {guess[0]}?)" if guess else ""
+    return SqlError(f"syntax error at line {first.line}, column {column} near {first.text!r}: a statement "
+                    f"starts with {', '.join(_STATEMENT_WORDS[:-1])} or {_STATEMENT_WORDS[-1]}{hint}")
 
 
 def _number_question_marks(text: str, toks: list[tokens.Token]) -> str:

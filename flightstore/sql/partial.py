@@ -22,7 +22,8 @@ merged column whose type differs is cast to the one-step type); if any step does
 query is not pushed.
 
 Execution (:mod:`flightstore.sql.execute`): the partial runs where the rows are, over a stream of
-the buckets held there; when every bucket is local the two steps run as one statement
+the buckets held there (another server's buckets get it as a checked plan,
+:mod:`flightstore.sql.partial_plan`, never as SQL text); when every bucket is local the two steps run as one statement
 (:func:`fused_sql`), which the planner binds too.
 """
 
@@ -37,6 +38,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from flightstore.sql.nodes import Residual
+from flightstore.sql.partial_plan import PartialPlan
 
 __all__ = ["AGGREGATE_PREFIX", "GROUP_PREFIX", "fused_sql", "push_partial_aggregates"]
 
@@ -70,6 +72,9 @@ def push_partial_aggregates(select: exp.Expression, residual: Residual, input_sc
     if split is None:
         return None
     partial_sql, merge_sql = split
+    name = residual.inputs[0].name
+    if not PartialPlan.from_sql(partial_sql, name).check(name, input_schema.names):
+        return None  # a leader would refuse it (see flightstore.sql.partial_plan): one step
     return Residual(sql=merge_sql, inputs=(dataclasses.replace(residual.inputs[0], partial=partial_sql),))
 
 

@@ -123,7 +123,8 @@ def lake_snapshots_schema() -> pa.Schema:
 def lake_status_schema() -> pa.Schema:
     """``t$lake$status``: one row per bucket: the tiered offset (null: not known yet), the log end
     offset, the lag in records and seconds, then the table's last commit, last error and tierer,
-    and what the lake upkeep last did (when, snapshots expired, files deleted, its error)."""
+    and what the lake upkeep last did (when, snapshots expired, files deleted, its error), and the
+    bucket's lake files reads found damaged (missing, truncated, corrupt)."""
     return pa.schema([pa.field("bucket", pa.int32(), nullable=False),
                       pa.field("tiered_offset", pa.int64()),
                       pa.field("log_end_offset", pa.int64(), nullable=False),
@@ -137,7 +138,8 @@ def lake_status_schema() -> pa.Schema:
                       pa.field("last_upkeep", pa.timestamp("ms", tz="UTC")),
                       pa.field("upkeep_expired_snapshots", pa.int64(), nullable=False),
                       pa.field("upkeep_removed_files", pa.int64(), nullable=False),
-                      pa.field("upkeep_error", pa.string())])
+                      pa.field("upkeep_error", pa.string()),
+                      pa.field("damaged_files", pa.list_(pa.string()), nullable=False)])
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 
 from flightstore import changetype
-from flightstore.errors import InvalidInput
+from flightstore.errors import DataLoss, InvalidInput
+from flightstore.expressions import Predicate
 from flightstore.log import LogBatch
 from flightstore.log.held import read_held, require_held
 
@@ -24,7 +25,8 @@ class TableChangelog:
 
     # ---- changelog ----------------------------------------------------------------------------
     def end_offsets(self) -> dict[int, int]:
-        return {bucket: log.end_offset for bucket, log in enumerate(self.logs)}
+        """Per bucket, the offset after the last committed record (the high watermark)."""
+        return {bucket: log.high_watermark for bucket, log in enumerate(self.logs)}
 
     def start_offsets(self) -> dict[int, int]:
         return {bucket: log.start_offset for bucket, log in enumerate(self.logs)}
@@ -75,6 +77,21 @@ class TableChangelog:
         for record in records:
             yield self.changelog_batch(record, columns)
 
+    def read_log(self, bucket: int, from_offset: int, columns: Sequence[str], *,
+                 filter: Predicate | None = None, limit: int | None = None,
+                 exact: bool = True) -> Iterator[pa.RecordBatch]:
+        """See :meth:`flightstore.table.api.TableApi.read_log` (``limit`` stops after the record
+        that reaches it: the caller cuts the rest)."""
+        tablets = self.tablets().get(int(bucket))
+        if tablets is None:
+            return iter(())  # its partition was dropped (or not created yet)
+        log = tablets[0]
+        if int(from_offset) < log.start_offset:
+            raise DataLoss(f"table {self.path} bucket {bucket}: log records from offset {from_offset} "
+                           "were deleted; plan the read again")
+        return (record.batch for record in log.read(int(from_offset), columns=list(columns), filter=filter,
+                                                    max_rows=limit, exact=exact))
+
     def _where(self, bucket: int) -> str:
         return f"table {self.path} bucket {bucket}"
 
@@ -107,16 +124,25 @@ class TableChangelog:
 
     def subscribe(self, start: Any = "earliest", *, columns: Sequence[str] | None = None,
                   stop: Any = None, heartbeat_s: float | None = 1.0,
-                  until: Mapping | None = None) -> Iterator[pa.RecordBatch]:
+                  until: Mapping | None = None, buckets: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
         """Changelog batches from ``start`` as they are written, bucket by bucket in offset order.
 
         Runs until ``stop.is_set()`` (any object with ``is_set``) or, when ``until`` gives per-bucket
         end offsets, until every bucket reached them. Yields an empty batch as a heartbeat after
         ``heartbeat_s`` without data, so a server notices clients that went away. A subscriber
         that falls behind the log start (retention deleted rows it had not read) gets
-        OffsetOutOfRange, never a silent gap.
+        OffsetOutOfRange, never a silent gap. ``buckets``: follow only those (a cluster server
+        follows the buckets it leads; ``start`` offsets may name only them).
         """
-        offsets = self.resolve_start(start)
+        wanted = set(range(self.num_buckets)) if buckets is None else {int(b) for b in buckets}
+        if isinstance(start, Mapping) and "timestamp" not in start and buckets is not None:
+            offsets = {int(b): int(o) for b, o in start.items() if int(b) in wanted}
+            for bucket in wanted - set(offsets):
+                offsets[bucket] = self.logs[bucket].start_offset
+            for bucket, offset in offsets.items():
+                require_held(self.logs[bucket], offset, self._where(bucket))
+        else:
+            offsets = {b: o for b, o in self.resolve_start(start).items() if b in wanted}
         ends = None if until is None else {int(b): int(o) for b, o in until.items()}
         out_schema = changetype.changelog_schema(self.schema)
         columns = list(columns or out_schema.names)  # kept for the stream's life, whatever ALTER does
@@ -129,6 +155,8 @@ class TableChangelog:
                 before = self.end_offsets()
             progressed = False
             for bucket, log in enumerate(self.logs):
+                if bucket not in offsets:
+                    continue
                 limit = None if ends is None else ends.get(bucket, offsets[bucket])
                 if limit is not None and offsets[bucket] >= limit:
                     continue
@@ -137,7 +165,7 @@ class TableChangelog:
                     offsets[bucket] = record.next_offset if limit is None else min(record.next_offset, limit)
                     progressed = True
                     yield self.changelog_batch(record, columns)
-            if ends is not None and all(offsets[b] >= o for b, o in ends.items()):
+            if ends is not None and all(offsets.get(b, o) >= o for b, o in ends.items()):
                 return
             if progressed:
                 idle_since = time.monotonic()

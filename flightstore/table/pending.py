@@ -14,6 +14,7 @@ first completes it (:meth:`PendingWrites._settle_pending`), and refuses with
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,10 @@ from flightstore.errors import InvalidInput, WriteIncomplete
 from flightstore.intents import BUCKET_COLUMN, FORMAT
 from flightstore.kv.writes import PreparedWrite, changelog_schema
 from flightstore.schema import conform
+
+# Set while a table rolls a pending write intent forward on open: its buckets' replicas have no
+# role yet (what it writes is truncated later if this server turns out not to lead).
+REPLAYING_INTENT: ContextVar[bool] = ContextVar("replaying_intent", default=False)
 
 __all__ = ["BucketWrite", "PendingWrite", "PendingWrites"]
 
@@ -136,6 +141,7 @@ class PendingWrites:
             self._intents.complete()  # empty, or torn: a write that never touched a bucket
             return
         meta, record = found
+        token = REPLAYING_INTENT.set(True)  # at open no replica has a role yet (see table/writes.py)
         try:
             if meta.get("format") == FORMAT:
                 self._pending = PendingWrite(meta["writer_id"], int(meta["sequence"]),
@@ -155,6 +161,8 @@ class PendingWrites:
                       "set aside as %s; the table opens without it (buckets that applied it before "
                       "keep it)", self.path, meta.get("writer_id"), meta.get("sequence"),
                       type(exc).__name__, exc, aside)
+        finally:
+            REPLAYING_INTENT.reset(token)
 
     def _replay_input_intent(self, meta: dict, record: pa.Table) -> None:
         """An intent of an older version records the write's input rows: prepare it again (buckets

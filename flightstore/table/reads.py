@@ -153,7 +153,7 @@ class TableReads:
         schema = pa.schema([self.schema.field(c) for c in columns])
         return pa.Table.from_batches(list(self.scan(columns, filter, limit, exact=exact)), schema=schema)
 
-    def row_count(self) -> int:
+    def row_count(self, partitions: Sequence[str] | None = None) -> int:
         """Rows in the table without a scan: maintained KV counts, or log offsets."""
         if self.has_primary_key:
             return sum(kv.row_count for kv in self.kvs)
@@ -162,7 +162,16 @@ class TableReads:
             if lost:
                 raise DataLoss(f"{log.label}: log offsets {lost[0][0]}..{lost[0][1] - 1} are lost; "
                                "the count would be wrong. Run `flightstore repair` to declare it")
-        return sum(log.end_offset - log.start_offset - log.lost_rows for log in self.logs)
+        return sum(log.high_watermark - log.start_offset - log.lost_rows for log in self.logs)
+
+    def row_count_of(self, numbers: Sequence[int], partitions: Sequence[str] | None = None) -> int:
+        """Rows in the buckets numbered ``numbers`` (within a partition; a cluster server counts
+        the buckets it leads)."""
+        wanted = {int(n) for n in numbers}
+        if self.has_primary_key:
+            return sum(kv.committed_row_count() for b, kv in enumerate(self.kvs) if b in wanted)
+        return sum(log.high_watermark - log.start_offset - log.lost_rows
+                   for b, log in enumerate(self.logs) if b in wanted)
 
     def rows_at(self, bucket: int, at: int, columns: Sequence[str] | None = None,
                 limit: int | None = None) -> Iterator[pa.RecordBatch]:

@@ -10,6 +10,7 @@ that a crash or a storage failure between two buckets is completed, never left h
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,11 +20,14 @@ from flightstore import changetype
 from flightstore.bucketing import bucket_ids
 from flightstore.errors import InvalidInput, SchemaMismatch, Unsupported
 from flightstore.schema import as_table
-from flightstore.table.pending import BucketWrite, PendingWrites
+from flightstore.table.pending import REPLAYING_INTENT, BucketWrite, PendingWrites
 
-__all__ = ["TABLE_WRITER", "TableWrites", "WriteResult"]
+__all__ = ["PINNED_BUCKET", "REPLAYING_INTENT", "TABLE_WRITER", "TableWrites", "WriteResult"]
 
 TABLE_WRITER = "__table__"  # writer id of multi-bucket writes whose caller gave none
+# The bucket a batch of a log table without bucket key goes to, when the cluster chose it (from
+# the batch's writer id and sequence, so a retry lands in the same bucket); None: round robin.
+PINNED_BUCKET: ContextVar[int | None] = ContextVar("pinned_bucket", default=None)
 
 
 class WriteResult(dict):
@@ -51,20 +55,36 @@ class TableWrites(PendingWrites):
         if writer_id is not None and sequence is not None:
             self._writers.note(writer_id, sequence, now_ms)
 
-    def undo(self, writer_id: str, after_sequence: int) -> int:
+    def undo(self, writer_id: str, after_sequence: int, buckets: Sequence[int] | None = None) -> int:
         """Undo every batch ``writer_id`` wrote after ``after_sequence`` (exactly-once restarts of
         jobs), leaving other writers' work; returns rows restored. A writer without state here
-        (it never wrote, or expired) has nothing to undo. See :mod:`flightstore.kv.undo`."""
+        (it never wrote, or expired) has nothing to undo. See :mod:`flightstore.kv.undo`.
+        ``buckets``: only those (the ones a cluster leader leads; a follower's replicas only
+        take what their leader's log says)."""
         from flightstore.kv.undo import check_undoable, undo_writer
         if not self.has_primary_key:
             raise Unsupported(f"undo needs a primary-key table; {self.path} is a log table")
-        check_undoable(self.kvs, writer_id)
+        numbers = list(range(len(self.kvs))) if buckets is None else [b for b in range(len(self.kvs)) if b in buckets]
+        kvs = [self.kvs[b] for b in numbers]
+        check_undoable(kvs, writer_id)
         with self._lock:
             self._settle_pending()
             if writer_id not in self._writers:
                 return 0
-            restored = undo_writer(self.kvs, writer_id, after_sequence)
+            for bucket in numbers:  # a replicated bucket: only at its leader, with enough in sync
+                self.replicas[bucket].check_writable()
+            restored = undo_writer(kvs, writer_id, after_sequence)
             self._writers.reset(writer_id, int(after_sequence))
+            written = {b: (self.logs[b].end_offset, self.logs[b].truncations) for b in numbers
+                       if self.replicas[b].leadership.is_leader}
+        # The restore is in each changelog: like a write, it returns once every in-sync replica
+        # holds it (reads show committed records only).
+        for bucket in written:
+            self.replicas[bucket].appended()
+        for bucket, (end, _) in written.items():
+            self.logs[bucket].sync(end)
+        for bucket, (end, cuts) in written.items():
+            self.replicas[bucket].await_commit(end, cuts)
         self._notify()
         return restored
 
@@ -110,6 +130,9 @@ class TableWrites(PendingWrites):
         key = self.descriptor.bucket_key
         if key:
             return bucket_ids(data, key, self.num_buckets)
+        pinned = PINNED_BUCKET.get()
+        if pinned is not None:
+            return np.full(data.num_rows, int(pinned) % self.num_buckets, dtype=np.int32)
         choices = self.round_robin_buckets
         if choices:
             return np.full(data.num_rows, choices[next(self._round_robin) % len(choices)], dtype=np.int32)
@@ -201,9 +224,14 @@ class TableWrites(PendingWrites):
         """
         with self._lock:
             result = self._apply_locked(table, kinds, target, writer_id, sequence, overwrite, recovering)
-            written = {int(b): self.logs[b].end_offset for b in result.touched}
-        for bucket, end in written.items():  # outside the lock: concurrent writers share fsyncs
+            written = {int(b): (self.logs[b].end_offset, self.logs[b].truncations) for b in result.touched
+                       if self.replicas[b].leadership.is_leader}
+        for bucket in written:  # followers fetch while this server syncs
+            self.replicas[bucket].appended()
+        for bucket, (end, _) in written.items():  # outside the lock: concurrent writers share fsyncs
             self.logs[bucket].sync(end)
+        for bucket, (end, cuts) in written.items():  # acks = all: every in-sync replica has it
+            self.replicas[bucket].await_commit(end, cuts)
         self._notify()
         return result
 
@@ -249,6 +277,9 @@ class TableWrites(PendingWrites):
         raises here, before any bucket commits. ``buckets``: each row's bucket, if computed."""
         buckets = self.buckets_of(table) if buckets is None else buckets
         parts = []
+        if not REPLAYING_INTENT.get():  # a replica that does not lead (or lacks in-sync copies) writes nothing
+            for bucket in np.unique(buckets):
+                self.replicas[int(bucket)].check_writable()
         for bucket in np.unique(buckets):
             bucket = int(bucket)
             mask = buckets == bucket

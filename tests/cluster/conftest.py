@@ -8,6 +8,7 @@ within seconds, and a busy machine does not expire a live server.
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -80,11 +81,14 @@ class Servers:
         self.root = root
         self.address = address
         self.running: dict[int, ServerProcess] = {}
+        self.secret_file = root / "cluster-secret"  # every server's: the signing secret derives from it
+        self.secret_file.write_bytes(os.urandom(32).hex().encode())
 
     def args(self, server_id: int, *extra: str) -> list[str]:
         return ["--zookeeper", self.address, "--server-id", str(server_id),
                 "--data-dir", str(self.root / f"server-{server_id}"), "--port", "0",
-                "--zookeeper-session-timeout", SESSION_TIMEOUT, "--ddl-timeout", "60s", *extra]
+                "--zookeeper-session-timeout", SESSION_TIMEOUT, "--ddl-timeout", "60s",
+                "--cluster-secret-file", str(self.secret_file), *extra]
 
     def start(self, server_id: int, *extra: str) -> ServerProcess:
         process = ServerProcess(self.args(server_id, *extra), stderr=self.root / f"server-{server_id}.log")
@@ -103,15 +107,34 @@ def servers(tmp_path, zk_address):
     cluster.stop_all()
 
 
-def describe(uri: str, table: str | None = None) -> dict:
-    """A server's own view of the cluster (the ``flightstore.cluster`` Flight action)."""
-    client = flight.FlightClient(uri)
+def describe(uri: str, table: str | None = None, *, options: flight.FlightCallOptions = CALL,
+             **client_args) -> dict:
+    """A server's own view of the cluster (the ``flightstore.cluster`` Flight action);
+    ``client_args`` (TLS) and ``options`` (credentials) as a FlightClient takes them."""
+    client = flight.FlightClient(uri, **client_args)
     try:
         body = tickets.encode_custom({"op": "flightstore.cluster", **({"table": table} if table else {})})
-        results = list(client.do_action(flight.Action("flightstore.cluster", body), CALL))
+        results = list(client.do_action(flight.Action("flightstore.cluster", body), options))
         return tickets.decode_custom(results[0].body.to_pybytes())
     finally:
         client.close()
+
+
+def in_sync(uris: dict[int, str], table: str, members: set[int]) -> bool:
+    """Every bucket of ``table`` has ``members`` in sync, and every follower holds its leader's log
+    (log end and high watermark), as each server describes its replicas."""
+    status = {i: {r["bucket"]: r for r in describe(uri, table)["replicas"]} for i, uri in uris.items()}
+    leaders = {b: r for s in status.values() for b, r in s.items() if r["role"] == "leader"}
+    if not leaders:
+        return False
+    for bucket, lead in leaders.items():
+        if set(lead["isr"]) != members:
+            return False
+        for server in members:
+            mine = status.get(server, {}).get(bucket)
+            if mine is None or mine["log_end"] != lead["log_end"] or mine["high_watermark"] != lead["high_watermark"]:
+                return False
+    return True
 
 
 class Members:

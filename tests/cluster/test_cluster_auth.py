@@ -48,7 +48,8 @@ def test_tokens_work_on_every_server_and_travel_with_forwarded_calls(servers, ob
         ticket = flight.Ticket(tickets.encode_custom({"op": "count", "table": "t"}))
         assert other.do_get(ticket, _with_token(token)).read_all().column(0)[0].as_py() == 40
         # Without a token, or with a forged one, a server refuses, forwarded command or not.
-        forwarded = flight.Ticket(tickets.encode_custom({"op": "count", "table": "t", "local": True}))
+        forwarded = flight.Ticket(tickets.encode_custom({"op": "count", "table": "t", "peer": True,
+                                                         "table_id": "x", "buckets": [0]}))
         with pytest.raises(flight.FlightUnauthenticatedError):
             other.do_get(forwarded, _with_token(None)).read_all()
         forged = token.rsplit(".", 1)[0] + "." + base64.urlsafe_b64encode(b"x" * 32).decode().rstrip("=")
@@ -61,12 +62,14 @@ def test_tokens_work_on_every_server_and_travel_with_forwarded_calls(servers, ob
         eve.close()
         with pytest.raises(pa.ArrowKeyError, match="does not exist"):
             other.do_get(ticket, _with_token(eve_token)).read_all()
-        # A leader checks the caller of a forwarded partial aggregate too.
+        # Only a peer may send a forwarded part: a client marking its call so is refused, even
+        # with a super user's token.
         partial = flight.Ticket(tickets.encode_custom({
-            "op": "partial", "table": "t", "columns": ["k"], "buckets": [0], "local": True,
+            "op": "partial", "table": "t", "columns": ["k"], "buckets": [0], "peer": True, "table_id": "x",
             "partial": "SELECT COUNT(*) AS n FROM rows", "name": "rows"}))
-        with pytest.raises(pa.ArrowKeyError, match="does not exist"):
-            other.do_get(partial, _with_token(eve_token)).read_all()
+        for who in (eve_token, token):
+            with pytest.raises(flight.FlightUnauthorizedError, match="cluster's servers only"):
+                other.do_get(partial, _with_token(who)).read_all()
     finally:
         other.close()
     with flightstore.connect(uris[2], username="eve", password="s3cret-eve") as conn, \

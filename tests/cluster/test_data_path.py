@@ -66,13 +66,8 @@ def _rows(conn, sql: str) -> list[dict]:
 
 
 def _local_count(uri: str, table: str) -> int:
-    """Rows ``uri``'s server holds itself (a forwarded count answers only its own buckets)."""
-    client = flight.FlightClient(uri)
-    try:
-        ticket = flight.Ticket(tickets.encode_custom({"op": "count", "table": table, "local": True}))
-        return client.do_get(ticket, CALL).read_all().column(0)[0].as_py()
-    finally:
-        client.close()
+    """Rows of the buckets ``uri``'s server leads (its replica status)."""
+    return sum(r["rows"] for r in describe(uri, table)["replicas"] if r["role"] == "leader")
 
 
 DDL = [
@@ -159,13 +154,14 @@ def test_data_lives_on_leaders_and_any_server_answers_like_one(cluster, single, 
         held = {i: _local_count(uris[i], table) for i in SERVER_IDS}
         assert held == {i: expected[i] for i in SERVER_IDS}, (table, held)
         assert all(n > 0 for n in held.values()), (table, held)
-    # A forwarded call to a server that does not lead the bucket is refused, naming the leader.
+    # A client cannot send what only a peer may: a call marked as forwarded is refused.
     keys = pa.table({"id": pa.array(list(range(1, 41)), pa.int64())})
     client = flight.FlightClient(uris[1])
     try:
-        ticket = flight.Ticket(tickets.encode_custom({"op": "lookup", "table": "shop.users", "local": True,
+        ticket = flight.Ticket(tickets.encode_custom({"op": "lookup", "table": "shop.users", "peer": True,
+                                                      "table_id": "x", "buckets": [0],
                                                       "keys_ipc": tickets.encode_table(keys)}))
-        with pytest.raises(flight.FlightUnavailableError, match="does not lead bucket"):
+        with pytest.raises(flight.FlightUnauthorizedError, match="cluster's servers only"):
             client.do_get(ticket, CALL).read_all()
     finally:
         client.close()
@@ -313,12 +309,12 @@ def test_group_by_runs_its_partial_on_each_leader(cluster, single):
         assert after[asked] == before[asked]  # its own partial runs in-process
         assert all(after[s] == before[s] + 1 for s in SERVER_IDS if s != asked), (before, after)
 
-    # The leader-side op serves only forwarded calls naming their buckets, SQL and input name.
+    # The leader-side op is no client command: a client sending it is refused before anything runs.
     client = flight.FlightClient(uris[0])
     try:
         ticket = flight.Ticket(tickets.encode_custom({"op": "partial", "table": "agg.sales",
                                                       "partial": "SELECT 1", "name": "t"}))
-        with pytest.raises(pa.ArrowInvalid, match="forwarded call naming its buckets"):
+        with pytest.raises(flight.FlightUnauthorizedError, match="cluster's servers only"):
             client.do_get(ticket, CALL).read_all()
     finally:
         client.close()

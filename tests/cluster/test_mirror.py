@@ -19,11 +19,12 @@ ROWS = pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]})
 
 
 def test_changes_made_while_a_member_was_down_are_applied_when_it_returns(members, tmp_path, observer):
-    first, second = members.start(1), members.start(2)
-    first.store.create_database("shop")
+    second = members.start(2)  # alone: it leads every bucket of the tables created now
+    second.store.create_database("shop")
     for name in ("kept", "dropped", "recreated"):
-        first.store.create_table(f"shop.{name}", SCHEMA, primary_key=["id"], options={"bucket.num": "2"})
-        second.store.local_table(f"shop.{name}").upsert(ROWS)  # members serve no Flight calls
+        second.store.create_table(f"shop.{name}", SCHEMA, primary_key=["id"], options={"bucket.num": "2"})
+        second.store.local_table(f"shop.{name}").upsert(ROWS)  # members serve no client calls
+    first = members.start(1)
     members.stop(2)
     first.store.drop_table("shop.dropped")
     first.store.drop_table("shop.recreated")
@@ -35,6 +36,7 @@ def test_changes_made_while_a_member_was_down_are_applied_when_it_returns(member
     assert local.local_table("shop.kept").row_count() == 3          # its data survived the downtime
     assert local.local_table("shop.recreated").row_count() == 0     # a new table of the same name
     assert local.local_table("shop.recreated").num_buckets == 1
+    assert local.local_table("shop.added").num_buckets == 1
     identity = json.loads((tmp_path / "member-2" / IDENTITY_FILE).read_text())
     view = observer.wait(lambda v: v.version == second.mirror.applied_version, "the observer catching up")
     assert identity["server_id"] == 2 and identity["cluster_id"] == view.cluster_id

@@ -1,4 +1,6 @@
-"""Chunked PK scans (flightstore/kv/scan.py): streamed in bounded chunks, in key order, checked.
+"""Chunked PK scans of RocksDB (flightstore/kv/scan.py): streamed in bounded chunks, in key order,
+checked. (Full scans of a table fold the changelog instead while they can: ``KvTablet.full_scan``;
+RocksDB is what range scans, and full scans the fold cannot serve, read.)
 
 Corruption itself is tested through a server in tests/server/test_kv_corruption.py.
 """
@@ -30,7 +32,7 @@ def _table(store, buckets: int = 1):
 def test_a_full_scan_streams_bounded_chunks_in_key_order(store):
     table = _table(store)
     kv = table.kvs[0]
-    batches = table.scan(["id", "name"])
+    batches = kv.scan(["id", "name"])
     first = next(batches)
     assert kv.io_stats()["rows_read"] <= FIRST_CHUNK_ROWS  # nothing read ahead of the consumer
     rest = list(batches)
@@ -47,10 +49,11 @@ def test_a_limit_and_a_filter_read_only_what_they_need(store):
     table = _table(store)
     kv = table.kvs[0]
     first_ids = list(range(-ROWS // 2, -ROWS // 2 + 10))
-    assert table.scan_table(["id"], limit=10).column("id").to_pylist() == first_ids
+    assert pa.Table.from_batches(list(kv.scan(["id"], limit=10))).column("id").to_pylist() == first_ids
     assert kv.io_stats()["rows_read"] == 10
     # A filter that drops most rows: chunks grow until the limit is met, far short of the table.
-    found = table.scan_table(["id"], Comparison("x", ">", 0.0) & Comparison("name", ">=", "n5"), limit=20)
+    filter = (Comparison("x", ">", 0.0) & Comparison("name", ">=", "n5")).bind(table.schema)
+    found = pa.Table.from_batches(list(kv.scan(["id"], filter, limit=20)))
     assert found.num_rows == 20
     assert kv.io_stats()["rows_read"] < ROWS
 
@@ -59,5 +62,5 @@ def test_a_row_count_that_disagrees_with_healthy_data_is_logged_not_an_error(sto
     table = _table(store)
     table.kvs[0].write_meta({b"row_count": struct.pack(">q", ROWS + 7)})
     with caplog.at_level(logging.WARNING, logger="flightstore.kv"):
-        assert table.scan_table(["id"]).num_rows == ROWS
+        assert sum(b.num_rows for b in table.kvs[0].scan(["id"])) == ROWS
     assert "maintained row count is off" in caplog.text

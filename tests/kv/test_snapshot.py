@@ -298,7 +298,8 @@ def test_full_scans_read_the_image_plus_the_tail_and_equal_the_kv(table, monkeyp
     assert table.scan_table(["k"], Comparison("name", "=", "new505")).to_pylist() == [{"k": 505}]
 
 
-def test_without_a_snapshot_or_with_a_long_tail_scans_read_rocksdb(table, monkeypatch):
+def test_scans_fold_the_changelog_in_every_snapshot_state_and_rocksdb_only_past_the_fold_bound(
+        table, monkeypatch):
     model = Model()
     churn(table, model, 3)
     calls = []
@@ -310,16 +311,16 @@ def test_without_a_snapshot_or_with_a_long_tail_scans_read_rocksdb(table, monkey
 
     monkeypatch.setattr(KvTablet, "scan", counting)
     assert contents(table) == model.state
-    assert len(calls) == 2  # no image yet
+    assert calls == []  # no image yet: the whole changelog, folded
     table.snapshot()
-    calls.clear()
+    assert contents(table) == model.state
+    churn(table, model, 8, start=3)  # a tail longer than the image
     assert contents(table) == model.state
     assert calls == []
-    monkeypatch.setattr("flightstore.kv.tablet.IMAGE_TAIL_MIN_ROWS", 1)
-    monkeypatch.setattr("flightstore.kv.tablet.IMAGE_TAIL_FACTOR", 0)
-    churn(table, model, 1, start=3)
+    monkeypatch.setattr("flightstore.memory._limit", 4)  # a query may hold 1 byte
+    churn(table, model, 1, start=11)
     assert contents(table) == model.state
-    assert len(calls) == 2  # the tail outgrew the image: RocksDB is cheaper
+    assert len(calls) == 2  # more updates to fold than a read may hold: RocksDB, in chunks
 
 
 def test_a_corrupt_image_is_detected_and_scans_fall_back_to_rocksdb(table, caplog):
@@ -447,8 +448,7 @@ def test_analytic_scans_without_an_image_replay_the_changelog_not_rocksdb(store,
     loose = table.scan_table(["k", "v"], Comparison("v", "<", 40.0), exact=False)
     wanted = {k: r["v"] for k, r in expected.items() if r["v"] is not None and r["v"] < 40}
     assert {r["k"]: r["v"] for r in loose.to_pylist() if r["v"] is not None and r["v"] < 40} == wanted
-    with pytest.raises(AssertionError, match="iterated RocksDB"):
-        table.scan_table()  # exact scans keep reading RocksDB in key order
+    assert by_key(table.scan_table().to_pylist()) == expected  # exact scans too (issue 20)
 
 
 def test_a_changelog_much_longer_than_the_bucket_is_not_replayed(store, monkeypatch):
@@ -465,8 +465,7 @@ def test_a_changelog_much_longer_than_the_bucket_is_not_replayed(store, monkeypa
     monkeypatch.setattr(KvTablet, "scan", counting)
     assert by_key(table.scan_table(exact=False).to_pylist()) == model.state
     assert calls == []
-    monkeypatch.setattr("flightstore.kv.tablet.IMAGE_TAIL_MIN_ROWS", 1)
-    monkeypatch.setattr("flightstore.kv.tablet.IMAGE_TAIL_FACTOR", 0)
+    monkeypatch.setattr("flightstore.memory._limit", 4)  # a query may hold 1 byte
     assert by_key(table.scan_table(exact=False).to_pylist()) == model.state
     assert len(calls) == 1
 

@@ -176,6 +176,21 @@ def test_ingest_a_million_rows_create_then_append(server, conn) -> None:
     assert server.store.table("big").row_count() == n + 1000
 
 
+def test_temporary_tables_are_refused_and_nothing_is_created(server, conn) -> None:
+    """flightstore has no session-scoped tables: a temporary ingest or CREATE TEMPORARY TABLE is
+    refused by name rather than making a table every connection sees."""
+    with conn.cursor() as cur:
+        with pytest.raises(dbapi.NotSupportedError, match="temporary tables are not supported"):
+            cur.adbc_ingest("scratch", pa.table({"a": [1, 2]}), mode="create", temporary=True)
+    with conn.cursor() as cur:  # a fresh cursor: the driver's ingest state does not survive an error
+        with pytest.raises(dbapi.NotSupportedError, match="temporary tables are not supported"):
+            cur.execute("CREATE TEMPORARY TABLE scratch2 (a BIGINT)")
+        assert cur.adbc_ingest("kept", pa.table({"a": [1, 2]}), mode="create") == 2
+        cur.execute("SHOW TABLES")
+        assert cur.fetchall() == [("kept",)]
+    assert server.store.list_tables("default") == ["kept"]
+
+
 # ---- metadata -----------------------------------------------------------------------------------
 def test_get_objects_table_schema_and_info(conn) -> None:
     _users(conn)

@@ -16,7 +16,8 @@ from adbc_driver_flightsql import dbapi
 from pyarrow import flight
 
 import flightstore
-from flightstore.server import protocol
+from flightstore.server import protocol, status
+from tests.server.conftest import RunningServer
 
 INVALID, NOT_FOUND, UNIMPLEMENTED = pa.ArrowInvalid, pa.ArrowKeyError, pa.ArrowNotImplementedError
 
@@ -83,6 +84,8 @@ SQL_CASES = [
     ("CREATE DATABASE default", INVALID, ["default", "already exists"]),
     ("GRANT SELECT ON t TO bob", INVALID, ["GRANT", "unknown operation", "SELECT"]),
     ("CALL sys.add_acl('cluster')", UNIMPLEMENTED, ["unsupported", "CALL"]),
+    ("START TRANSACTION", UNIMPLEMENTED, ["unsupported statement: START"]),
+    ("SELEC oops", INVALID, ["syntax error at line 1, column 1 near 'SELEC'"]),
     ("ALTER TABLE t DROP COLUMN score", UNIMPLEMENTED, ["DROP COLUMN score", "not supported"]),
     ("ALTER TABLE t MODIFY score INT", UNIMPLEMENTED, ["score", "not a lossless widening"]),
     ("ALTER TABLE t SET ('bucket.num' = '8')", UNIMPLEMENTED, ["bucket.num", "cannot change"]),
@@ -306,8 +309,17 @@ MESSAGE_CASES = [
     ("INSERT INTO d VALUES (1, 1.125)", ["price", "more than 2 decimal places"]),
     ("CREATE TABLE s (id TINYINT)", []),
     ("INSERT INTO s VALUES (300)", ["id", "TINYINT", "300", "out of range -128 to 127"]),
+    # a misspelt statement is a syntax error at its first word, not an unsupported "ALIAS"
+    ("SELEC oops", ["INVALID_ARGUMENT", "syntax error at line 1, column 1 near 'SELEC'", "did you mean SELECT"]),
+    ("  INSRT INTO t VALUES (1)", ["INVALID_ARGUMENT", "syntax error at line 1, column 3 near 'INSRT'",
+                                   "did you mean INSERT"]),
+    ("oops + 1", ["INVALID_ARGUMENT", "syntax error at line 1, column 1 near 'oops'", "a statement starts with"]),
+    # a type mismatch in one line of the user's types, not DuckDB's kilobytes of candidates
+    ("SELECT name + 1 FROM t", ["the operator + does not apply to STRING and INTEGER", "CAST"]),
+    ("SELECT lower(id) FROM t", ["the function lower does not take (BIGINT)", "it takes lower(STRING)"]),
 ]
-INTERNALS = ("sqlglot", "<class", "precision inferred", "__t", "LINE 1", "Required keyword")
+INTERNALS = ("sqlglot", "<class", "precision inferred", "__t", "LINE 1", "Required keyword", "Candidate",
+             "VARCHAR", "ALIAS")
 
 
 def test_messages_say_what_and_where_in_the_users_terms(server) -> None:
@@ -331,5 +343,72 @@ def test_messages_say_what_and_where_in_the_users_terms(server) -> None:
                 assert word in message, (sql, word, message)
             for internal in INTERNALS:
                 assert internal not in message, (sql, internal, message)
+    finally:
+        conn.close()
+
+
+def test_a_type_mismatch_is_one_short_line_through_adbc(server) -> None:
+    with flightstore.connect(server.uri) as conn:
+        conn.sql("CREATE TABLE t (id BIGINT, s STRING)")
+        conn.sql("INSERT INTO t VALUES (1, 'a')")
+    conn = _adbc_connect(server.uri)
+    try:
+        for sql in ("SELECT s + 1 FROM t", "SELECT s * s FROM t GROUP BY s", "SELECT -s FROM t"):
+            with conn.cursor() as cur, pytest.raises(dbapi.Error) as raised:
+                cur.execute(sql)
+                cur.fetch_arrow_table()
+            text = str(raised.value)
+            assert "INVALID_ARGUMENT" in text and "does not apply to STRING" in text, text
+            # pyarrow repeats the message once in its "Detail"; DuckDB's list was ~4 KB each time
+            assert len(text) < 800 and "Candidate" not in text, text
+    finally:
+        conn.close()
+
+
+def test_the_data_directory_is_masked_only_where_it_is_a_path(tmp_path, monkeypatch) -> None:
+    """``--data-dir data`` (relative, as ``make run`` gives it): names containing "data" keep
+    their spelling in messages; the directory itself, where a message names a file, does not
+    reach the client."""
+    monkeypatch.chdir(tmp_path)
+    running = RunningServer("data")
+    try:
+        with flightstore.connect(running.uri) as conn:
+            conn.sql("CREATE TABLE t (id BIGINT, metadata_x STRING)")
+        conn = _adbc_connect(running.uri)
+        try:
+            for sql, words in [("SELECT * FROM database_x.t", ["table 'database_x.t' does not exist",
+                                                                "no database 'database_x'"]),
+                               ("SELECT metadata FROM t", ["unknown column 'metadata'", "metadata_x"])]:
+                with conn.cursor() as cur, pytest.raises(dbapi.Error) as raised:
+                    cur.execute(sql)
+                    cur.fetch_arrow_table()
+                for word in words:
+                    assert word in str(raised.value), (word, str(raised.value))
+                assert "<data-dir>" not in str(raised.value)
+        finally:
+            conn.close()
+    finally:
+        running.stop()
+    hidden = ("data", str(tmp_path / "data"))
+    for message, shown in [
+            (f"cannot read {tmp_path}/data/default/t/log/0.seg", "cannot read <data-dir>/default/t/log/0.seg"),
+            ("cannot read data/default/t/log/0.seg", "cannot read <data-dir>/default/t/log/0.seg"),
+            (f"'{tmp_path}/data' is locked", "'<data-dir>' is locked"),
+            (f"{tmp_path}/data2/x and metadata/x and database_x", f"{tmp_path}/data2/x and metadata/x and database_x")]:
+        assert status.client_message(message, hidden) == shown
+
+
+def test_an_unknown_schema_set_through_adbc_is_named(server) -> None:
+    with flightstore.connect(server.uri) as conn:
+        conn.sql("CREATE DATABASE shop")
+    conn = _adbc_connect(server.uri)
+    try:
+        with pytest.raises(dbapi.Error, match="session option 'schema': database 'nosuch' does not exist"):
+            conn.adbc_current_db_schema = "nosuch"
+        with pytest.raises(dbapi.Error, match="database 'nosuch2' does not exist"):
+            conn.adbc_connection.set_options(**{"adbc.connection.db_schema": "nosuch2"})
+        assert conn.adbc_current_db_schema == "default"  # nothing was set
+        conn.adbc_current_db_schema = "shop"
+        assert conn.adbc_current_db_schema == "shop"
     finally:
         conn.close()

@@ -28,43 +28,20 @@ Client limitations found (not server bugs; worked around, not hidden):
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
-import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from flightstore_sqlalchemy.superset_launch import cached_venv
+
+# One cached-venv maker for every client that cannot share our venv (Superset's `make superset` too).
+client_venv = cached_venv
+
 CLIENT_REQUIREMENTS = ["flightsql-dbapi==0.2.2", "sqlalchemy>=1.4,<2", "pandas", "pyarrow>=14"]
-
-
-def client_venv(name: str, requirements: list[str]) -> Path:
-    """A cached virtualenv with ``requirements``; returns its python. Safe across processes."""
-    key = hashlib.sha256(json.dumps([requirements, sys.version]).encode()).hexdigest()[:12]
-    in_venv = sys.prefix != sys.base_prefix
-    root = Path(sys.prefix) / "clients" if in_venv else Path(tempfile.gettempdir()) / "flightstore-clients"
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{name}-{key}"
-    python = target / "bin" / "python"
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():
-            return python
-        shutil.rmtree(target, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(target)], check=True, timeout=120)
-        installed = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *requirements],
-            capture_output=True, text=True, timeout=600)
-        if installed.returncode != 0:
-            raise RuntimeError(f"installing {requirements} failed:\n{installed.stdout}\n{installed.stderr}")
-        (target / ".complete").write_text("\n".join(requirements))
-    return python
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The privilege matrix of one server (README, Security): every RPC kind and SQL verb, run against
+"""The privilege matrix of one server (docs/security.md): every RPC kind and SQL verb, run against
 table ``shop.secret`` by users holding no grant at all, a grant elsewhere in ``shop`` only,
 DESCRIBE, READ or WRITE on it. Each answer is the documented one, and where the object is
 hidden from the user, the answer equals word for word (names aside) the answer for an absent

@@ -153,7 +153,7 @@ def test_sigterm_stops_a_server_running_a_long_query_within_its_grace(tmp_path) 
         assert reader.read_chunk().data.num_rows > 0  # the query is running
         signalled = time.monotonic()
         running.process.send_signal(signal.SIGTERM)
-        with pytest.raises(flight.FlightCancelledError, match="shutting down"):
+        with pytest.raises(flight.FlightUnavailableError, match="shutting down"):
             while True:
                 reader.read_chunk()
         assert running.process.wait(timeout=GRACE_S + 30) == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +16,7 @@ from adbc_driver_flightsql import dbapi
 from pyarrow import flight
 
 import flightstore
+from flightstore.errors import InvalidInput
 from flightstore.server.service import FlightSqlServer
 from flightstore.server.tls import TlsConfig
 from flightstore.store import Store
@@ -136,3 +139,43 @@ def test_serve_cli_over_mutual_tls(tmp_path, certs):
                           "--tls-cert", str(certs.server_cert)], capture_output=True, text=True, timeout=60,
                          check=False)
     assert bad.returncode != 0 and "--tls-key" in bad.stderr
+
+
+def test_serve_says_what_is_wrong_with_its_tls_key_or_port(tmp_path, certs):
+    """Start-up failures name their cause (gRPC says only "Server did not start properly")."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        runs = [subprocess.Popen([sys.executable, "-m", "flightstore", "serve", "--data-dir", str(tmp_path / name),
+                                  *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for name, args in [("a", ["--port", "0", "--tls-cert", str(certs.server_cert),
+                                          "--tls-key", str(certs.client_key)]),   # the key of another certificate
+                                   ("b", ["--port", str(port)])]]                  # a port another process holds
+        errors = []
+        for run in runs:
+            _, error = run.communicate(timeout=180)
+            assert run.returncode != 0, error
+            errors.append(error)
+    mismatch, in_use = errors
+    assert f"the TLS key {certs.client_key} does not belong to the TLS certificate {certs.server_cert}" in mismatch
+    assert "port" not in mismatch
+    assert f"cannot listen on 127.0.0.1:{port}: the port is in use by another process" in in_use
+
+
+def test_tls_files_are_checked_before_listening(tmp_path, certs):
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(certs.server_key.read_bytes(), None)
+    encrypted = tmp_path / "encrypted.pem"
+    encrypted.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.BestAvailableEncryption(b"secret")))
+    for cert, key_file, ca, words in [
+            (certs.server_cert, encrypted, None, "is encrypted with a passphrase"),
+            (certs.server_key, certs.server_key, None, f"the TLS certificate {certs.server_key} holds no readable"),
+            (certs.server_cert, certs.client_key, None, "does not belong to the TLS certificate"),
+            (certs.server_cert, certs.server_key, certs.client_key, f"the client CA {certs.client_key} holds no"),
+    ]:
+        with pytest.raises(InvalidInput, match=re.escape(words)):
+            TlsConfig.from_files(cert, key_file, ca)
+    assert TlsConfig.from_files(certs.server_cert, certs.server_key, certs.ca).client_ca is not None

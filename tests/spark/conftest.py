@@ -26,6 +26,9 @@ def spark():
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.streaming.stopTimeout", "10s")
                .config("spark.python.worker.reuse", "true")
+               # a Python worker's connection to its task waits 15 s by default: too short on a
+               # busy 2-core machine (CANNOT_OPEN_SOCKET ... timed out)
+               .config("spark.python.authenticate.socketTimeout", "120s")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     _start_python_workers(session)

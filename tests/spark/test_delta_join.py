@@ -5,10 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from flightstore_spark.pipelines import delta_join
+from flightstore_spark.pipelines.join_cache import CacheSettings
 
 from flightstore.client import connect
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # four streaming queries on a busy machine
 
 
 def _setup(conn):
@@ -17,8 +18,9 @@ def _setup(conn):
              "PRIMARY KEY (cust, oid) NOT ENFORCED) WITH ('bucket.num' = '2', 'bucket.key' = 'cust')")
     conn.sql("CREATE TABLE dj.customers (cust BIGINT, name STRING, tier BIGINT, "
              "PRIMARY KEY (cust) NOT ENFORCED) WITH ('bucket.num' = '2')")
-    conn.sql("CREATE TABLE dj.wide (cust BIGINT, oid BIGINT, amount DOUBLE, item STRING, name STRING, "
-             "tier BIGINT, PRIMARY KEY (cust, oid) NOT ENFORCED) WITH ('bucket.num' = '2', 'bucket.key' = 'cust')")
+    for sink in ("dj.wide", "dj.inner_wide"):
+        conn.sql(f"CREATE TABLE {sink} (cust BIGINT, oid BIGINT, amount DOUBLE, item STRING, name STRING, "
+                 "tier BIGINT, PRIMARY KEY (cust, oid) NOT ENFORCED) WITH ('bucket.num' = '2', 'bucket.key' = 'cust')")
 
 
 def _batch_join(conn) -> list[tuple]:
@@ -31,8 +33,8 @@ def _batch_join(conn) -> list[tuple]:
     return sorted(rows)
 
 
-def _sink(conn) -> list[tuple]:
-    rows = conn.table("dj.wide").scan().to_pylist()
+def _sink(conn, sink: str = "dj.wide") -> list[tuple]:
+    rows = conn.table(sink).scan().to_pylist()
     return sorted((r["cust"], r["oid"], r["amount"], r["item"], r["name"], r["tier"]) for r in rows)
 
 
@@ -62,6 +64,13 @@ def test_delta_join_matches_batch_join_and_keeps_no_spark_state(spark, server, t
     expected = _batch_join(conn)
     assert _sink(conn) == expected
     assert (1, 10, 1.5, "a2", "anne", 9) in expected and (2, 20, 3.0, "c", None, None) in expected
+
+    # the inner join of the same changelogs, from earliest, caches off
+    query = delta_join.start(spark, server.uri, "dj.orders", "dj.customers", ["cust"], "dj.inner_wide",
+                             str(tmp_path / "inner"), join_type="inner", cache=CacheSettings(False))
+    query.awaitTermination()
+    assert query.exception() is None
+    assert _sink(conn, "dj.inner_wide") == [row for row in expected if row[4] is not None]
 
     spark_state = delta_join.stream_stream_join_state(spark, server.uri, "dj.orders", "dj.customers",
                                                       ["cust"], str(tmp_path / "ssj"))

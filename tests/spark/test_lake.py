@@ -51,7 +51,8 @@ def test_batch_read_is_lake_splits_plus_log_tails_and_equals_sql(spark, lake_ser
     log_parts = [p for p in parts if "payload" in p]
     assert len(lake_parts) == 3  # one data file per bucket: the lake splits
     assert sorted(p["payload"]["buckets"][0] for p in log_parts) == [0, 1, 2]  # a tail per bucket
-    assert all(p["lake"]["files"][0].startswith("file://") for p in lake_parts)
+    assert all(p["lake"]["files"][0]["path"].startswith("file://") for p in lake_parts)
+    assert all(p["lake"]["files"][0]["crc32"] is not None for p in lake_parts)  # executors check it
     assert df.rdd.getNumPartitions() == 6
     got = df.select("k", "seq", "s").toArrow()
     assert sorted(got.column("seq").to_pylist()) == list(range(640))  # every row once

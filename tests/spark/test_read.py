@@ -109,3 +109,28 @@ def test_pushed_query_and_filter_translation(spark, server, tables):
     assert len(partitions) == 3
     assert [p.value["payload"]["buckets"] for p in partitions] == [[0], [1], [2]]
     assert all(p.value["payload"]["filter"] == pushed for p in partitions)
+
+
+def test_column_pruning_hook_is_detected_and_narrows_the_read(server, tables):
+    """PySpark 4.3 has no pruning hook for Python data sources (the ``columns`` option is the way);
+    a PySpark whose DataSourceReader has ``pruneColumns`` (SPARK-51713) is detected, and the
+    connector's hook then reads only the required columns."""
+    from flightstore_spark.source import FlightstoreDataSource, prunes_columns
+    from pyspark.sql.datasource import DataSourceReader
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    assert prunes_columns() == hasattr(DataSourceReader, "pruneColumns")
+
+    class FuturePySparkReader(DataSourceReader):
+        def pruneColumns(self, requiredSchema):  # noqa: N802, N803
+            return requiredSchema
+
+    assert prunes_columns(FuturePySparkReader) and not prunes_columns(object)
+    source = FlightstoreDataSource({"uri": server.uri, "table": "db.lg"})
+    reader = FlightstoreReader({"uri": server.uri, "table": "db.lg"}, source.schema())
+    required = StructType([StructField("id", LongType())])
+    assert reader.pruneColumns(required).fieldNames() == ["id"]
+    (partition, *_) = reader.partitions()
+    assert partition.value["payload"]["columns"] == ["id"]
+    batches = list(reader.read(partition))
+    assert batches and all(b.schema.names == ["id"] for b in batches)

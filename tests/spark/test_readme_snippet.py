@@ -1,4 +1,4 @@
-"""The README's Spark snippet runs as written (after the tour): it reads, filters, and writes a
+"""The Spark snippet of docs/spark.md runs as written (after the README's tour): it reads, filters, and writes a
 partial row with ``option("columns", ...)`` that keeps the other columns."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = (ROOT / "README.md").read_text() + (ROOT / "docs" / "spark.md").read_text()
 
 
 def _block(marker: str) -> str:
-    [code] = [b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S) if marker in b]
+    [code] = [b for b in re.findall(r"```python\n(.*?)```", PAGES, flags=re.S) if marker in b]
     return code
 
 
@@ -23,7 +24,7 @@ def test_readme_spark_snippet(spark, server) -> None:
                  "README.md", "exec"), {})
     scope: dict = {}
     snippet = _block("SparkSession").replace("grpc://127.0.0.1:8815", server.uri)
-    exec(compile(snippet, "README.md", "exec"), scope)
+    exec(compile(snippet, "docs/spark.md", "exec"), scope)
     assert scope["spark"] is spark  # getOrCreate: the test session
     assert scope["df"].count() == 2
     rows = server.store.table("shop.orders").scan_table().sort_by("order_id").to_pylist()

@@ -1,18 +1,19 @@
 """Superset end to end: a real flightstore server, a real Superset (6.1, sqlite metadata) and a
 dashboard rendered in headless Chromium.
 
-Superset runs in its own cached virtualenv (``client_venv``; it pins SQLAlchemy 1.4 and, as
-packaged, also needs ``rich``, ``cachetools`` and ``flask-caching<2.5``). The dialect and engine
-spec come from this checkout: a ``dist-info`` built from pyproject's entry points is put on
-Superset's path, so Superset discovers ``flightstore_sqlalchemy`` exactly as after
-``pip install flightstore[sqlalchemy]``. Chromium and chromedriver are Debian's (installed with
-apt-get when missing); nothing is downloaded at run time.
+Superset is set up exactly as ``make superset`` sets it up
+(:mod:`flightstore_sqlalchemy.superset_launch`): its own cached virtualenv (it pins SQLAlchemy
+1.4 and, as packaged, also needs ``rich``, ``cachetools`` and ``flask-caching<2.5``) with this
+checkout installed ``--no-deps``, so Superset discovers ``flightstore_sqlalchemy`` by its entry
+points; a site with the admin user and the ``flightstore`` database; Superset started on a free
+port. Chromium and chromedriver are Debian's (installed with apt-get when missing); nothing is
+downloaded at run time.
 
-Through Superset's REST API the test adds the database, creates a dataset on a 3-bucket table,
-asks for a monthly time series (grain P1M on a TIMESTAMP column, and P1W on a DATE column),
-saves the chart on a dashboard, and checks the chart's data equals the SQL answer. Set
-``FLIGHTSTORE_SUPERSET_CAPTURE=path.png`` to keep the screenshot (docs/superset-dashboard.png
-was made so).
+Through Superset's REST API the test finds the database ``make superset`` registered, creates a
+dataset on a 3-bucket table, asks for a monthly time series (grain P1M on a TIMESTAMP column, and
+P1W on a DATE column), saves the chart on a dashboard, and checks the chart's data equals the SQL
+answer. Set ``FLIGHTSTORE_SUPERSET_CAPTURE=path.png`` to keep the screenshot
+(docs/superset-dashboard.png was made so).
 """
 
 from __future__ import annotations
@@ -21,37 +22,24 @@ import datetime as dt
 import json
 import os
 import shutil
-import socket
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
-import tomllib
 
 import flightstore
-from tests.server.test_flightsql_dbapi import client_venv
-from tests.waiting import wait_until
+from flightstore_sqlalchemy import superset_launch
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-SUPERSET_REQUIREMENTS = ["apache-superset==6.1.0", "rich", "cachetools", "flask-caching<2.5",
-                         "adbc-driver-flightsql>=1.3", "adbc-driver-manager>=1.3"]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage", "--window-size=1400,900"]
-CONFIG = '''
-import os
-SECRET_KEY = "flightstore-superset-test-0123456789abcdef"
-SQLALCHEMY_DATABASE_URI = "sqlite:///" + os.environ["FLIGHTSTORE_SUPERSET_DB"]
-WTF_CSRF_ENABLED = False
-TALISMAN_ENABLED = False
-RATELIMIT_ENABLED = False
-CACHE_CONFIG = {"CACHE_TYPE": "NullCache"}
-DATA_CACHE_CONFIG = {"CACHE_TYPE": "NullCache"}
-'''
+# What the test adds to make superset's configuration: REST calls without CSRF tokens, no caches.
+TEST_SETTINGS = {"WTF_CSRF_ENABLED": False, "TALISMAN_ENABLED": False, "RATELIMIT_ENABLED": False,
+                 "CACHE_CONFIG": {"CACHE_TYPE": "NullCache"}, "DATA_CACHE_CONFIG": {"CACHE_TYPE": "NullCache"}}
 
 SCREENSHOT = r'''
 import json, sys
@@ -111,25 +99,6 @@ def _chromium() -> None:
         raise RuntimeError("chromium and chromedriver are not installed and apt-get could not install them")
 
 
-def _dist_info(site: Path) -> None:
-    """A dist-info of this checkout's SQLAlchemy dialect with pyproject's entry points."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    info = site / "flightstore_sqlalchemy-0.0.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flightstore-sqlalchemy\nVersion: 0.0.0\n")
-    groups = {g: v for g, v in project["entry-points"].items()
-              if g in ("sqlalchemy.dialects", "superset.db_engine_specs")}
-    (info / "entry_points.txt").write_text("".join(
-        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in entries.items()) + "\n"
-        for group, entries in groups.items()))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Api:
     """Superset's REST API with a bearer token (urllib: no client library in this venv)."""
 
@@ -149,22 +118,6 @@ class Api:
                 return json.loads(answer.read() or b"{}")
         except urllib.error.HTTPError as exc:
             raise AssertionError(f"{method} {path} -> {exc.code}: {exc.read()[:2000]!r}") from None
-
-
-def _wait_healthy(base: str, process: subprocess.Popen, log: Path, timeout: float = 240) -> None:
-    def healthy() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"superset exited with code {process.returncode}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=5) as answer:
-                return answer.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
-    try:
-        wait_until(healthy, "superset answering /health", timeout=timeout, poll=0.5)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; its log:\n{log.read_text()[-4000:]}") from None
 
 
 def _load(uri: str) -> list[tuple[str, float]]:
@@ -222,42 +175,21 @@ def _assert_same(got: list[tuple[str, float]], expected: list[tuple[str, float]]
     assert [total for _, total in got] == pytest.approx([total for _, total in expected])
 
 
+@pytest.mark.timeout(1500)  # Superset's imports alone take minutes on a loaded 2-core machine
 def test_superset_time_series_chart_and_dashboard(server, tmp_path) -> None:
-    python = client_venv("superset", SUPERSET_REQUIREMENTS)
+    python = superset_launch.superset_python()
     _chromium()
     monthly, weekly = _load(server.uri)
     assert len(monthly) >= 10 and len(weekly) >= 40
 
-    site = tmp_path / "site"
-    _dist_info(site)
-    (tmp_path / "superset_config.py").write_text(CONFIG)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env.update(SUPERSET_CONFIG_PATH=str(tmp_path / "superset_config.py"), FLASK_APP="superset",
-               FLIGHTSTORE_SUPERSET_DB=str(tmp_path / "meta.db"), SUPERSET_HOME=str(tmp_path / "home"),
-               PYTHONPATH=f"{site}:{ROOT}", HOME=str(tmp_path))
-    superset = str(python.parent / "superset")
-    for args in (["db", "upgrade"],
-                 ["fab", "create-admin", "--username", "admin", "--firstname", "Ada", "--lastname", "Admin",
-                  "--email", "admin@example.invalid", "--password", "admin"],
-                 ["init"]):
-        done = subprocess.run([superset, *args], env=env, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, \
-            f"superset {args[0]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = tmp_path / "superset.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen([superset, "run", "-h", "127.0.0.1", "-p", str(port), "--with-threads"],
-                                   env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+    flight_port = server.uri.rsplit(":", 1)[1]
+    env = superset_launch.prepare(python, tmp_path, f"flightstore://127.0.0.1:{flight_port}",
+                                  settings=TEST_SETTINGS, env={"HOME": str(tmp_path)})
+    process, base = superset_launch.start(python, tmp_path, env)
     try:
-        _wait_healthy(base, process, log)
         api = Api(base)
-        flight_port = server.uri.rsplit(":", 1)[1]
-        database = api.call("POST", "/api/v1/database/", {
-            "database_name": "flightstore", "sqlalchemy_uri": f"flightstore://127.0.0.1:{flight_port}",
-            "expose_in_sqllab": True})
+        query = urllib.parse.quote(f"(filters:!((col:database_name,opr:eq,value:{superset_launch.DATABASE_NAME})))")
+        [database] = api.call("GET", f"/api/v1/database/?q={query}")["result"]
         assert api.call("GET", f"/api/v1/database/{database['id']}")["result"]["backend"] == "flightstore"
         dataset = api.call("POST", "/api/v1/dataset/", {"database": database["id"], "schema": "bi",
                                                        "table_name": "sales"})
@@ -304,8 +236,7 @@ def test_superset_time_series_chart_and_dashboard(server, tmp_path) -> None:
         picture = tmp_path / "dashboard.png"
         shot = subprocess.run([str(python), "-c", SCREENSHOT, base, str(dashboard["id"]), str(picture),
                                str(tmp_path / "chromium-profile"), json.dumps(CHROMIUM_FLAGS)],
-                              env={k: v for k, v in env.items() if k != "PYTHONPATH"}, capture_output=True,
-                              text=True, timeout=300)
+                              env=env, capture_output=True, text=True, timeout=300)
         assert shot.returncode == 0, f"screenshot failed:\n{shot.stdout[-3000:]}\n{shot.stderr[-3000:]}"
         page = json.loads(shot.stdout.strip().splitlines()[-1])
         assert page["errors"] == [], page
@@ -314,9 +245,4 @@ def test_superset_time_series_chart_and_dashboard(server, tmp_path) -> None:
         if target:
             shutil.copy(picture, target)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
+        superset_launch.stop(process)

@@ -136,13 +136,16 @@ def query_endpoints(conn: Connection, query: str) -> flight.FlightInfo:
     return conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
 
 
-def lake_split(conn: Connection, table: str, filter: Any = None, snapshot_id: int | None = None) -> dict:
+def lake_split(conn: Connection, table: str, filter: Any = None, snapshot_id: int | None = None, *,
+               lake_only: bool = False) -> dict:
     """The server's plan of a union read of a datalake-enabled log table (``union`` False for any
     other table): lake snapshot id, per-bucket log offsets the log part starts at, the pruned data
-    files with their Arrow schema (hex IPC), and the lake's file-IO properties (no credentials)."""
+    files with their Arrow schema (hex IPC), and the lake's file-IO properties (no credentials).
+    ``lake_only``: the plan of the lake snapshot alone, of any datalake-enabled table (a
+    primary-key table's data files name their position delete files under ``deletes``)."""
     return conn._action("flightstore.lake-split", {
         "table": table, "filter": filter.to_dict() if filter is not None else None,
-        "snapshot_id": snapshot_id})
+        "snapshot_id": snapshot_id, "lake_only": lake_only})
 
 
 def lake_io(options: Options, planned: dict) -> dict[str, str]:
@@ -152,11 +155,18 @@ def lake_io(options: Options, planned: dict) -> dict[str, str]:
     return {**planned.get("io", {}), **own}
 
 
-def read_lake_files(files: Sequence[str], io: dict[str, str], schema_hex: str,
-                    columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-    """Lake data files read on an executor straight from the warehouse (no server in the path)."""
-    from flightstore.lake.read import read_data_files
+def read_lake_files(files: Sequence[str | dict], io: dict[str, str], schema_hex: str,
+                    columns: Sequence[str], deletes: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Lake data files read on an executor straight from the warehouse (no server in the path);
+    files planned by the server (dicts with size and CRC-32) are checked before they are decoded.
+    ``deletes``: the position delete files of the one data file in ``files`` (its deleted rows
+    are dropped)."""
+    from flightstore.lake.read import read_data_files, read_live_rows
     schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schema_hex)))
+    if deletes:
+        (only,) = files
+        yield from read_live_rows(only, deletes, io, schema, columns)
+        return
     yield from read_data_files(files, io, schema, columns)
 
 

@@ -9,9 +9,19 @@ from the warehouse (Arrow's Parquet reader; the lake's credentials come from ``l
 property>`` options, e.g. ``lake.s3.access-key-id``) plus one log-tail split per bucket from the
 server, from that bucket's tiered offset.
 
+Column pruning: PySpark 4.3 gives a Python data source no pruning hook, so ``df.select("a", "b")``
+still reads every column from the server; ``option("columns", "a,b")`` is the way to read fewer
+(pruned on the server, only those columns leave it). A PySpark that offers
+``DataSourceReader.pruneColumns`` (SPARK-51713) is detected (:func:`prunes_columns`) and its
+required columns are then read without the option.
+
+``snapshot.id`` reads one lake snapshot of a datalake-enabled table alone (primary-key tables too:
+their position deletes are applied by the executors), one partition per data file straight from
+the warehouse: the delta join's backfill reads the two tables' snapshots this way.
+
 Options: ``uri`` (grpc://host:port, grpc+tls://host:port), ``table`` (``db.t``) or ``query`` (a whole
 SELECT pushed to the server; its Flight endpoints become the partitions), ``columns`` (``a,b``:
-pruned on the server), ``username``/``password``, ``tls.root.certs`` (PEM file of the CA that signed
+pruned on the server), ``snapshot.id``, ``username``/``password``, ``tls.root.certs`` (PEM file of the CA that signed
 the server's certificate) and, for mutual TLS, ``tls.cert.chain``/``tls.private.key``; streaming options are in
 :mod:`flightstore_spark.stream`, write options
 in :mod:`flightstore_spark.writer`.
@@ -31,7 +41,7 @@ from flightstore import expressions as ex
 from flightstore_spark import _flight
 from flightstore_spark.filters import to_predicate
 
-__all__ = ["FlightstoreDataSource", "conform_batches", "spark_schema"]
+__all__ = ["FlightstoreDataSource", "conform_batches", "prunes_columns", "spark_schema"]
 
 
 def spark_schema(schema: pa.Schema) -> StructType:
@@ -64,7 +74,7 @@ def read_lake_split(split: dict, schema: StructType) -> Iterator[pa.RecordBatch]
     """One lake split on an executor: its data file's ``columns``, cast to ``schema`` and filtered
     by the pushed filter exactly (Spark does not filter pushed predicates again)."""
     batches = conform_batches(_flight.read_lake_files(split["files"], split["io"], split["schema"],
-                                                      split["columns"]), schema)
+                                                      split["columns"], split.get("deletes")), schema)
     if split.get("filter") is None:
         yield from batches
         return
@@ -122,6 +132,13 @@ class FlightstoreDataSource(DataSource):
         return FlightstoreStreamWriter(self.options, schema, overwrite)
 
 
+def prunes_columns(reader_class: type = DataSourceReader) -> bool:
+    """Whether the installed PySpark hands a Python data source the columns a query needs
+    (``DataSourceReader.pruneColumns``, proposed by SPARK-51713; PySpark 4.3 has no such hook, so a
+    ``.select(...)`` does not reach the server there: use ``option("columns", "a,b")``)."""
+    return callable(getattr(reader_class, "pruneColumns", None))
+
+
 class FlightstoreReader(DataSourceReader):
     """Batch reads: the custom ``scan`` command per bucket, or the endpoints of a pushed query.
 
@@ -150,6 +167,17 @@ class FlightstoreReader(DataSourceReader):
                 pushed.append(predicate)
         self.pushed = ex.and_all(pushed)
 
+    def pruneColumns(self, requiredSchema: StructType) -> StructType:  # noqa: N802, N803 - Spark's names
+        """Read only the columns the query needs (called by a PySpark that has the hook, see
+        :func:`prunes_columns`; never by 4.3). The ``columns`` option, if set, already narrowed
+        the schema; a changelog read keeps its changelog columns."""
+        if self.options.query or wants_changelog(self.options):
+            return self.schema
+        wanted = set(requiredSchema.fieldNames())
+        kept = [f for f in self.schema.fields if f.name in wanted] or self.schema.fields[:1]  # COUNT(*): one
+        self.schema = StructType(kept)
+        return self.schema
+
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
         with options.connect() as conn:
@@ -157,6 +185,8 @@ class FlightstoreReader(DataSourceReader):
                 info = _flight.query_endpoints(conn, options.query)
                 return [InputPartition({"ticket": e.ticket.ticket, "uri": _flight.endpoint_uri(e)})
                         for e in info.endpoints]
+            if options.get("snapshot.id") is not None:
+                return self._lake_snapshot(conn, int(options.get("snapshot.id")))
             client = conn.table(options.table)
             leaders = _flight.leaders(conn, options.table)  # in a cluster: read each bucket at its leader
             if wants_changelog(options):
@@ -171,11 +201,12 @@ class FlightstoreReader(DataSourceReader):
             # One input partition per bucket; of a partitioned table, per (partition, bucket) of
             # the partitions the pushed filters cannot rule out.
             buckets = client.buckets(self.pushed)
-        columns = options.columns or self.schema.fieldNames()
+        columns = self.schema.fieldNames()  # the `columns` option's, or what pruneColumns left
         filter_json = self.pushed.to_dict() if self.pushed is not None else None
         if planned.get("union"):
             io = _flight.lake_io(options, planned)
-            lake = [InputPartition({"lake": {"files": [f["path"]], "io": io, "schema": planned["schema"],
+            # each file with its size and CRC-32: the executor checks it before decoding it
+            lake = [InputPartition({"lake": {"files": [f], "io": io, "schema": planned["schema"],
                                              "columns": columns, "filter": filter_json}})
                     for f in planned["files"]]
             return lake + [InputPartition({"payload": {
@@ -187,8 +218,24 @@ class FlightstoreReader(DataSourceReader):
                                 "uri": leaders[bucket % len(leaders)] if leaders else None})
                 for bucket in buckets]
 
+    def _lake_snapshot(self, conn: Any, snapshot_id: int) -> list[InputPartition]:
+        """``snapshot.id``: that lake snapshot alone, one partition per data file read straight
+        from the warehouse (a primary-key table's position deletes applied by the reader)."""
+        planned = _flight.lake_split(conn, self.options.table, self.pushed, snapshot_id, lake_only=True)
+        if "files" not in planned:
+            raise ValueError(f"table {self.options.table} has no lake: option('snapshot.id') reads a "
+                             "datalake-enabled table's lake snapshot")
+        io = _flight.lake_io(self.options, planned)
+        columns = self.schema.fieldNames()
+        filter_json = self.pushed.to_dict() if self.pushed is not None else None
+        return [InputPartition({"lake": {"files": [f["path"]], "deletes": f.get("deletes") or None, "io": io,
+                                         "schema": planned["schema"], "columns": columns, "filter": filter_json}})
+                for f in planned["files"]] or [InputPartition({"empty": True})]
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         value = partition.value
+        if "empty" in value:  # a lake snapshot with no data file
+            return
         if "lake" in value:  # straight from the warehouse: no server in the path
             yield from read_lake_split(value["lake"], self.schema)
             return

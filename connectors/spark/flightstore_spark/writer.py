@@ -6,6 +6,13 @@
   upsert, ``-U`` is dropped (the following ``+U`` carries the new row). ``_log_offset`` and
   ``_commit_timestamp`` of a changelog read are dropped, so a changelog stream can be copied.
 
+Into an aggregation merge engine table (``'table.merge-engine' = 'aggregation'``) whose written
+fields all aggregate with ``sum``, ``max`` or ``min``, a task first folds its rows per primary key
+(Arrow's hash aggregation, the same null handling as the server's functions): the server merges
+one row per key and task instead of every event, and the table's changelog holds one change per
+key and micro-batch. Other functions (``last_value``, ``listagg``...) depend on the order of the
+rows and are written row by row, as are changelog writes (``_change_type``).
+
 Exactly-once for streaming writes: a task writes its whole partition of a micro-batch as one DoPut
 with writer id ``spark-<query id>-<partition>-<batch id>`` and batch sequence 0. A retried task or a
 replayed micro-batch sends the same writer id and sequence, which the server recognizes as a
@@ -26,7 +33,8 @@ from pyspark.sql.types import StructType
 
 from flightstore_spark import _flight
 
-__all__ = ["FlightstoreStreamWriter", "FlightstoreWriter", "WriteMessage", "prepare", "stream_writer_id"]
+__all__ = ["FlightstoreStreamWriter", "FlightstoreWriter", "WriteMessage", "fold_aggregation", "foldable_aggregation",
+           "prepare", "stream_writer_id"]
 
 CHUNK_ROWS = 262_144
 DROPPED = ("_log_offset", "_commit_timestamp")
@@ -50,6 +58,42 @@ def prepare(data: pa.Table, primary_key: bool) -> tuple[str, pa.Table]:
     return "append", data.drop_columns(["_change_type"])
 
 
+FOLDABLE = ("sum", "max", "min")  # order-free functions a task may apply to its rows first
+
+
+def foldable_aggregation(conn, table: str, key: list[str]) -> tuple[list[str], dict[str, str]] | None:
+    """``(primary key, {field: function})`` when ``table`` is an aggregation table whose every
+    non-key field aggregates with an order-free function (:data:`FOLDABLE`); else None."""
+    import json
+
+    options = json.loads(conn.table(table).describe()["descriptor"]).get("options", {})
+    if str(options.get("table.merge-engine", "")).lower() != "aggregation":
+        return None
+    functions = {}
+    for name in _flight.custom_schema(conn, {"op": "scan", "table": table}).names:
+        if name in key:
+            continue
+        function = str(options.get(f"fields.{name}.agg", "last_value_ignore_nulls")).strip().lower()
+        if function not in FOLDABLE:
+            return None
+        functions[name] = function
+    return key, functions
+
+
+def fold_aggregation(rows: pa.Table, key: list[str], functions: dict[str, str]) -> pa.Table:
+    """One row per key of ``rows``, its written fields folded by their functions (fields not
+    written stay unwritten: a partial update names the same columns)."""
+    if rows.num_rows < 2 or any(c not in rows.column_names for c in key):
+        return rows
+    fields = [c for c in rows.column_names if c not in key]
+    if any(c not in functions for c in fields):
+        return rows
+    folded = rows.group_by(key, use_threads=False).aggregate([(c, functions[c]) for c in fields])
+    folded = folded.rename_columns([f"{c}_{functions[c]}" if c in fields else c for c in folded.column_names])
+    return folded.select([f"{c}_{functions[c]}" if c in fields else c for c in rows.column_names]) \
+        .rename_columns(rows.column_names).cast(rows.schema)
+
+
 class _Base:
     def __init__(self, options: dict, schema: StructType, overwrite: bool) -> None:
         if overwrite:
@@ -59,10 +103,14 @@ class _Base:
         if not self.options.table:
             raise ValueError("writing to flightstore needs option('table', 'db.t')")
         with self.options.connect() as conn:
-            self.primary_key = bool(_flight.primary_key(conn, self.options.table))
+            key = _flight.primary_key(conn, self.options.table)
+            self.primary_key = bool(key)
+            self.fold = foldable_aggregation(conn, self.options.table, key) if key else None
 
     def _send(self, conn, data: pa.Table, writer_id: str, sequence: int, check_applied: bool = False) -> dict:
         op, rows = prepare(data, self.primary_key)
+        if op == "upsert" and self.fold is not None:
+            rows = fold_aggregation(rows, *self.fold)
         if rows.num_rows == 0:
             return {"rows": 0, "duplicate": False}
         columns = self.options.columns if op in ("upsert", "write") else None

@@ -228,8 +228,8 @@ class Executor:
             yield from read_union(context.lake, table, plan.columns, filter=plan.filter, limit=plan.limit,
                                   buckets=None if partition is None else [partition])
         elif isinstance(plan, n.LakeScan):
-            yield self.views.lake_rows(plan.table, plan.columns, plan.filter, plan.limit, plan.snapshot_id,
-                                       plan.as_of_ms)
+            yield from self.views.lake_rows(plan.table, plan.columns, plan.filter, plan.limit,
+                                            plan.snapshot_id, plan.as_of_ms, stream=True)[1]
         elif isinstance(plan, n.RangeScan):
             table = store.table(plan.table)
             buckets = [partition] if partition is not None else \

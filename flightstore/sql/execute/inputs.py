@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from flightstore import memory
 from flightstore.errors import FlightstoreError
 from flightstore.sql import nodes as n
 from flightstore.sql.execute.changelog import changelog_table
@@ -73,9 +74,10 @@ class ResidualInputs:
             if is_union(table.descriptor):
                 from flightstore.lake.union import read_union
                 schema = table.projection(item.columns)
-                parts = [cast_to(p if isinstance(p, pa.Table) else pa.Table.from_batches([p]), schema)
-                         for p in read_union(context.lake, table, item.columns, filter=item.filter,
-                                             exact=False)]
+                union = read_union(context.lake, table, item.columns, filter=item.filter, exact=False)
+                if stream and not self._small(table, item):  # DuckDB pulls it batch by batch
+                    return schema, small_batches(b for p in union for b in _record_batches(cast_to(p, schema)))
+                parts = [cast_to(p if isinstance(p, pa.Table) else pa.Table.from_batches([p]), schema) for p in union]
                 return pa.concat_tables(parts) if parts else schema.empty_table()
             if stream and not self._small(table, item):
                 return (self.schema(item),
@@ -83,7 +85,7 @@ class ResidualInputs:
             return table.scan_table(list(item.columns), item.filter, exact=False)
         if item.source == "lake":
             return self.views.lake_rows(item.table, item.columns, item.filter, None, item.snapshot_id,
-                                        item.as_of_ms)
+                                        item.as_of_ms, stream=stream)
         if item.source in ("partitions", "lake_snapshots", "lake_status"):
             full = self.views.partitions_table(item.table) if item.source == "partitions" else \
                 self.views.lake_snapshots_table(item.table) if item.source == "lake_snapshots" else \
@@ -123,17 +125,26 @@ class ResidualInputs:
             return False
         try:
             rows = table.row_count()
+            if is_union(table.descriptor):  # most of it may be in the lake (an upper bound)
+                from flightstore.lake.union import union_split
+                rows += union_split(self.context.lake, table).lake_rows
         except FlightstoreError:
             return False  # a damaged input: the scan itself reports what is wrong
         return rows * _row_width(self.schema(item)) <= limit
 
 
+def _record_batches(part: pa.RecordBatch | pa.Table) -> list[pa.RecordBatch]:
+    return part.to_batches() if isinstance(part, pa.Table) else [part]
+
+
 def small_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``batches`` as zero-copy slices of at most :data:`INPUT_BATCH_ROWS` rows: DuckDB reads
-    ahead a fixed number of input batches, so their size bounds what a streamed input holds."""
+    """``batches`` as zero-copy slices of at most :data:`INPUT_BATCH_ROWS` rows (fewer when rows
+    are wide: :func:`flightstore.memory.batch_rows`): DuckDB reads ahead a fixed number of input
+    batches, so their size bounds what a streamed input holds."""
     for batch in batches:
-        for start in range(0, batch.num_rows, INPUT_BATCH_ROWS):
-            yield batch.slice(start, INPUT_BATCH_ROWS)
+        step = memory.batch_rows(batch.schema, INPUT_BATCH_ROWS)  # fewer when rows are wide
+        for start in range(0, batch.num_rows, step):
+            yield batch.slice(start, step)
 
 
 def _row_width(schema: pa.Schema) -> int:

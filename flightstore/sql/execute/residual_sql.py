@@ -16,7 +16,7 @@ from flightstore.sql import nodes as n
 from flightstore.sql.control import QueryControl
 from flightstore.sql.engine import InputRescanned
 from flightstore.sql.execute.context import ExecutionContext
-from flightstore.sql.execute.fanout import PartialAggregates, routed
+from flightstore.sql.execute.fanout import PartialAggregates
 from flightstore.sql.execute.inputs import ResidualInputs
 from flightstore.sql.partial import fused_sql
 
@@ -55,7 +55,7 @@ class ResidualRunner:
         run it again on materialized inputs."""
         engine = self.context.engine
         fused = len(plan.inputs) == 1 and plan.inputs[0].partial is not None and \
-            not routed(self.context.store.table(plan.inputs[0].table))  # a cluster: partials run on leaders
+            not self.context.store.table(plan.inputs[0].table).distributed  # a cluster: partials run on leaders
         sql = fused_sql(plan.inputs[0].name, plan.inputs[0].partial, plan.sql) if fused else plan.sql
         inputs = self._fused_inputs(plan, stream=True) if fused else \
             {item.name: self._input_data(item, stream=True) for item in plan.inputs}

@@ -2,8 +2,8 @@
 included), ``t$lake$snapshots``, ``t$lake$status``, ``DESCRIBE``, ``SHOW PARTITIONS`` and what
 ``EXPLAIN`` of a union read adds (the lake snapshot and the log offsets it would read now).
 
-Without a lake (an embedded store, cluster mode) the ``$lake`` views are refused: the lake is read
-where the table is tiered.
+Without a lake (an embedded store, a cluster started without a shared lake) the ``$lake`` views
+are refused. In a cluster every server reads the cluster's one lake.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ class SystemViews:
     def lake_catalog(self, path: TablePath) -> Any:
         lake = self.context.lake
         if lake is None:
-            raise Unsupported(f"{path}$lake: this server has no lake (cluster mode, or an embedded "
-                              "store); the lake is read where the table is tiered")
+            raise Unsupported(f"{path}$lake: this server has no lake (an embedded store, or a cluster "
+                              "member started without datalake.iceberg.uri and datalake.iceberg.warehouse)")
         return lake
 
     def union_parts(self, plan: n.UnionScan) -> list[str]:
@@ -55,13 +55,15 @@ class SystemViews:
         return [lake, log]
 
     def lake_rows(self, path: TablePath, columns: Sequence[str], filter, limit: int | None,
-                  snapshot_id: int | None, as_of_ms: int | None) -> pa.Table:
-        """``t$lake`` rows (time travel when ``snapshot_id`` / ``as_of_ms`` is set)."""
-        from flightstore.lake.read import read_lake
+                  snapshot_id: int | None, as_of_ms: int | None, stream: bool = False):
+        """``t$lake`` rows (time travel when ``snapshot_id`` / ``as_of_ms`` is set): a table, or
+        with ``stream`` a ``(schema, batches)`` stream (bounded memory)."""
+        from flightstore.lake.read import lake_batches, read_lake
         catalog = self.lake_catalog(path)
         descriptor = self.context.store.table(path).descriptor
-        return read_lake(catalog, descriptor, columns=list(columns), filter=filter, limit=limit,
-                         snapshot_id=snapshot_id, as_of_ms=as_of_ms)
+        read = lake_batches if stream else read_lake
+        return read(catalog, descriptor, columns=list(columns), filter=filter, limit=limit,
+                    snapshot_id=snapshot_id, as_of_ms=as_of_ms)
 
     def lake_snapshots_table(self, path: TablePath) -> pa.Table:
         """``t$lake$snapshots``: one row per tiering commit, oldest first."""
@@ -100,6 +102,7 @@ class SystemViews:
             "upkeep_expired_snapshots": [status.upkeep_expired_snapshots] * n_rows,
             "upkeep_removed_files": [status.upkeep_removed_files] * n_rows,
             "upkeep_error": [status.upkeep_error] * n_rows,
+            "damaged_files": [list(b.damaged_files) for b in buckets],
         }, schema=lake_status_schema())
 
     def partitions_table(self, path: TablePath) -> pa.Table:

@@ -5,6 +5,7 @@ and the command line's common arguments and Spark session."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,8 +40,15 @@ def local_spark(master: str, app: str):
 
     import flightstore_spark
 
-    spark = (SparkSession.builder.master(master).appName(app)
-             .config("spark.ui.enabled", "false").getOrCreate())
+    builder = SparkSession.builder.master(master).appName(app)
+    if master.startswith("local"):  # a shard (shuffle partition) per core, not Spark's 200 tiny tasks
+        cores = master[len("local"):].strip("[]")
+        cores = str(os.cpu_count() or 2) if cores in ("", "*") else cores.split(",")[0]
+        builder = builder.config("spark.sql.shuffle.partitions", cores)
+    spark = (builder
+             .config("spark.ui.enabled", "false")
+             .config("spark.python.authenticate.socketTimeout", "120s")  # busy machines: 15 s is short
+             .getOrCreate())
     flightstore_spark.register(spark)
     return spark
 

@@ -31,9 +31,9 @@ def start(spark, uri: str, source: str, sink: str, columns: Sequence[str], check
 
 
 def spark_groupby(spark, uri: str, source: str, key: Sequence[str], sums: Sequence[str], checkpoint: str,
-                  query_name: str):
+                  query_name: str, wait: bool = True):
     """The same result computed by Spark's own streaming groupBy (complete mode, memory sink);
-    returns the finished query (its state lives in Spark's state store)."""
+    returns the query, finished unless ``wait`` is False (its state lives in Spark's state store)."""
     from pyspark.sql import functions as F
 
     events = (spark.readStream.format("flightstore").option("uri", uri).option("table", source)
@@ -41,7 +41,8 @@ def spark_groupby(spark, uri: str, source: str, key: Sequence[str], sums: Sequen
     agg = events.groupBy(*key).agg(*[F.sum(c).alias(c) for c in sums])
     query = (agg.writeStream.outputMode("complete").format("memory").queryName(query_name)
              .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-    query.awaitTermination()
+    if wait:
+        query.awaitTermination()
     return query
 
 

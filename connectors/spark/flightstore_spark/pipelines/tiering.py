@@ -121,22 +121,29 @@ def _enabled_tables(connection) -> list[str]:
 
 def tier_tables(spark, uri: str, settings, tables: Sequence[str] | None = None, *,
                 holder: str | None = None, hook: Callable[[str], None] | None = None,
-                writer: Callable[..., SparkBucketWriter] = SparkBucketWriter) -> dict:
+                writer: Callable[..., SparkBucketWriter] = SparkBucketWriter, steps=None) -> dict:
     """Tier ``tables`` (default: every datalake-enabled table) until each is caught up with the
     log end it saw. Returns ``{table: [RoundResult, ...] or the error (a FlightstoreError)}``.
-    ``writer(spark, uri, name, descriptor_json)`` makes the log tables' ``map_writes``."""
+    ``writer(spark, uri, name, descriptor_json)`` makes the log tables' ``map_writes``; ``steps``
+    (:class:`flightstore.progress.Steps`) hears of each table and round."""
     import flightstore
     from flightstore.errors import FlightstoreError, InvalidInput, TieringLeaseHeld
     from flightstore.lake.catalog import LakeCatalog
     from flightstore.lake.lease import LeaseStore
     from flightstore.lake.remote import FlightSource
     from flightstore.lake.tiering import tier_round
+    from flightstore.progress import QUIET
+
+    steps = steps or QUIET
 
     holder = holder or f"spark-job:{socket.gethostname()}:{spark.sparkContext.applicationId}"
     catalog = LakeCatalog(settings)
     outcome: dict = {}
     with flightstore.connect(uri) as connection:
-        for name in (list(tables) if tables else _enabled_tables(connection)):
+        names = list(tables) if tables else _enabled_tables(connection)
+        steps.start(len(names))
+        for name in names:
+            steps.advance(0, f"tier {name}")
             leases = None
             try:
                 source = FlightSource(connection, name)
@@ -155,6 +162,7 @@ def tier_tables(spark, uri: str, settings, tables: Sequence[str] | None = None, 
                                         before_commit=functools.partial(leases.acquire, name, holder,
                                                                         settings.lease_ms))
                     rounds.append(result)
+                    steps.advance(0, f"tier {name}: {sum(r.rows for r in rounds):,} rows in {len(rounds)} round(s)")
                     if not result.backlog_left:
                         break
                 outcome[name] = rounds
@@ -163,12 +171,14 @@ def tier_tables(spark, uri: str, settings, tables: Sequence[str] | None = None, 
                 outcome[name] = exc
                 if leases is not None and not isinstance(exc, TieringLeaseHeld):
                     leases.release(name, holder)
+            steps.advance()
     catalog.reset()
     return outcome
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from flightstore.lake.settings import LakeSettings
+    from flightstore.progress import progress
     from flightstore_spark.pipelines._common import local_spark
 
     parser = argparse.ArgumentParser(prog="python -m flightstore_spark.pipelines.tiering",
@@ -184,7 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = LakeSettings.from_options(args.data_dir, options)
     spark = local_spark(args.master, "flightstore-tiering")
     try:
-        outcome = tier_tables(spark, args.uri, settings, args.tables.split(",") if args.tables else None)
+        with progress("tiering", unit="tables") as steps:  # on a terminal only
+            outcome = tier_tables(spark, args.uri, settings, args.tables.split(",") if args.tables else None,
+                                  steps=steps)
     finally:
         spark.stop()
     failed = 0

@@ -1,0 +1,317 @@
+"""Batched asynchronous lookups, Apache Fluss's client model: ``table.lookuper()``.
+
+``lookup_async(key)`` queues one key and returns a :class:`concurrent.futures.Future` of its rows;
+``await lookup(key)`` is the asyncio flavour. A sender thread drains the queue as Fluss's
+``LookupQueue.drain`` does: a batch is sent when it holds ``client.lookup.max-batch-size`` keys or
+when ``client.lookup.batch-timeout`` has passed since it began to fill, as one request (keys
+deduplicated) on the connection's lookup stream (:mod:`flightstore.lookup_stream`): today one
+stream per server; a cluster's per-leader streams would each get their own batches. At most
+``client.lookup.max-inflight-requests`` requests are unanswered at once, and at most
+``client.lookup.queue-size`` keys wait in the queue: past that ``lookup_async`` blocks (the asyncio
+flavour waits without blocking its loop), so a producer faster than the server, or a consumer whose
+callbacks are slow, holds memory for at most ``queue-size + max-inflight-requests *
+max-batch-size`` keys.
+
+Every future completes or fails: a request whose stream broke is sent once more on a new stream,
+then its futures fail with ``FlightUnavailableError``; with a connection ``timeout`` a request
+unanswered for that long fails its futures with ``FlightTimedOutError``; :meth:`Lookuper.close`
+fails what was never sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyarrow import flight
+
+from flightstore.config import validate_client_options
+from flightstore.lookup_stream import ATTEMPTS, RETRY_PAUSE_S, StaleHandle, StreamBroken, unanswered
+from flightstore.wire.lookups import KEY_INDEX_COLUMN, HandleSpec
+
+__all__ = ["Lookuper"]
+
+
+class _Batch:
+    """One request's worth of lookups: distinct keys, and the futures waiting on each."""
+
+    def __init__(self, items: list[tuple[tuple, Future]]) -> None:
+        self.keys: list[tuple] = []
+        self.waiting: list[list[Future]] = []
+        where: dict[tuple, int] = {}
+        for key, future in items:
+            at = where.get(key)
+            if at is None:
+                at = where[key] = len(self.keys)
+                self.keys.append(key)
+                self.waiting.append([])
+            self.waiting[at].append(future)
+        self.attempts = 0
+        self.deadline: float | None = None
+
+    def fail(self, error: BaseException) -> None:
+        for futures in self.waiting:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
+
+
+class Lookuper:
+    """Batches concurrent lookups of one table into lookup requests (see the module doc).
+
+    ``prefix`` (leading primary-key columns, at least the bucket key) makes it a prefix lookuper;
+    a key is a dict naming the key columns, a tuple of their values in key order, or one value
+    when there is one key column. A future answers a Table of the key's rows (``columns``, default
+    all): at most one row for a lookup by primary key, none for a missing key."""
+
+    def __init__(self, table: Any, *, columns: Sequence[str] | None = None,
+                 prefix: Sequence[str] | None = None, options: Mapping[str, Any] | None = None) -> None:
+        settings = validate_client_options(options or {})
+        self.queue_size = settings["client.lookup.queue-size"]
+        self.max_batch_size = settings["client.lookup.max-batch-size"]
+        self.max_inflight = settings["client.lookup.max-inflight-requests"]
+        self.batch_timeout_s = settings["client.lookup.batch-timeout"] / 1000
+        self._streams = table.connection._lookups
+        self._timeout = self._streams.timeout
+        self.spec = HandleSpec(table.name, "prefix" if prefix else "lookup",
+                               tuple(columns) if columns else None, tuple(prefix) if prefix else None,
+                               key_index=True)
+        # Opened now: a missing table, a log table or unknown columns fail here, and a dict key is
+        # read in key order.
+        self._key_names = tuple(self._streams.key_schema(self.spec).names)
+        self._queue: collections.deque[tuple[tuple, Future]] = collections.deque()
+        self._inflight: dict[int, _Batch] = {}
+        self._retrying = 0  # batches between a broken stream and their second sending
+        self._ids = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._sender = threading.Thread(target=self._run, name="flightstore-lookuper", daemon=True)
+        self._sender.start()
+
+    # ---- the caller's side ----------------------------------------------------------------------
+    def lookup_async(self, key: Any) -> Future:
+        """Queue ``key``; its future answers the key's rows. Blocks while the queue is full."""
+        key = self._key(key)
+        future: Future = Future()
+        with self._cond:
+            while len(self._queue) >= self.queue_size and not self._closed:
+                self._cond.wait()
+            self._enqueue(key, future)
+        return future
+
+    async def lookup(self, key: Any) -> pa.Table:
+        """The asyncio flavour of :meth:`lookup_async`: waits for queue room without blocking the
+        event loop."""
+        key = self._key(key)
+        future: Future = Future()
+        with self._cond:
+            queued = len(self._queue) < self.queue_size or self._closed
+            if queued:
+                self._enqueue(key, future)
+        if not queued:  # full: wait for room in a worker thread, not in the event loop
+            future = await asyncio.get_running_loop().run_in_executor(None, self.lookup_async, key)
+        return await asyncio.wrap_future(future)
+
+    def _enqueue(self, key: tuple, future: Future) -> None:
+        if self._closed:
+            raise RuntimeError("this lookuper is closed")
+        self._queue.append((key, future))
+        if len(self._queue) == 1 or len(self._queue) >= self.max_batch_size:
+            self._cond.notify_all()
+
+    def _key(self, key: Any) -> tuple:
+        if isinstance(key, Mapping):
+            return tuple(key[name] for name in self._key_names)
+        if isinstance(key, (tuple, list)):
+            return tuple(key)
+        return (key,)
+
+    def close(self) -> None:
+        """Send what is queued, wait for every answer, then stop the sender. Lookups queued after
+        close fail with RuntimeError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._sender.join()
+
+    def __enter__(self) -> Lookuper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pending(self) -> int:
+        """Keys queued but not yet sent (at most ``client.lookup.queue-size``)."""
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def inflight(self) -> int:
+        """Requests sent and not yet answered (at most ``client.lookup.max-inflight-requests``)."""
+        with self._cond:
+            return len(self._inflight)
+
+    # ---- the sender thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                items = self._drain()
+                if items is None:
+                    break
+            if items:
+                self._send(_Batch(items))
+        with self._cond:  # closed: wait for the answers still in flight
+            while self._inflight or self._retrying:
+                self._expire()
+                self._cond.wait(self._wait_s())
+
+    def _drain(self) -> list[tuple[tuple, Future]] | None:
+        """Fluss's drain (under the lock): wait for a first lookup, then up to ``batch-timeout``
+        for the batch to fill, and for room among the in-flight requests. None: closed and empty."""
+        while not self._queue:
+            if self._closed:
+                return None
+            self._expire()
+            self._cond.wait(self._wait_s())
+        started = time.monotonic()
+        while len(self._queue) < self.max_batch_size and not self._closed:
+            left = self.batch_timeout_s - (time.monotonic() - started)
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        while len(self._inflight) >= self.max_inflight:
+            self._expire()
+            self._cond.wait(self._wait_s())
+        take = min(len(self._queue), self.max_batch_size)
+        items = [self._queue.popleft() for _ in range(take)]
+        self._cond.notify_all()  # room in the queue
+        return items
+
+    def _wait_s(self) -> float | None:
+        """How long the sender may sleep: until the oldest request's deadline (None: no timeout)."""
+        if self._timeout is None or not self._inflight:
+            return None if self._timeout is None else self._timeout
+        oldest = min(batch.deadline for batch in self._inflight.values())
+        return max(0.001, oldest - time.monotonic())
+
+    def _expire(self) -> None:
+        """Fail the requests unanswered past the connection's timeout (under the lock)."""
+        if self._timeout is None:
+            return
+        now = time.monotonic()
+        for request_id in [i for i, b in self._inflight.items() if b.deadline <= now]:
+            batch = self._inflight.pop(request_id)
+            batch.fail(flight.FlightTimedOutError(
+                f"no answer to {len(batch.keys)} lookup(s) in {self.spec.table} within {self._timeout} s"))
+        self._cond.notify_all()
+
+    def _send(self, batch: _Batch, retried: bool = False) -> None:
+        """Send ``batch`` as one request on the current stream; its answer completes it."""
+        if retried:
+            time.sleep(RETRY_PAUSE_S)
+        batch.attempts += 1
+        try:
+            try:
+                stream = self._streams.current()
+                opened = stream.opened(self.spec, self._timeout)
+                keys = self._key_batch(batch, opened.key_schema)
+                if keys is None:
+                    return  # no key of the batch fits the key columns: each future says why
+            except StreamBroken as exc:
+                return self._broken(batch, exc)
+            except TimeoutError:
+                return batch.fail(flight.FlightTimedOutError(
+                    f"no answer to opening a lookup in {self.spec.table} within {self._timeout} s"))
+            except Exception as exc:  # noqa: BLE001 - the handle was refused, or the keys do not fit
+                return batch.fail(exc)
+            with self._cond:
+                self._ids += 1
+                request_id = self._ids
+                batch.deadline = None if self._timeout is None else time.monotonic() + self._timeout
+                self._inflight[request_id] = batch
+        finally:
+            if retried:
+                with self._cond:
+                    self._retrying -= 1
+                    self._cond.notify_all()
+        answer = stream.submit(opened, self.spec, keys)
+        answer.add_done_callback(lambda done: self._answered(request_id, batch, done))
+
+    def _key_batch(self, batch: _Batch, key_schema: pa.Schema) -> pa.RecordBatch | None:
+        """The batch's keys as a batch of ``key_schema``. A key that does not fit (wrong number
+        of values, a null, a value the key type cannot take) fails its own futures only and
+        leaves the batch (None when no key is left)."""
+        try:
+            return _keys_of(batch.keys, key_schema)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError):
+            pass
+        good = []
+        for at, key in enumerate(batch.keys):
+            try:
+                _keys_of([key], key_schema)
+                good.append(at)
+            except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+                error = pa.ArrowInvalid(f"lookup key {key!r} of {self.spec.table} does not fit its key "
+                                        f"columns {key_schema.names}: {exc}")
+                for future in batch.waiting[at]:
+                    future.set_exception(error)
+        batch.keys = [batch.keys[at] for at in good]
+        batch.waiting = [batch.waiting[at] for at in good]
+        return _keys_of(batch.keys, key_schema) if good else None
+
+    def _answered(self, request_id: int, batch: _Batch, done: Future) -> None:
+        """The answer of a request (in the stream's reader thread): split the rows by key."""
+        with self._cond:
+            if self._inflight.pop(request_id, None) is None:
+                return  # failed already (its timeout passed)
+            self._cond.notify_all()
+        error = done.exception()
+        if isinstance(error, StreamBroken):
+            return self._broken(batch, error)
+        if isinstance(error, StaleHandle) and batch.attempts < ATTEMPTS + 2:
+            return self._retry(batch)
+        if error is not None:
+            return batch.fail(error)
+        rows: pa.Table = done.result()
+        positions = rows.column(KEY_INDEX_COLUMN).to_numpy()
+        rows = rows.drop_columns([KEY_INDEX_COLUMN])
+        if len(positions) > 1 and (np.diff(positions) < 0).any():  # rows answer in key order; if not:
+            order = np.argsort(positions, kind="stable")
+            rows, positions = rows.take(pa.array(order)), positions[order]
+        counts = np.bincount(positions, minlength=len(batch.keys))
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        for at, futures in enumerate(batch.waiting):
+            found = rows.slice(int(starts[at]), int(counts[at]))
+            for future in futures:
+                future.set_result(found)
+
+    def _broken(self, batch: _Batch, broken: StreamBroken) -> None:
+        if batch.attempts >= ATTEMPTS:
+            return batch.fail(unanswered(self.spec.table, broken))
+        self._retry(batch)
+
+    def _retry(self, batch: _Batch) -> None:
+        # From the reader thread of the stream that broke: send from a thread of its own, which
+        # opens the new stream (the reader thread ends with its stream).
+        with self._cond:
+            self._retrying += 1
+        threading.Thread(target=self._send, args=(batch, True), name="flightstore-lookuper-retry",
+                         daemon=True).start()
+
+
+def _keys_of(keys: list[tuple], key_schema: pa.Schema) -> pa.RecordBatch:
+    """Key tuples as a batch of ``key_schema`` (ValueError / ArrowException when one does not fit)."""
+    if any(len(key) != len(key_schema) for key in keys):
+        raise ValueError(f"a key has the {len(key_schema)} values of {key_schema.names}")
+    arrays = [pa.array(values, field.type) for values, field in zip(zip(*keys), key_schema)]
+    if any(array.null_count for array in arrays):
+        raise ValueError("a key value is null")
+    return pa.RecordBatch.from_arrays(arrays, schema=key_schema)

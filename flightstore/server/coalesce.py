@@ -1,0 +1,155 @@
+"""Point lookups of concurrent lookup streams, run together as one multi-get per table.
+
+Each lookup stream is served by its own thread; under load many of them hold a small point lookup
+at the same moment, and each lookup's fixed cost (key checks, bucketing, the multi-get call, row
+decoding) dwarfs its per-key cost. So a stream's point lookup joins a queue: the first thread to
+find nobody running the queue becomes its **leader** and runs everything queued, grouped by table
+and columns, as one multi-get of the distinct keys; every request then gets exactly its own rows in
+its own key order (missing keys answer no row). A leader runs one round, then hands the lead to the
+oldest request still queued, so no stream waits behind others for long. Alone, a lookup runs as it
+would without the queue. When a combined lookup fails (a damaged bucket), each request of the group
+runs alone, so each gets its own answer or its own error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flightstore.kv.encoding import encode_key_array
+
+__all__ = ["MAX_COALESCED_KEYS", "LookupCoalescer"]
+
+MAX_COALESCED_KEYS = 256  # a request with more keys is a batch already: it runs alone
+
+
+class _Request:
+    def __init__(self, table: Any, key_columns: Sequence[str], fetch: Sequence[str], keys: pa.Table) -> None:
+        self.table = table
+        self.key_columns = tuple(key_columns)
+        self.fetch = tuple(fetch)
+        self.keys = keys
+        self.rows: pa.Table | None = None
+        self.positions: np.ndarray | None = None  # of each row: its key's index in ``keys``
+        self.error: BaseException | None = None
+        self.answered = False
+        self.lead = False  # woken to lead the next round
+        self.wake: threading.Event | None = None  # made for a request that waits (not a leader's)
+
+    def outcome(self) -> tuple[pa.Table, np.ndarray]:
+        if self.error is not None:
+            raise self.error
+        return self.rows, self.positions
+
+
+class LookupCoalescer:
+    """The queue of point lookups waiting to run (one per server)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[_Request] = []
+        self._running = False
+        self.rounds = 0  # rounds run, and requests answered in them (tests, metrics)
+        self.requests = 0
+
+    def lookup(self, table: Any, key_columns: Sequence[str], fetch: Sequence[str],
+               keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """``fetch`` columns of the rows of ``keys`` (a table of ``key_columns``, the primary key)
+        in key order, and for each row the index of its key in ``keys``."""
+        if keys.num_rows > MAX_COALESCED_KEYS:
+            request = _Request(table, key_columns, fetch, keys)
+            _run_alone(request)
+            return request.outcome()
+        request = _Request(table, key_columns, fetch, keys)
+        with self._lock:
+            self._queue.append(request)
+            lead = not self._running
+            self._running = True
+            if not lead:
+                request.wake = threading.Event()
+        if not lead:
+            request.wake.wait()
+            if request.answered:
+                return request.outcome()
+        self._lead_one_round()
+        return request.outcome()
+
+    def _lead_one_round(self) -> None:
+        with self._lock:
+            batch, self._queue = self._queue, []
+        failure: BaseException | None = None
+        try:
+            self._run(batch)
+        except BaseException as exc:  # a bug of ours: every request of the round says so
+            failure = exc
+            raise
+        finally:
+            for request in batch:
+                if request.rows is None and request.error is None:
+                    request.error = failure or RuntimeError("the lookup round ended early")
+                request.answered = True
+                if request.wake is not None:
+                    request.wake.set()
+            with self._lock:
+                successor = self._queue[0] if self._queue else None
+                if successor is None:
+                    self._running = False
+                else:
+                    successor.lead = True
+            if successor is not None:
+                successor.wake.set()  # it waits (it queued while a round ran): it leads the next one
+
+    def _run(self, batch: list[_Request]) -> None:
+        self.rounds += 1
+        self.requests += len(batch)
+        groups: dict[tuple, list[_Request]] = {}
+        for request in batch:
+            groups.setdefault((id(request.table), request.key_columns, request.fetch), []).append(request)
+        for group in groups.values():
+            if len(group) == 1:
+                _run_alone(group[0])
+                continue
+            try:
+                _run_together(group)
+            except Exception:  # noqa: BLE001 - each request then finds its own answer or error
+                for request in group:
+                    _run_alone(request)
+
+
+def _run_alone(request: _Request) -> None:
+    try:
+        rows = request.table.lookup(request.keys, list(request.fetch))
+        request.rows = rows
+        request.positions = None  # in key order; positions only when asked (see exchange)
+    except Exception as exc:  # noqa: BLE001 - the request's own error
+        request.error = exc
+
+
+def _run_together(group: list[_Request]) -> None:
+    """One multi-get of the group's distinct keys; each request gets its rows and positions."""
+    first = group[0]
+    columns = list(first.key_columns)
+    keys = pa.concat_tables([request.keys.select(columns) for request in group])
+    encoded = encode_key_array(keys, columns)
+    distinct = pc.unique(encoded)
+    inverse = pc.index_in(encoded, value_set=distinct).to_numpy()
+    firsts = pc.index_in(distinct, value_set=encoded).to_numpy()
+    fetch = list(first.fetch) + [c for c in columns if c not in first.fetch]
+    found = first.table.lookup(keys.take(pa.array(firsts)), fetch)
+    found_at = np.full(len(distinct), -1, dtype=np.int64)
+    found_at[pc.index_in(encode_key_array(found, columns), value_set=distinct).to_numpy()] = \
+        np.arange(found.num_rows)
+    found = found.select(list(first.fetch))
+    start = 0
+    for request in group:
+        end = start + request.keys.num_rows
+        at = found_at[inverse[start:end]]
+        hit = at >= 0
+        request.rows = found.take(pa.array(at[hit]))
+        request.positions = np.flatnonzero(hit)
+        start = end
