@@ -27,6 +27,7 @@ names the unavailable bucket and server), and the locations are asked again next
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -375,28 +376,8 @@ class Subscription:
         self._timeout_s = timeout_s
         self._messages: queue.Queue = queue.Queue(maxsize=2)  # (kind, value) from the reading thread
         self._closed = threading.Event()
-        self._failure: BaseException | None = None  # what ended the reading thread, if not the end
+        self._failures: list[BaseException] = []  # what ended the reading thread, if not the end
         self._thread: threading.Thread | None = None
-
-    def _read(self) -> None:
-        """The reading thread: every message (heartbeats included) into the queue, then the end."""
-        try:
-            while not self._closed.is_set():
-                chunk = self._reader.read_chunk()
-                self._put(("batch", chunk.data))
-        except StopIteration:
-            self._put(("end", None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer's thread, raised there
-            self._failure = exc
-            self._put(("error", exc))
-
-    def _put(self, message: tuple) -> None:
-        while not self._closed.is_set():
-            try:
-                self._messages.put(message, timeout=0.1)
-                return
-            except queue.Full:
-                continue
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         if self._timeout_s is None:
@@ -408,7 +389,11 @@ class Subscription:
                 if chunk.data is not None and chunk.data.num_rows:
                     yield chunk.data
         if self._thread is None:
-            thread = threading.Thread(target=self._read, name="flightstore-subscription", daemon=True)
+            # The thread holds the stream's parts, not this object: a subscription dropped without
+            # close() (a loop left with break) is collected, and __del__ ends the stream.
+            thread = threading.Thread(target=_pump, args=(self._reader, self._messages, self._closed,
+                                                          self._failures),
+                                      name="flightstore-subscription", daemon=True)
             thread.start()
             self._thread = thread  # set once started: close() from another thread joins it
         deadline = time.monotonic() + self._timeout_s
@@ -417,8 +402,8 @@ class Subscription:
                 kind, value = self._messages.get(timeout=_CLOSED_POLL_S)
             except queue.Empty:
                 if self._closed.is_set():  # close() from another thread: end as the reader ended
-                    if self._failure is not None:
-                        raise self._failure from None
+                    if self._failures:
+                        raise self._failures[0] from None
                     return
                 if time.monotonic() < deadline:
                     continue
@@ -444,6 +429,36 @@ class Subscription:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        closed = getattr(self, "_closed", None)
+        if closed is not None and not closed.is_set():  # dropped unclosed: end the stream, no join
+            closed.set()
+            with contextlib.suppress(Exception):
+                self._reader.cancel()
+
+
+def _pump(reader: flight.FlightStreamReader, messages: queue.Queue, closed: threading.Event,
+          failures: list[BaseException]) -> None:
+    """A subscription's reading thread: every message (heartbeats included) into ``messages``,
+    then the end, until ``closed``."""
+    def put(message: tuple) -> None:
+        while not closed.is_set():
+            try:
+                messages.put(message, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    try:
+        while not closed.is_set():
+            chunk = reader.read_chunk()
+            put(("batch", chunk.data))
+    except StopIteration:
+        put(("end", None))
+    except BaseException as exc:  # noqa: BLE001 - handed to the consumer's thread, raised there
+        failures.append(exc)
+        put(("error", exc))
 
 
 @dataclass

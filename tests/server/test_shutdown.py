@@ -253,3 +253,22 @@ def test_closing_a_subscription_from_another_thread_ends_its_consumer_at_once(se
         assert not consumer.is_alive() and len(ended) == 1
         assert ended == ["end"] or isinstance(ended[0], flight.FlightCancelledError), ended
         assert time.monotonic() - closed < 20  # not the 30 s of timeout_s
+
+
+def test_a_subscription_left_with_break_ends_its_stream_and_the_server_stops(tmp_path):
+    """The README's loop (``for batch in t.subscribe(...): ... break``) never calls close(): the
+    dropped subscription ends its reading thread and its stream, and an in-process server then
+    shuts down cleanly (an open stream aborted the test process at shutdown)."""
+    from tests.server.conftest import RunningServer
+    running = RunningServer(tmp_path / "data")
+    try:
+        with flightstore.connect(running.uri, timeout=60) as conn:
+            conn.sql("CREATE TABLE ev (k BIGINT)")
+            conn.table("ev").append({"k": [1, 2, 3]})
+            for batch in conn.table("ev").subscribe("earliest"):
+                assert batch.num_rows
+                break
+            wait_until(lambda: not any(t.name == "flightstore-subscription" and t.is_alive()
+                                       for t in threading.enumerate()), "the dropped subscription's thread ending")
+    finally:
+        running.stop()
