@@ -134,6 +134,7 @@ def test_a_bucket_whose_replicas_all_lost_their_disks_is_rebuilt_from_remote_sto
     for server in (1, 2):  # both replicas lose their disks
         servers.running[server].kill()
         shutil.rmtree(servers.root / f"server-{server}")
+    uploaded = _uploaded_end(remote)  # uploads went on until the kills: what the remote holds now
     uris = {i: servers.start(i, *options).uri for i in (1, 2)}
     rebuilt = wait_until(lambda: [r for i in (1, 2) for r in describe(uris[i], "default.ev")["replicas"]
                                   if r["role"] == "leader" and r.get("rebuilt_from_remote")], "the rebuild")
