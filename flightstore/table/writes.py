@@ -79,12 +79,7 @@ class TableWrites(PendingWrites):
                        if self.replicas[b].leadership.is_leader}
         # The restore is in each changelog: like a write, it returns once every in-sync replica
         # holds it (reads show committed records only).
-        for bucket in written:
-            self.replicas[bucket].appended()
-        for bucket, (end, _) in written.items():
-            self.logs[bucket].sync(end)
-        for bucket, (end, cuts) in written.items():
-            self.replicas[bucket].await_commit(end, cuts)
+        self._acknowledge(written)
         self._notify()
         return restored
 
@@ -226,14 +221,20 @@ class TableWrites(PendingWrites):
             result = self._apply_locked(table, kinds, target, writer_id, sequence, overwrite, recovering)
             written = {int(b): (self.logs[b].end_offset, self.logs[b].truncations) for b in result.touched
                        if self.replicas[b].leadership.is_leader}
+        self._acknowledge(written)
+        self._notify()
+        return result
+
+    def _acknowledge(self, written: dict[int, tuple[int, int]]) -> None:
+        """Return once what was appended to ``written``'s buckets ({bucket: (log end, truncations)
+        when appended}) is durable and held by every in-sync replica; called outside the table
+        lock, so concurrent writers share fsyncs."""
         for bucket in written:  # followers fetch while this server syncs
             self.replicas[bucket].appended()
-        for bucket, (end, _) in written.items():  # outside the lock: concurrent writers share fsyncs
+        for bucket, (end, _) in written.items():
             self.logs[bucket].sync(end)
         for bucket, (end, cuts) in written.items():  # acks = all: every in-sync replica has it
             self.replicas[bucket].await_commit(end, cuts)
-        self._notify()
-        return result
 
     def _apply_locked(self, table: pa.Table, kinds: np.ndarray | None, target: tuple | None,
                       writer_id: str | None, sequence: int | None, overwrite: bool,
