@@ -34,9 +34,12 @@ cluster: $(RUNTIME)
 # Several workers (pytest-xdist): much of the suite waits on server processes, ZooKeeper sessions
 # and Spark; a test file stays on one worker (--dist loadfile: its module fixtures are built once,
 # and tests that build on each other's state in them run in order).
+# The Debian packages the tests need (ZooKeeper, Prometheus, Chromium, tmux) are installed first,
+# in one apt-get, when missing; the slowest tests are listed at the end of the run.
 TEST_WORKERS ?= 4
 test: $(TESTING)
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m tests.system_packages
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # The documentation site (README.md as its front page, docs/*.md) into site/; --strict: a broken
 # link or anchor, or any other warning, fails the build. tests/test_docs.py runs every code block.
@@ -53,7 +56,7 @@ FUZZ_EXAMPLES ?= 5000
 fuzz: $(TESTING)
 	FLIGHTSTORE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -ra -p no:cacheprovider -o timeout=0 tests/fuzz
 
-# A long Jepsen-style run of replication and failover (`make test` runs three seeds of 40 s):
+# A long Jepsen-style run of replication and failover (`make test` runs three seeds of 30 s):
 # CHAOS_SECONDS of faults per seed; history and verdict of each seed under CHAOS_DIR.
 CHAOS_SECONDS ?= 600
 CHAOS_SEEDS ?= 101,102

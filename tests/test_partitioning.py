@@ -166,7 +166,7 @@ def _sorted(table: pa.Table) -> list[tuple]:
     return sorted(tuple(r.values()) for r in table.to_pylist())
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(predicate=PREDICATES)
 def test_pruned_answers_equal_the_unpruned_scan_filtered(filled, predicate):
     store, data = filled

@@ -31,9 +31,10 @@ def ensure_installed() -> Path:
         return ZOOKEEPER_JAR
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600,
+        wait = ["-o", "DPkg::Lock::Timeout=600"]  # another apt-get running: wait, do not fail
+        subprocess.run(["apt-get", *wait, "update", "-qq"], env=env, capture_output=True, timeout=600,
                        check=False)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "zookeeper"], env=env, capture_output=True,
+        subprocess.run(["apt-get", *wait, "install", "-y", "-qq", "zookeeper"], env=env, capture_output=True,
                        timeout=900, check=False)
     if not (ZOOKEEPER_JAR.exists() and shutil.which("java")):
         raise FlightstoreError("ZooKeeper is not installed and could not be installed: run "

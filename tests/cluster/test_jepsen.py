@@ -12,7 +12,7 @@ handler stacks in its log).
 Everything of a run is kept under the test's tmp dir: ``history/*.jsonl`` (every operation,
 read, delivered change and fault), ``final.json`` (the final state), ``verdict.json``, and the
 servers' logs; ``verdict.json`` also times the phases of the run. CI runs three seeds with
-``CHAOS_SECONDS`` (default 40) of faults each; ``make chaos`` runs long ones (``CHAOS_SECONDS=600
+``CHAOS_SECONDS`` (default 30) of faults each; ``make chaos`` runs long ones (``CHAOS_SECONDS=600
 CHAOS_SEEDS=101,102``).
 """
 
@@ -41,7 +41,7 @@ from tests.cluster.jepsen.workload import DDL, PK_COLUMNS, WRITERS
 from tests.waiting import wait_until
 
 SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2,3").split(",") if s.strip()]
-SECONDS = float(os.environ.get("CHAOS_SECONDS", "40"))
+SECONDS = float(os.environ.get("CHAOS_SECONDS", "30"))
 IDS = (1, 2, 3)
 REPLICATED = ("--option", "default.replication.factor=3",
               "--option", "log.replica.min-in-sync-replicas-number=2",

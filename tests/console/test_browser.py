@@ -14,6 +14,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.console.conftest import ALICE_TABLES, ALL_TABLES, PASSWORDS
+from tests.system_packages import ensure
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -30,8 +31,7 @@ LISTED = "return Array.from(document.querySelectorAll('tr[data-table]')).map(tr 
 
 @pytest.fixture
 def driver(tmp_path):
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        pytest.fail("the console's browser test needs Debian's chromium and chromium-driver (apt-get install)")
+    ensure("chromium", "chromium-driver")
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
     for flag in FLAGS:

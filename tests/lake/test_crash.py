@@ -76,7 +76,7 @@ def _parquet_files(data_dir: Path, options: dict) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [11, 23, 37])
+@pytest.mark.parametrize("seed", [23])  # the s3 variant below is a second seed
 def test_kill_at_every_point_of_a_round_loses_and_doubles_nothing(tmp_path, seed):
     _kill_at_every_point(tmp_path / "data", random.Random(seed), {})
 
@@ -152,7 +152,7 @@ class ServerProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed,warehouse", [(5, "local"), (8, "local"), (13, "s3")])
+@pytest.mark.parametrize("seed,warehouse", [(5, "local"), (13, "s3")])
 def test_kill_minus_nine_of_a_tiering_server_loses_and_doubles_nothing(tmp_path, request, seed, warehouse):
     rng = random.Random(seed)
     data_dir = tmp_path / "data"
@@ -213,7 +213,7 @@ def _pk_lake_matches_the_kv(data_dir: Path, options: dict) -> dict[int, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [4, 17])
+@pytest.mark.parametrize("seed", [17])
 def test_kill_during_primary_key_rounds_loses_and_doubles_nothing(tmp_path, seed):
     rng = random.Random(seed)
     data_dir, options = tmp_path / "data", {}

@@ -27,21 +27,15 @@ import pytest
 
 import flightstore
 from tests.server.test_flightsql_dbapi import client_venv
+from tests.system_packages import ensure
 
 HARLEQUIN_REQUIREMENTS = ["harlequin==2.17.0", "harlequin-adbc==0.1.2", "adbc-driver-flightsql",
                           "duckdb<1.4"]
 
 
 def _tmux() -> str:
-    found = shutil.which("tmux")
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=300)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "tmux"], env=env, capture_output=True, timeout=300)
-        found = shutil.which("tmux")
-    if found is None:
-        raise RuntimeError("tmux is not installed and could not be installed with apt-get")
-    return found
+    ensure("tmux")
+    return shutil.which("tmux")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ import base64
 import contextlib
 import http.client
 import json
-import os
 import shutil
 import socket
 import ssl
@@ -31,6 +30,7 @@ from flightstore.server.service import FlightSqlServer
 from flightstore.server.tls import TlsConfig
 from flightstore.store import Store
 from tests.certs import make_certificates
+from tests.system_packages import ensure
 from tests.waiting import wait_until
 
 
@@ -130,16 +130,8 @@ def test_scrape_reports_rpcs_rows_offsets_streams_and_memory(metered):
 
 # ---- a real Prometheus ---------------------------------------------------------------------------
 def _prometheus() -> str:
-    found = shutil.which("prometheus")
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600, check=False)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"], env=env,
-                       capture_output=True, timeout=600, check=False)
-        found = shutil.which("prometheus")
-    if found is None:
-        raise RuntimeError("prometheus is not installed and could not be installed with apt-get")
-    return found
+    ensure("prometheus")
+    return shutil.which("prometheus")
 
 
 def _free_port() -> int:

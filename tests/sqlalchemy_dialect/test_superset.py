@@ -31,6 +31,7 @@ import pytest
 
 import flightstore
 from flightstore_sqlalchemy import superset_launch
+from tests.system_packages import ensure
 
 pytestmark = pytest.mark.slow
 
@@ -88,15 +89,7 @@ finally:
 
 
 def _chromium() -> None:
-    if shutil.which("chromium") and shutil.which("chromedriver"):
-        return
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], env=env,
-                       capture_output=True, timeout=900)
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        raise RuntimeError("chromium and chromedriver are not installed and apt-get could not install them")
+    ensure("chromium", "chromium-driver")
 
 
 class Api:
