@@ -39,7 +39,7 @@ cluster: $(RUNTIME)
 TEST_WORKERS ?= 4
 test: $(TESTING)
 	$(PY) -m tests.system_packages
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=30
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 # The documentation site (README.md as its front page, docs/*.md) into site/; --strict: a broken
 # link or anchor, or any other warning, fails the build. tests/test_docs.py runs every code block.
