@@ -385,9 +385,14 @@ def _message(exc: BaseException) -> str:
     return text.split(". Detail: Python exception")[0].split(". gRPC client debug context")[0]
 
 
+def _help(option) -> str:
+    """An option's documentation as argparse help: argparse expands ``%`` in help texts."""
+    return option.doc.replace("%", "%%")
+
+
 def _session_timeout_argument(parser: argparse.ArgumentParser) -> None:
     option = SERVER_OPTIONS["zookeeper.session-timeout"]
-    parser.add_argument("--zookeeper-session-timeout", default=f"{option.default}ms", help=option.doc)
+    parser.add_argument("--zookeeper-session-timeout", default=f"{option.default}ms", help=_help(option))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -395,38 +400,38 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the Flight SQL server", allow_abbrev=False)
     serve.add_argument("--data-dir", default=SERVER_OPTIONS["data-dir"].default,
-                       help=SERVER_OPTIONS["data-dir"].doc)
-    serve.add_argument("--host", default=SERVER_OPTIONS["host"].default, help=SERVER_OPTIONS["host"].doc)
+                       help=_help(SERVER_OPTIONS["data-dir"]))
+    serve.add_argument("--host", default=SERVER_OPTIONS["host"].default, help=_help(SERVER_OPTIONS["host"]))
     serve.add_argument("--port", type=int, default=SERVER_OPTIONS["port"].default,
-                       help=SERVER_OPTIONS["port"].doc)
+                       help=_help(SERVER_OPTIONS["port"]))
     serve.add_argument("--fsync", action=argparse.BooleanOptionalAction,
-                       default=SERVER_OPTIONS["log.fsync"].default, help=SERVER_OPTIONS["log.fsync"].doc)
-    serve.add_argument("--users-file", metavar="FILE", help=SERVER_OPTIONS["auth.users-file"].doc)
+                       default=SERVER_OPTIONS["log.fsync"].default, help=_help(SERVER_OPTIONS["log.fsync"]))
+    serve.add_argument("--users-file", metavar="FILE", help=_help(SERVER_OPTIONS["auth.users-file"]))
     serve.add_argument("--super-user", action="append", metavar="NAME",
-                       help=SERVER_OPTIONS["authorizer.super-users"].doc + " Repeat for several.")
-    serve.add_argument("--token-ttl", help=SERVER_OPTIONS["auth.token-ttl"].doc +
+                       help=_help(SERVER_OPTIONS["authorizer.super-users"]) + " Repeat for several.")
+    serve.add_argument("--token-ttl", help=_help(SERVER_OPTIONS["auth.token-ttl"]) +
                        f' Default: {SERVER_OPTIONS["auth.token-ttl"].default} ms.')
-    serve.add_argument("--max-tokens", help=SERVER_OPTIONS["auth.max-tokens"].doc +
+    serve.add_argument("--max-tokens", help=_help(SERVER_OPTIONS["auth.max-tokens"]) +
                        f' Default: {SERVER_OPTIONS["auth.max-tokens"].default}.')
-    serve.add_argument("--tls-cert", metavar="PEM", help=SERVER_OPTIONS["tls.cert"].doc)
-    serve.add_argument("--tls-key", metavar="PEM", help=SERVER_OPTIONS["tls.key"].doc)
-    serve.add_argument("--tls-client-ca", metavar="PEM", help=SERVER_OPTIONS["tls.client-ca"].doc)
-    serve.add_argument("--tls-root", metavar="PEM", help=SERVER_OPTIONS["tls.root"].doc)
-    serve.add_argument("--metrics-port", help=SERVER_OPTIONS["metrics.port"].doc)
-    serve.add_argument("--console-port", help=SERVER_OPTIONS["console.port"].doc)
+    serve.add_argument("--tls-cert", metavar="PEM", help=_help(SERVER_OPTIONS["tls.cert"]))
+    serve.add_argument("--tls-key", metavar="PEM", help=_help(SERVER_OPTIONS["tls.key"]))
+    serve.add_argument("--tls-client-ca", metavar="PEM", help=_help(SERVER_OPTIONS["tls.client-ca"]))
+    serve.add_argument("--tls-root", metavar="PEM", help=_help(SERVER_OPTIONS["tls.root"]))
+    serve.add_argument("--metrics-port", help=_help(SERVER_OPTIONS["metrics.port"]))
+    serve.add_argument("--console-port", help=_help(SERVER_OPTIONS["console.port"]))
     serve.add_argument("--option", "-o", action="append", metavar="KEY=VALUE",
                        help="any server option of `flightstore options` (repeatable), e.g. "
                             "-o max.partition.num=100 or -o datalake.iceberg.warehouse=s3://bucket/lake")
-    serve.add_argument("--workers", metavar="N", help=SERVER_OPTIONS["server.workers"].doc)
+    serve.add_argument("--workers", metavar="N", help=_help(SERVER_OPTIONS["server.workers"]))
     serve.add_argument("--worker-id", help=argparse.SUPPRESS)  # set by worker 0 for its children
     serve.add_argument("--worker-of", metavar="URI", help=argparse.SUPPRESS)
-    serve.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", help=SERVER_OPTIONS["zookeeper.address"].doc)
-    serve.add_argument("--server-id", help=SERVER_OPTIONS["server.id"].doc)
-    serve.add_argument("--advertised-uri", metavar="grpc://HOST:PORT", help=SERVER_OPTIONS["advertised-uri"].doc)
-    serve.add_argument("--cluster-secret-file", metavar="FILE", help=SERVER_OPTIONS["cluster.secret-file"].doc)
+    serve.add_argument("--zookeeper", metavar="HOST:PORT[/chroot]", help=_help(SERVER_OPTIONS["zookeeper.address"]))
+    serve.add_argument("--server-id", help=_help(SERVER_OPTIONS["server.id"]))
+    serve.add_argument("--advertised-uri", metavar="grpc://HOST:PORT", help=_help(SERVER_OPTIONS["advertised-uri"]))
+    serve.add_argument("--cluster-secret-file", metavar="FILE", help=_help(SERVER_OPTIONS["cluster.secret-file"]))
     _session_timeout_argument(serve)
     serve.add_argument("--ddl-timeout", default=f'{SERVER_OPTIONS["cluster.ddl-timeout"].default}ms',
-                       help=SERVER_OPTIONS["cluster.ddl-timeout"].doc)
+                       help=_help(SERVER_OPTIONS["cluster.ddl-timeout"]))
     serve.set_defaults(func=_serve)
     cluster = commands.add_parser(
         "cluster", help="`cluster [run]`: ZooKeeper and N servers on this machine; `cluster status`: "
@@ -444,7 +449,7 @@ def main(argv: list[str] | None = None) -> None:
     cluster.add_argument("--servers", type=int, default=3, help="number of servers (ids 1..N)")
     cluster.add_argument("--data-dir", default="./cluster-data",
                          help="holds zookeeper/ and server-<id>/ (and their logs)")
-    cluster.add_argument("--host", default=SERVER_OPTIONS["host"].default, help=SERVER_OPTIONS["host"].doc)
+    cluster.add_argument("--host", default=SERVER_OPTIONS["host"].default, help=_help(SERVER_OPTIONS["host"]))
     cluster.add_argument("--port", type=int, default=SERVER_OPTIONS["port"].default,
                          help="port of server 1; server i listens on PORT+i-1 (0: free ports)")
     cluster.add_argument("--zookeeper-port", type=int, default=0, help="ZooKeeper's port (0: a free port)")

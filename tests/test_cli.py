@@ -8,7 +8,10 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 import flightstore
+from flightstore.cli import main
 
 
 def _free_port() -> int:
@@ -90,3 +93,14 @@ def test_sql_command_prints_tables_and_exits_1_with_the_message(server):
                            "SELECT 1"], capture_output=True, text=True, timeout=60)
     assert down.returncode == 1 and "Traceback" not in down.stderr
     assert down.stderr.startswith("flightstore sql: ")
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["cluster"], ["cluster", "status"], ["cluster", "decommission"],
+                                     ["sql"], ["snapshot"], ["lake"], ["lake", "status"], ["user"], ["verify"],
+                                     ["repair"], ["options"]])
+def test_every_command_prints_its_help(command, capsys):
+    """Option docs become help texts, and argparse expands ``%`` in them (``b % N`` crashed --help)."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    assert "usage: flightstore" in capsys.readouterr().out
