@@ -317,7 +317,9 @@ SERVER_OPTIONS: dict[str, ConfigOption] = _registry(
                  "answering UNAVAILABLE (not acknowledged; a retry with the same writer id and "
                  "sequence is applied once).", minimum=100),
     ConfigOption("log.replica.fetch-backoff-interval", "duration", 1_000,
-                 "How long a follower waits before fetching again after a fetch failed.", minimum=10),
+                 "How long a follower waits before fetching again after a fetch failed; a replica that "
+                 "cannot append what its leader sent waits this long, doubled at each failure in a row "
+                 "(up to 8 s), before truncating again.", minimum=10),
     ConfigOption("log.fetch.max-bytes", "size", 16 * 1024 * 1024,
                  "At most about this many bytes of records per replication fetch answer (at least "
                  "one record).", minimum=1024),

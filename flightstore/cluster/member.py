@@ -3,7 +3,9 @@
 ``ClusterMember.start`` joins in this order:
 
 1. connect to ZooKeeper (session timeout ``zookeeper.session-timeout``) and create the layout;
-2. check the data directory belongs here (:meth:`CatalogMirror.check`);
+2. check the data directory belongs here (:meth:`CatalogMirror.check`); a new (empty) one first
+   leaves every in-sync replica set and leadership ZooKeeper still gives it
+   (:meth:`ClusterMember._resign_lost_replicas`), before any view is applied;
 3. start following the metadata (:class:`MetadataCache`) and campaigning to coordinate;
 4. wait until the catalog exists (a coordinator bootstrapped it) and the local mirror applied it;
 5. register ``servers/<id>`` (ephemeral, with the advertised URI): from then on the server is live
@@ -147,6 +149,8 @@ class ClusterMember:
                                    "--cluster-secret-file; start this server with it (the same file as the others)")
             self.identity = PeerIdentity(self.secret, self.server_id)
             self.store.peers.identity = self.identity
+            if fresh:  # before the first view is applied: it may still name this server leader
+                self._resign_lost_replicas()
             self.mirror.on_applied = self._publish_applied
             self.mirror.after_reconcile = self.replicas.apply
             self.metadata.add_listener(self.mirror.apply)
@@ -161,8 +165,6 @@ class ClusterMember:
             self.mirror.check(view.cluster_id)
             if not self.mirror.wait_applied(view.version, max(0.0, deadline - time.monotonic())):
                 raise Unavailable(f"could not apply the cluster catalog locally: {self.mirror.last_error}")
-            if fresh:
-                self._resign_lost_replicas()
             self._register(deadline)
         except BaseException:
             self.stop()
@@ -329,9 +331,12 @@ class ClusterMember:
 
     def _resign_lost_replicas(self) -> None:
         """This data directory is new (a lost disk, a replacement machine): the replicas the
-        cluster thinks it holds are empty. Before registering, leave every ISR (and give up any
-        leadership: the coordinator elects another in-sync replica), so an empty replica never
-        leads or counts as a copy; it rejoins the ISR once it caught up."""
+        cluster thinks it holds are empty. Before the first view is applied (and before
+        registering), leave every ISR (and give up any leadership: the coordinator elects another
+        in-sync replica), so an empty replica never leads, serves or counts as a copy, not even
+        for the moment between the first view and this (a view applied first made it lead from
+        an empty log, and recorded that epoch at offset 0); it rejoins the ISR once it caught up.
+        :class:`Unavailable` (start fails) when the assignments keep changing under it."""
         for table_id in self.client.get_children(self.paths.assignments):
             path = self.paths.assignment(table_id)
             for _ in range(10):
@@ -356,6 +361,9 @@ class ClusterMember:
                     break
                 except BadVersionError:
                     continue
+            else:  # never join with a role this empty directory cannot fill
+                raise Unavailable(f"server {self.server_id} starts with an empty data directory but could not "
+                                  f"leave the in-sync replicas of table {table_id} (its assignment kept changing)")
 
     def _publish_async(self) -> None:
         """Publish the users and grants versions this server applied (called on kazoo's watch

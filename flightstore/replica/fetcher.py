@@ -12,7 +12,10 @@ opens a Flight ``DoExchange`` to that server (:mod:`flightstore.replica.protocol
 
 A broken stream (the leader died, was paused or restarted) is reopened after
 ``log.replica.fetch-backoff-interval``; an answer that does not come within the watchdog time
-cancels the stream. The replica manager adds and removes replicas as leadership moves.
+cancels the stream. A replica that cannot append what its leader sent truncates again, but not at
+once: it sits out of the stream for the backoff interval, doubled at each failure in a row (up to
+:data:`MAX_RETRY_S`), so a replica that cannot converge never spins (the others go on fetching).
+The replica manager adds and removes replicas as leadership moves.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ log = logging.getLogger("flightstore.replica")
 
 WAIT_MS = 500           # how long a leader holds a fetch that finds nothing new
 WATCHDOG_S = 15.0       # an answer later than this (beyond WAIT_MS) means the leader hangs
+MAX_RETRY_S = 8.0       # the longest a replica waits to retry after failed appends (< WATCHDOG_S)
 
 
 class Fetcher:
@@ -56,6 +60,8 @@ class Fetcher:
         self._lock = threading.Condition()
         self._replicas: dict[ReplicaKey, Replica] = {}
         self._truncated: set[ReplicaKey] = set()
+        self._failures: dict[ReplicaKey, int] = {}      # failed appends in a row
+        self._retry_at: dict[ReplicaKey, float] = {}    # monotonic time a failed replica retries
         self._stop = threading.Event()
         self._reader: Any = None
         self._last_answer = time.monotonic()
@@ -70,6 +76,8 @@ class Fetcher:
         with self._lock:
             self._replicas[key] = replica
             self._truncated.discard(key)
+            self._failures.pop(key, None)
+            self._retry_at.pop(key, None)
             self._lock.notify_all()
         self._interrupt()
 
@@ -77,6 +85,8 @@ class Fetcher:
         with self._lock:
             self._replicas.pop(key, None)
             self._truncated.discard(key)
+            self._failures.pop(key, None)
+            self._retry_at.pop(key, None)
 
     def keys(self) -> list[ReplicaKey]:
         with self._lock:
@@ -146,11 +156,13 @@ class Fetcher:
         in_flight: dict[ReplicaKey, Replica] | None = None  # the replicas of the request sent
         try:
             while not self._stop.is_set():
-                with self._lock:
-                    replicas = dict(self._replicas)
-                    fresh = [k for k in replicas if k not in self._truncated]
-                if in_flight is None and not replicas:
+                replicas, fresh, waiting = self._ready()
+                if in_flight is None and not replicas and waiting is None:
                     return
+                if in_flight is None and not replicas:  # every replica waits to retry
+                    with self._lock:
+                        self._lock.wait(max(0.0, waiting - time.monotonic()))
+                    continue
                 if in_flight is None and fresh:
                     self._truncate(writer, reader, {k: replicas[k] for k in fresh})
                     continue
@@ -158,9 +170,7 @@ class Fetcher:
                     in_flight = self._request(writer, replicas)
                 catching_up = self._receive(reader, in_flight)
                 in_flight = None
-                with self._lock:
-                    replicas = dict(self._replicas)
-                    fresh = [k for k in replicas if k not in self._truncated]
+                replicas, fresh, _ = self._ready()
                 if replicas and not fresh and not self._stop.is_set():
                     # Acknowledge what just arrived at once; the KVs catch up while the leader answers.
                     in_flight = self._request(writer, replicas)
@@ -172,6 +182,29 @@ class Fetcher:
                 writer.close()
             except Exception:  # noqa: BLE001 - the stream is gone anyway
                 pass
+
+    def _ready(self) -> tuple[dict[ReplicaKey, Replica], list[ReplicaKey], float | None]:
+        """The replicas to fetch for now (not waiting to retry), those of them that truncate
+        first, and when the next waiting one may retry (None: none waits)."""
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, at in self._retry_at.items() if at <= now]:
+                del self._retry_at[key]
+            replicas = {k: r for k, r in self._replicas.items() if k not in self._retry_at}
+            fresh = [k for k in replicas if k not in self._truncated]
+            return replicas, fresh, min(self._retry_at.values(), default=None)
+
+    def _failed(self, key: ReplicaKey, replica: Replica, exc: Exception) -> None:
+        """``replica`` could not append what the leader sent: it truncates again after a backoff."""
+        with self._lock:
+            if self._replicas.get(key) is not replica:
+                return
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            delay = min(self._backoff_s * 2 ** (failures - 1), MAX_RETRY_S)
+            self._retry_at[key] = time.monotonic() + delay
+            self._truncated.discard(key)
+        log.warning("%s: cannot append what the leader sent (%s); truncating again in %.1f s (failure %d "
+                    "in a row)", replica.label, exc, delay, failures)
 
     def _restart(self, replica: Replica, key: ReplicaKey, start: int) -> None:
         def snapshot() -> tuple[int, list[tuple[str, bytes]]]:
@@ -240,9 +273,11 @@ class Fetcher:
                                           self.leader):
                     moved.append(replica)
             except FlightstoreError as exc:
-                log.warning("%s: cannot append what the leader sent (%s); truncating again", replica.label, exc)
+                self._failed(key, replica, exc)
+                continue
+            if fetched:
                 with self._lock:
-                    self._truncated.discard(key)
+                    self._failures.pop(key, None)
         if refused:
             self._stop.wait(min(self._backoff_s, 0.2))
         return moved

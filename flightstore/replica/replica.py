@@ -252,11 +252,16 @@ class Replica:
         return divergence(self.epochs, self.log.end_offset, leader_epoch, leader_end)
 
     def truncate(self, offset: int) -> None:
-        """Cut the log at ``offset`` (where it diverges from the leader's) and forget the epochs of
-        what went; a KV that applied past it is rebuilt (from a snapshot at or below it, or the
-        log)."""
+        """Cut the log at ``offset`` (where it diverges from the leader's) and forget the epochs
+        that start there or later (Kafka's ``truncateFromEnd``); a KV that applied past it is
+        rebuilt (from a snapshot at or below it, or the log).
+
+        The epochs are cut even when the log has nothing past ``offset``: an entry at or after the
+        log's end covers no record of it (an epoch this server led without appending, say from an
+        empty log), and kept it would refuse the leader's older epoch at those offsets forever."""
         with self.lock:
             if offset >= self.log.end_offset:
+                self.epochs.truncate_from(self.log.end_offset)
                 return
             log.warning("%s: truncating the log from offset %d to %d (it diverged from the leader's)",
                         self.label, self.log.end_offset, offset)

@@ -5,10 +5,12 @@ equals their leader's, and a server that lost its disk rejoining as a follower."
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 
 import pyarrow as pa
 import pytest
+from kazoo.client import KazooClient
 
 import flightstore
 from flightstore.errors import DeliveryTimeout
@@ -125,6 +127,51 @@ def test_a_server_that_lost_its_disk_rejoins_empty_and_never_answers_from_it(ser
     for uri in uris.values():
         with flightstore.connect(uri) as conn:
             assert conn.sql("SELECT COUNT(*) AS n FROM kv").to_pylist() == [{"n": 260}]
+
+
+def _crash(members, server_id: int) -> KazooClient:
+    """What kill -9 leaves behind: the member does nothing any more, but ZooKeeper keeps its
+    session (and so its registration, its leaderships) until the session expires. Returns the
+    session's client: closing it is the expiry."""
+    member = members.running.pop(server_id)
+    member._stop.set()
+    member._reregister.set()
+    member.coordinator.stop()
+    member.metadata.stop()
+    member.replicas.close()
+    member.store.close()
+    return member.client
+
+
+def test_a_member_restarted_on_an_empty_disk_never_leads_from_it(members, observer):
+    """Jepsen seed 2: a server killed and wiped restarted before its session expired, so ZooKeeper
+    still named it leader; it took that role from its empty log (and recorded the epoch at offset
+    0) before leaving the ISR. It must leave first: never lead, not even for a moment."""
+    first = members.start(1)
+    members.start(2)
+    first.store.create_table("default.t", pa.schema([("k", pa.int64())]),
+                             options={"bucket.num": "2", "table.replication.factor": "2", "bucket.key": "k"})
+    view = observer.wait(lambda v: len(v.tables) == 1, "the table")
+    buckets = next(iter(view.tables.values())).buckets
+    victim = buckets[0].leader
+    led = [b for b, a in enumerate(buckets) if a.leader == victim]
+    assert all(buckets[b].isr == (1, 2) for b in led)
+    session = _crash(members, victim)
+    shutil.rmtree(members.root / f"member-{victim}")
+    restarted: list = []
+    starting = threading.Thread(target=lambda: restarted.append(members.start(victim)), daemon=True)
+    starting.start()  # it waits for its old registration to expire before registering
+    observer.wait(lambda v: all(victim not in b.isr and b.leader != victim
+                                        for r in v.tables.values() for b in (r.buckets[i] for i in led)),
+                          "the wiped server leaving the ISR of the buckets it led")
+    session.stop()
+    session.close()
+    starting.join(60)
+    assert restarted, "the wiped server did not start"
+    local = restarted[0].store.local_table("default.t")
+    for bucket in led:  # it never took office: no epoch recorded, and a follower now
+        assert local.replicas[bucket].epochs.entries == []
+        assert local.replicas[bucket].leadership.leader != victim
 
 
 def test_writes_wait_for_enough_in_sync_replicas(servers, observer):
