@@ -32,6 +32,7 @@ import pytest
 
 import flightstore
 from flightstore.config import options_page
+from tests.server.conftest import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md"] + sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))
@@ -115,38 +116,12 @@ def test_the_site_builds_strictly(tmp_path) -> None:
     assert "'.[docs]'" in plan and plan.rstrip().endswith("mkdocs build --strict")
 
 
-class _ServerProcess:
-    """`flightstore serve` as its own process (what `make run` starts): a page's blocks may leave
-    streams open, and a server in the test's process must not take the test worker down."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0", "--no-fsync"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.process.stdout.readline()
-        match = re.search(r"grpc://127\.0\.0\.1:\d+", line)
-        if match is None:
-            self.process.kill()
-            raise AssertionError(f"the server did not start: {line!r}")
-        self.uri = match.group(0)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()  # SIGTERM: a clean shutdown, the data directory released
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
-        self.process.stdout.close()
-
-
 class PageRun:
     """The server, namespace, SQL connection and shell of one page's blocks."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.server = _ServerProcess(directory / "data")
+        self.server = ServerProcess(directory / "data")
         self.namespace: dict = {"__name__": "__docs__"}
         self.conn: flightstore.Connection | None = None
         self.bin = directory / ".bin"
@@ -177,7 +152,7 @@ main(args)
             try:
                 self._run(block)
             finally:
-                self.server = _ServerProcess(self.directory / "data")
+                self.server = ServerProcess(self.directory / "data")
         else:
             self._run(block)
 

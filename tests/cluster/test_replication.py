@@ -186,7 +186,7 @@ def test_writes_wait_for_enough_in_sync_replicas(servers, observer):
         servers.running[server].kill()
     observer.wait(lambda v: next(iter(v.tables.values())).buckets[0].isr == (leader,), "the ISR shrinking")
     # Not enough replicas is retried (a follower may come back) for the client's delivery timeout.
-    with flightstore.connect(uris[leader], options={"client.writer.delivery-timeout": "3s"}) as conn:
+    with flightstore.connect(uris[leader], options={"client.writer.delivery-timeout": "8s"}) as conn:
         with pytest.raises(DeliveryTimeout, match="min-in-sync-replicas"):
             conn.table("ev").append(pa.table({"k": pa.array([1], pa.int64())}))
         assert conn.sql("SELECT COUNT(*) AS n FROM ev").to_pylist() == [{"n": 0}]  # nothing written

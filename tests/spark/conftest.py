@@ -1,5 +1,7 @@
 """One local SparkSession for the whole test session (local[2], 2 shuffle partitions, no UI) with the
-``flightstore`` format registered, plus a real flightstore server per test."""
+``flightstore`` format registered, plus a real flightstore server per test, in its own process as a
+Spark job meets it (the driver's Python threads in this process would compete with an in-process
+server for the GIL on a busy machine)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.server.conftest import RunningServer
+from tests.server.conftest import ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +56,6 @@ def _start_python_workers(session, attempts: int = 5) -> None:
 
 @pytest.fixture
 def server(tmp_path):
-    running = RunningServer(tmp_path / "data")
+    running = ServerProcess(tmp_path / "data")
     yield running
     running.stop()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import flightstore
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +29,8 @@ def test_readme_spark_snippet(spark, server) -> None:
     exec(compile(snippet, "docs/spark.md", "exec"), scope)
     assert scope["spark"] is spark  # getOrCreate: the test session
     assert scope["df"].count() == 2
-    rows = server.store.table("shop.orders").scan_table().sort_by("order_id").to_pylist()
+    with flightstore.connect(server.uri) as conn:
+        rows = conn.table("shop.orders").scan().sort_by("order_id").to_pylist()
     assert [(r["order_id"], r["status"], r["amount"]) for r in rows] == [
         (1, "paid", 5.5), (2, "returned", 7.0)]
     assert scope["changes"].isStreaming

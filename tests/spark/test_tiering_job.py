@@ -12,8 +12,19 @@ from flightstore.errors import TieringLeaseHeld
 from flightstore.lake import LakeCatalog, LakeSettings, LakeTierer, read_lake
 from flightstore.lake.offsets import committed_offsets
 from tests.lake.conftest import EVENTS, events
+from tests.server.conftest import RunningServer
 
 pytestmark = pytest.mark.slow
+
+
+
+@pytest.fixture
+def server(tmp_path):
+    """In this process: these tests reach into the server's store and run its tierer beside the job."""
+    running = RunningServer(tmp_path / "data")
+    yield running
+    running.stop()
+
 
 PK = pa.schema([pa.field("k", pa.int64(), nullable=False), ("name", pa.string()), ("n", pa.int64())])
 
