@@ -35,11 +35,12 @@ cluster: $(RUNTIME)
 # and Spark; a test file stays on one worker (--dist loadfile: its module fixtures are built once,
 # and tests that build on each other's state in them run in order).
 # The Debian packages the tests need (ZooKeeper, Prometheus, Chromium, tmux) are installed first,
-# in one apt-get, when missing; the slowest tests are listed at the end of the run.
+# in one apt-get, when missing; the slowest tests are listed at the end of the run. A crashed worker
+# ends the run (--max-worker-restart=0): xdist's file scheduler hung after replacing one.
 TEST_WORKERS ?= 4
 test: $(TESTING)
 	$(PY) -m tests.system_packages
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=30
 
 # The documentation site (README.md as its front page, docs/*.md) into site/; --strict: a broken
 # link or anchor, or any other warning, fails the build. tests/test_docs.py runs every code block.

@@ -125,7 +125,19 @@ class ServedLookupStream:
         self._gone = False
 
     def serve(self, reader: flight.MetadataRecordBatchReader) -> None:
-        """Answer requests until the client half-closes the stream."""
+        """Answer requests until the client half-closes the stream.
+
+        Once this returns, gRPC finishes the call and its writer must never be used again: the stream
+        is marked gone under the write lock first, so a GOAWAY sent by shutdown from another thread
+        either lands while the call is open or is not sent (writing to a finished call aborts the
+        process)."""
+        try:
+            self._answer(reader)
+        finally:
+            with self._write_lock:
+                self._gone = True
+
+    def _answer(self, reader: flight.MetadataRecordBatchReader) -> None:
         while True:
             try:
                 chunk = reader.read_chunk()

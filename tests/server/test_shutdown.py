@@ -272,3 +272,43 @@ def test_a_subscription_left_with_break_ends_its_stream_and_the_server_stops(tmp
                                        for t in threading.enumerate()), "the dropped subscription's thread ending")
     finally:
         running.stop()
+
+
+# In its own process: the bug this guards against crashed the process (SIGSEGV/SIGABRT), which
+# would take a test worker down with it.
+GOAWAY_RACE = r'''
+import sys, tempfile, threading, time
+import flightstore
+from flightstore.server.service import FlightSqlServer
+from flightstore.store import Store
+
+for round_ in range(int(sys.argv[1])):
+    store = Store(tempfile.mkdtemp() + "/data", fsync=False)
+    server = FlightSqlServer(store, "grpc://127.0.0.1:0")
+    serving = threading.Thread(target=server.serve, daemon=True)
+    serving.start()
+    with flightstore.connect(server.uri) as conn:
+        conn.sql("CREATE TABLE t (id BIGINT, PRIMARY KEY (id) NOT ENFORCED) WITH ('bucket.num' = '2')")
+        conn.table("t").upsert({"id": [1, 2]})
+    clients = [flightstore.connect(server.uri) for _ in range(24)]
+    for client in clients:
+        client.table("t").lookup({"id": [1]})  # each opens a lookup stream
+    closing = [threading.Thread(target=client.close) for client in clients]
+    for thread in closing:
+        thread.start()
+    time.sleep((round_ % 10) * 0.0005)  # shutdown's GOAWAY lands at varying points of the closes
+    server.shutdown(grace_s=1)
+    for thread in closing:
+        thread.join()
+    serving.join(10)
+    store.close()
+'''
+
+
+def test_shutdown_racing_lookup_streams_that_close_never_crashes_the_process() -> None:
+    """Shutdown sends GOAWAY on every open lookup stream while clients close theirs: a stream whose
+    handler had returned was written to after gRPC finished its call, which crashed the server
+    (SIGSEGV or SIGABRT within 50 rounds before the fix; it took a CI test worker down)."""
+    done = subprocess.run([sys.executable, "-c", GOAWAY_RACE, "60"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
