@@ -71,6 +71,7 @@ class _TableState:
     """What the tierer knows of one table (guarded by the tierer's lock)."""
 
     due: float = 0.0  # monotonic time of the next round
+    rushed: bool = False  # due_now() was asked while a round ran: the next round is due at once
     tiered: dict[int, int] | None = None
     last_commit_ms: int | None = None
     last_snapshot_id: int | None = None
@@ -144,7 +145,8 @@ class LakeTierer:
         next round, not a freshness interval later) and wake the thread."""
         path = path if isinstance(path, TablePath) else TablePath.parse(path)
         with self._lock:
-            self._states.setdefault(path, _TableState()).due = 0.0
+            state = self._states.setdefault(path, _TableState())
+            state.due, state.rushed = 0.0, True
         self._wake.set()
 
     def _run(self) -> None:
@@ -201,6 +203,8 @@ class LakeTierer:
         if not table.descriptor.option("table.datalake.enabled"):
             raise InvalidInput(f"table {path} is not datalake-enabled ('table.datalake.enabled')")
         with self._round_lock:
+            with self._lock:  # a due_now() from here on asks for the round after this one
+                self._states.setdefault(path, _TableState()).rushed = False
             try:
                 result = self._round(table)
             except Exception as exc:
@@ -321,7 +325,11 @@ class LakeTierer:
                 state.last_commit_ms = result.committed_at_ms
             state.last_error = state.last_error_ms = None
             state.failures = 0
-            state.due = time.monotonic() + (0.0 if result.backlog_left else freshness_s)
+            # a partition dropped during the round (after its commit became visible, say) must not
+            # wait a freshness interval: the round did not see the drop
+            rush = result.backlog_left or state.rushed
+            state.due = time.monotonic() + (0.0 if rush else freshness_s)
+            state.rushed = False
         if result.rows:
             log.info("tiered %d rows of %s in %.2f s (snapshot %s)", result.rows, table.path,
                      result.seconds, result.snapshot_id)

@@ -282,3 +282,17 @@ def test_an_expired_auto_partition_leaves_the_lake_at_once(store, tierer):
     wait_until(lambda: read_lake(tierer.catalog, table.descriptor).num_rows == 50, "the first round", 60)
     assert manager.check(now_ms + 3 * day_ms)[str(table.path)][1] == 2
     wait_until(lambda: read_lake(tierer.catalog, table.descriptor).num_rows == 0, "the expiry reaching the lake", 60)
+
+
+def test_a_drop_during_a_round_after_its_commit_keeps_the_table_due(store, tierer):
+    """A partition dropped while a round runs, once its commit is visible, is not seen by that round:
+    the table must stay due at once, not a freshness interval later (the round's own bookkeeping
+    overwrote the request; the drop then waited an hour)."""
+    table = store.create_table("default.clicks", SCHEMA, partition_keys=["dt"], options={
+        "bucket.num": 2, "bucket.key": "user", "table.datalake.enabled": "true", "table.datalake.freshness": "1h"})
+    table.append(_rows(0, 60))
+    tierer.hook = lambda phase: tierer.due_now(table.path) if phase == "after-commit" else None
+    assert tierer.tier_now(table.path).rows == 60
+    tierer.hook = None
+    assert [r.rows for r in tierer.run_due()] == [0]  # due at once: the round after runs now
+    assert tierer.run_due() == []  # and then a freshness interval later, as usual
