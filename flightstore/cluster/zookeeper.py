@@ -1,7 +1,7 @@
 """A local ZooKeeper server process, for ``flightstore cluster`` and the tests.
 
 ZooKeeper comes from the Debian ``zookeeper`` package (3.8): :func:`ensure_installed` installs it
-with apt-get when it is missing and this process may (root, apt-get present). The server runs as a
+(:mod:`flightstore.debian`) when it is missing and this process may. The server runs as a
 plain JVM (``ZooKeeperServerMain``, standalone) with a generated ``zoo.cfg`` and its own data
 directory, listening on loopback only; the jar's manifest names its dependencies, so the class
 path is the one jar. Its admin HTTP server is off (it would take port 8080).
@@ -17,6 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from flightstore import debian
 from flightstore.errors import FlightstoreError
 
 __all__ = ["ZOOKEEPER_JAR", "ZooKeeperServer", "ensure_installed", "free_port"]
@@ -29,13 +30,7 @@ def ensure_installed() -> Path:
     """The ZooKeeper jar, installing the Debian package (and Java) first if needed."""
     if ZOOKEEPER_JAR.exists() and shutil.which("java"):
         return ZOOKEEPER_JAR
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        wait = ["-o", "DPkg::Lock::Timeout=600"]  # another apt-get running: wait, do not fail
-        subprocess.run(["apt-get", *wait, "update", "-qq"], env=env, capture_output=True, timeout=600,
-                       check=False)
-        subprocess.run(["apt-get", *wait, "install", "-y", "-qq", "zookeeper"], env=env, capture_output=True,
-                       timeout=900, check=False)
+    debian.install({"zookeeper": str(ZOOKEEPER_JAR), "default-jre-headless": "java"})
     if not (ZOOKEEPER_JAR.exists() and shutil.which("java")):
         raise FlightstoreError("ZooKeeper is not installed and could not be installed: run "
                                "`apt-get install zookeeper` (Debian's ZooKeeper 3.8, with Java)")
