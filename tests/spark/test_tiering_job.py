@@ -96,11 +96,15 @@ def _lake_matches_the_kv_at_its_offsets(catalog, table) -> dict[int, int]:
 
 
 def test_kill_minus_nine_of_the_job_mid_round_loses_and_doubles_nothing(spark, server):
+    import fcntl
     import os
+    import pty
     import random
     import signal
+    import struct
     import subprocess
     import sys
+    import termios
     import threading
     import time
     from pathlib import Path
@@ -132,18 +136,41 @@ def test_kill_minus_nine_of_the_job_mid_round_loses_and_doubles_nothing(spark, s
     for key, value in options.items():
         args += ["--lake-option", f"{key}={value}"]
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    job = subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "TERM": "xterm-256color", "COLUMNS": "120"}
+    # The job runs on a terminal, as a user starts it: it shows its progress there (rich, on stderr).
+    terminal, job_side = pty.openpty()
+    fcntl.ioctl(job_side, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    job = subprocess.Popen(args, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=job_side, stderr=job_side)
+    os.close(job_side)
+    shown = bytearray()
+
+    def read_terminal() -> None:
+        while True:
+            try:
+                data = os.read(terminal, 65536)
+            except OSError:  # EIO: every process holding the job's side is gone
+                return
+            if not data:
+                return
+            shown.extend(data)
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
     try:
         wait_until(lambda: offsets() != base or job.poll() is not None,
                    "the job's first commit", timeout=240)
         threading.Event().wait(rng.uniform(0.2, 1.5))  # then kill it, inside a round or between two
         assert job.poll() is None, "the job finished before it was killed; give it more rounds"
+        wait_until(lambda: b"tier default.accounts" in shown, "the job's progress on its terminal", timeout=60)
         os.kill(job.pid, signal.SIGKILL)
         job.wait(timeout=60)
     finally:
         if job.poll() is None:
             job.kill()
+    reader.join(timeout=60)  # its Spark JVM leaves once its driver is gone
+    os.close(terminal)
+    text = shown.decode(errors="replace")
+    assert "\x1b[" in text and "/1 tables" in text, text[-3000:]  # a rich bar, counting the table
     killed_at = _lake_matches_the_kv_at_its_offsets(catalog, table)
     assert killed_at != table.end_offsets()  # it was stopped short
     leases = LeaseStore(catalog.catalog.engine)
