@@ -10,6 +10,8 @@ round, in :data:`ROUNDS` interleaved rounds (each figure: its best round):
   started, or psycopg is missing, the benchmark fails (a missing peer fails loudly).
 * flightstore's Python client, ``table.lookup({"id": [k]})`` (one message each way on the
   connection's lookup stream): lookups/s (goal >= 0.5x PostgreSQL's) and p99 beside PostgreSQL's.
+* the same single-key lookups against ``serve --workers 2`` (a server process per core, each
+  leading half of the buckets; the client sends each key to its bucket's worker): lookups/s.
 * flightstore's batched lookuper, :data:`IN_FLIGHT` keys in flight per process: keys/s (goal >= 2x
   PostgreSQL's single-key lookups/s).
 * ADBC prepared lookup p50 (one client, no load) vs the same driver against
@@ -43,6 +45,7 @@ CLIENTS = 8
 SECONDS = 8.0
 ROUNDS = 2
 IN_FLIGHT = 64  # keys in flight per process with the batched lookuper
+WORKERS = 2  # server processes of ``serve --workers`` (this machine's cores)
 LOOKUPER_OPTIONS = {"client.lookup.max-batch-size": 32, "client.lookup.batch-timeout": "5ms"}
 ADBC_LOOKUPS = 1_000
 ADBC_ROUNDS = 4
@@ -77,6 +80,21 @@ def _start_postgres(root: Path) -> str:
 def _stop_postgres(root: Path) -> None:
     subprocess.run(["bash", str(HERE / "setup_postgres.sh"), "stop", str(root / "pg")],
                    capture_output=True, timeout=120)
+
+
+def _start_workers(data_dir: Path, rows) -> tuple[subprocess.Popen, str]:
+    """``serve --workers WORKERS`` (one process per core, each leading a share of the buckets),
+    loaded through its client with the same table: its process (worker 0) and URI."""
+    import flightstore
+    process, uri = _start_server(["-m", "flightstore", "serve", "--data-dir", str(data_dir), "--host",
+                                  "127.0.0.1", "--port", "0", "--no-fsync", "--workers", str(WORKERS)],
+                                 "flightstore serving")
+    with flightstore.connect(uri, timeout=120) as conn:
+        conn.sql("CREATE TABLE kv (id BIGINT, user_id BIGINT, amount DOUBLE, score FLOAT, qty INT, status STRING, "
+                 "country STRING, flag BOOLEAN, ts TIMESTAMP(3), note STRING, PRIMARY KEY (id) NOT ENFORCED) "
+                 "WITH ('bucket.num' = '4')")
+        conn.table("kv").upsert(rows)
+    return process, uri
 
 
 # ---- one client process ------------------------------------------------------------------------------
@@ -207,11 +225,12 @@ def run() -> list[Row]:
             store.create_table("kv", rows.schema, primary_key=["id"], options={"bucket.num": 4}).upsert(rows)
         process, uri = _start_server(["-m", "flightstore", "serve", "--data-dir", str(root / "data"),
                                       "--host", "127.0.0.1", "--port", "0", "--no-fsync"], "flightstore serving")
+        workers, workers_uri = _start_workers(root / "data-workers", rows)
         try:
             best: dict[str, tuple] = {}
             for round_ in range(ROUNDS):
-                for kind, target in (("pg", pg_uri), ("ours", uri), ("batched", uri)):
-                    measured = _load(kind, target, process.pid if kind != "pg" else None)
+                for kind, target in (("pg", pg_uri), ("ours", uri), ("batched", uri), ("workers", workers_uri)):
+                    measured = _load(kind, target, process.pid if kind in ("ours", "batched") else None)
                     print(f"bench_lookups: round {round_ + 1} {kind}: {measured[0]:,.0f}/s",
                           file=sys.stderr, flush=True)
                     if kind not in best or measured[0] > best[kind][0]:
@@ -219,6 +238,7 @@ def run() -> list[Row]:
             adbc_ours, adbc_floor = _adbc_p50(uri)
         finally:
             _stop_server(process)
+            _stop_server(workers)
     finally:
         _stop_postgres(root)
         shutil.rmtree(root, ignore_errors=True)
@@ -229,6 +249,8 @@ def run() -> list[Row]:
     return [
         Row(f"single-key lookups/s, Python client, {CLIENTS} processes", ours_rate, pg_rate, "lookups/s",
             pg_name, goal=">=0.5x"),
+        Row(f"single-key lookups/s, Python client, serve --workers {WORKERS}", best["workers"][0], pg_rate,
+            "lookups/s", pg_name, goal=">=0.5x"),
         Row(f"keys/s, batched lookuper ({IN_FLIGHT} in flight per process)", batched_rate, pg_rate,
             "keys/s", "PostgreSQL single-key lookups/s", goal=">=2x"),
         Row("single-key lookup p50 under that load", float(np.percentile(ours_latency, 50)) * 1e3,
