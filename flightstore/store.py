@@ -38,6 +38,7 @@ from flightstore.kv.ownership import ColumnOwnership
 from flightstore.kv.snapshot import SnapshotInfo
 from flightstore.kv.tablet import KvTablet, changelog_schema
 from flightstore.log import LogTablet
+from flightstore.log.segment import may_expire
 from flightstore.remote import RemoteStorage, RemoteTable, restore_missing_bucket
 from flightstore.replica.replica import SOLO, Leadership, Replica
 from flightstore.schema import Projections, TableDescriptor, TablePath
@@ -528,14 +529,33 @@ class Store:
         ``table.writer-id.expiration``; returns the log rows dropped. Unreadable tables are left
         for their owner to notice."""
         dropped = 0
+        now_ms = int(time.time() * 1000) if now_ms is None else int(now_ms)
         for path in self.catalog.all_tables():
             try:
+                with self._lock:
+                    opened = path in self._tables
+                if not opened and not self._may_expire(path, now_ms):
+                    continue  # a closed table with nothing past its TTL is not opened for nothing
                 table = self.local_table(path)
                 dropped += table.enforce_retention(now_ms)
                 table.expire_writers(now_ms)
             except FlightstoreError:
                 continue
         return dropped
+
+    def _may_expire(self, path: TablePath, now_ms: int) -> bool:
+        """Whether retention may delete anything of a table that is not open, from its files (see
+        :func:`~flightstore.log.segment.may_expire`); with remote storage always (its uploaded
+        segments are older than the local ones). Its writers' expiry waits until it is opened:
+        only an open table holds them."""
+        if self.remote is not None:
+            return True
+        ttl_ms = self.catalog.get_table(path).option("table.log.ttl")
+        if ttl_ms is None:
+            return False
+        directory = self.catalog.table_dir(path)
+        logs = [*directory.glob("bucket-*/log"), *directory.glob("*/bucket-*/log")]  # partitions: one level down
+        return any(may_expire(log, int(ttl_ms), now_ms) for log in logs)
 
     def take_due_snapshots(self, stop: Any = None) -> int:
         """Take the KV snapshots due by ``kv.snapshot.interval`` in every open primary-key table,

@@ -184,6 +184,35 @@ def test_log_ttl_retention_drops_expired_segments_only(tmp_path):
         assert pk.enforce_retention(now_ms=later) == 0  # PK logs feed KV recovery: kept
 
 
+def test_retention_opens_a_closed_table_only_when_something_may_expire(tmp_path):
+    """The server's sweep (every log.retention.check-interval) reads a closed table's oldest
+    segment summary instead of opening it: a table with nothing past its TTL stays closed (opening
+    every table each minute cost a 1,000-table server half a core and all their memory), and one
+    with an expired segment is opened and trimmed as before, partitioned tables included."""
+    import time as _time
+    options = {"table.log.ttl": "1h", "table.log.segment.bytes": 1024, "bucket.num": 2}
+    with Store(tmp_path) as store:
+        for name in ("fresh", "old"):
+            table = store.create_table(name, SCHEMA, options=options)
+            for i in range(5):
+                table.append(data(50, i * 50))
+        store.create_table("parts", pa.schema([*SCHEMA, ("day", pa.string())]), partition_keys=["day"],
+                           options=options)
+        for i in range(5):
+            store.table("parts").append(data(50, i * 50).append_column("day", pa.array(["d1"] * 50)))
+        store.create_table("untimed", SCHEMA, options={"table.log.segment.bytes": 1024}).append(data(250))
+    later = int(_time.time() * 1000) + 2 * 3_600_000
+    with Store(tmp_path) as store:
+        assert store.enforce_retention() == 0
+        assert store.open_tables() == []  # nothing was past its TTL: nothing opened
+        store.table("fresh")  # an open table is swept as before
+        assert store.enforce_retention(now_ms=later) > 0
+        assert {str(t.path) for t in store.open_tables()} == {"default.fresh", "default.old", "default.parts"}
+        for name in ("fresh", "old", "parts"):
+            assert 0 < store.table(name).row_count() < 250  # the active segments stay
+        assert store.enforce_retention(now_ms=later) == 0
+
+
 def test_writes_refuse_values_of_another_kind_but_accept_widening(store):
     table = pk_table(store)
     with pytest.raises(SchemaMismatch, match="does not fit"):

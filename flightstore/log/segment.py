@@ -58,6 +58,7 @@ __all__ = [
     "LOADED_WEIGHT_LIMIT",
     "QUARANTINE",
     "Segment",
+    "may_expire",
     "quarantine",
     "segment_name",
 ]
@@ -72,6 +73,21 @@ QUARANTINE = "quarantine"
 def segment_name(base_offset: int) -> str:
     """The file stem of the segment starting at ``base_offset``."""
     return f"{base_offset:020d}"
+
+
+def may_expire(directory: Path, ttl_ms: int, now_ms: int) -> bool:
+    """Whether the log in ``directory`` may hold a segment ``table.log.ttl`` would delete, read from
+    its files without opening it: it has a closed segment (the active one never goes) and its
+    oldest segment's summary says its newest record is older than ``ttl_ms``, or cannot say (no
+    summary, torn, empty): then opening the log decides."""
+    try:
+        stems = sorted(name[:-4] for name in os.listdir(directory) if name.endswith(".log"))
+    except FileNotFoundError:
+        return False
+    if len(stems) < 2:
+        return False
+    summary, _ = read_summary(directory / f"{stems[0]}.summary")
+    return summary is None or summary.max_timestamp_ms is None or summary.max_timestamp_ms < now_ms - ttl_ms
 
 
 def quarantine(directory: Path, file_name: str, position: int, data: bytes) -> Path:
