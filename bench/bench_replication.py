@@ -14,6 +14,9 @@ slows one round of each.
   bucket, sent through a surviving server, is acknowledged by the new leader; p50 and max against
   ``zookeeper.session-timeout`` + 2 s (the goal; the ratio is goal / measured, >= 1 meets it).
   The killed server is restarted and every ISR is full again before the next kill.
+
+``BENCH_REPLICATION_PARTS=writes python -m bench replication`` runs only the named parts (writes,
+reads, failover).
 """
 
 from __future__ import annotations
@@ -243,7 +246,16 @@ def bench_failover(cluster: LocalCluster) -> list[Row]:
     ]
 
 
+PARTS = ("writes", "reads", "failover")
+
+
 def run() -> list[Row]:
+    """Every part, or those ``BENCH_REPLICATION_PARTS`` names (comma-separated: writes, reads, failover)."""
+    wanted = [p.strip() for p in os.environ.get("BENCH_REPLICATION_PARTS", ",".join(PARTS)).split(",")
+              if p.strip()]
+    unknown = [p for p in wanted if p not in PARTS]
+    if unknown:
+        raise SystemExit(f"BENCH_REPLICATION_PARTS: unknown part(s) {', '.join(unknown)}; use {', '.join(PARTS)}")
     with tempfile.TemporaryDirectory(prefix="bench-replication-") as tmp:
         cluster = LocalCluster(Path(tmp), servers=3, port=0, extra_args=OPTIONS)
         cluster.start()
@@ -251,11 +263,13 @@ def run() -> list[Row]:
             uri = cluster.servers[1].uri
             _create(uri)
             uris = [s.uri for s in cluster.servers.values()]
-            rows = bench_writes(uri)
-            _load(uri)
-            _wait(lambda: _in_sync(uris, ["kv3", "ev3"]), "the loaded tables in sync")
-            rows += bench_reads(uri)
-            rows += bench_failover(cluster)
+            rows = bench_writes(uri) if "writes" in wanted else []
+            if "reads" in wanted:
+                _load(uri)
+                _wait(lambda: _in_sync(uris, ["kv3", "ev3"]), "the loaded tables in sync")
+                rows += bench_reads(uri)
+            if "failover" in wanted:
+                rows += bench_failover(cluster)
         finally:
             cluster.stop()
     return rows

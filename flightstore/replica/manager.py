@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,11 @@ log = logging.getLogger("flightstore.replica")
 #: The leadership of a bucket in cluster mode before the replica manager applied the view: it
 #: takes no write (and the cluster routes no read to it).
 PENDING = Leadership(me=-1, replicated=True)
+
+#: Encoded fetch answers kept for the other followers of the same records (at most this many, of
+#: at most :data:`SHARED_ANSWER_BYTES` each: the tail of the log every in-sync follower asks for).
+SHARED_ANSWERS = 8
+SHARED_ANSWER_BYTES = 1 << 20
 
 AdjustIsr = Callable[[str, int, int, int, Sequence[int]], bool]
 
@@ -71,6 +77,8 @@ class ReplicaManager:
         self.max_bytes = server_option(options, "log.fetch.max-bytes")
         self._lock = threading.RLock()
         self._appended = threading.Condition()
+        self._answers: OrderedDict[tuple, pa.RecordBatch] = OrderedDict()  # see _encoded
+        self._answers_lock = threading.Lock()
         self._fetchers: dict[int, Fetcher] = {}
         self._following: dict[ReplicaKey, int] = {}        # replica -> the leader it fetches from
         self._tables: dict[str, TablePath] = {}             # table id -> path, from the last view
@@ -273,7 +281,33 @@ class ReplicaManager:
         meta = {"replicas": errors + behind + [{"key": list(key), "hw": replica.log.high_watermark,
                                                 "leo": replica.log.end_offset}
                                                for key, replica, _ in wanted if key not in late]}
-        return protocol.encode_records(records), meta
+        return self._encoded(records, {key: replica for key, replica, _ in wanted}), meta
+
+    def _encoded(self, records: list[tuple[ReplicaKey, int, Any]],
+                 replicas: Mapping[ReplicaKey, Replica]) -> pa.RecordBatch:
+        """``records`` as one answer batch; the same records for another follower (every follower
+        in sync asks for the log's newest records) reuse the batch encoded for the first, so a
+        write's records are encoded once, not once per follower.
+
+        The key names each record by replica, offsets, epoch and payload CRC, with the replica's
+        leader epoch and truncation count: records a truncation replaced at the same offsets
+        never match."""
+        if not records:
+            return protocol.encode_records(records)
+        key = tuple((k, id(replicas[k]), replicas[k].leadership.epoch, replicas[k].log.truncations, epoch,
+                     r.base_offset, r.num_rows, r.payload_crc) for k, epoch, r in records)
+        with self._answers_lock:
+            batch = self._answers.get(key)
+            if batch is not None:
+                self._answers.move_to_end(key)
+                return batch
+        batch = protocol.encode_records(records)
+        if batch.nbytes <= SHARED_ANSWER_BYTES:
+            with self._answers_lock:
+                self._answers[key] = batch
+                while len(self._answers) > SHARED_ANSWERS:
+                    self._answers.popitem(last=False)
+        return batch
 
     def snapshot_files(self, key: ReplicaKey) -> tuple[int, Iterator[tuple[str, bytes]]]:
         """The newest KV snapshot of a replica this server leads, for a follower that must start

@@ -162,7 +162,8 @@ class Replica:
         """Records from ``offset`` for ``follower`` (whose log ends there); notes its progress."""
         with self.lock:
             self.fetched(follower, offset)
-            records = self.log.read_raw(offset, max_bytes)
+            # Nothing new (most replicas of a fetch, most of the time): no read.
+            records = [] if offset == self.log.end_offset else self.log.read_raw(offset, max_bytes)
             progress = self._progress.setdefault(follower, FollowerProgress())
             progress.sent_leo = self.log.end_offset
             return records
