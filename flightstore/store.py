@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -56,6 +57,56 @@ __all__ = ["Store", "Table", "WriteResult", "new_table_descriptor"]
 _logger = logging.getLogger("flightstore.store")
 
 
+OPEN_THREADS = 16  # buckets (of every primary-key table being opened) whose KVs open at once
+_open_pool: ThreadPoolExecutor | None = None
+_open_pool_lock = threading.Lock()
+
+
+def _bucket_opener() -> ThreadPoolExecutor:
+    """The process's threads that open buckets, started once: starting 16 threads for every
+    open cost more than the overlap won on a busy machine (each start waits for the GIL)."""
+    global _open_pool
+    with _open_pool_lock:
+        if _open_pool is None:
+            _open_pool = ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="flightstore-open")
+        return _open_pool
+
+
+def _open_all(open_bucket: Callable[[int], tuple[LogTablet, KvTablet | None]], buckets: int, *,
+              parallel: bool) -> list[tuple[LogTablet, KvTablet | None]]:
+    """``open_bucket(b)`` for every bucket, in bucket order. A RocksDB open waits on about seven
+    fsyncs (its MANIFEST, CURRENT, OPTIONS file, WAL and directory) without holding the GIL:
+    opening a primary-key table's KVs one after the other made its first use (a query, a lookup,
+    the console's table page) wait for 16 x 7 fsyncs; on threads the waits overlap. When a
+    bucket fails, the buckets that did open are closed and the first failed bucket's error is
+    raised, so a table that cannot open holds no file. ``open_bucket`` must not open a table
+    (the threads are shared: a nested open could wait for itself)."""
+    if not parallel or buckets < 2:
+        results: list[tuple[LogTablet, KvTablet | None]] = []
+        try:
+            for bucket in range(buckets):
+                results.append(open_bucket(bucket))
+        except BaseException:
+            _close_opened(results)
+            raise
+        return results
+    pool = _bucket_opener()
+    futures = [pool.submit(open_bucket, bucket) for bucket in range(buckets)]
+    wait(futures)
+    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+    if failed is not None:
+        _close_opened([f.result() for f in futures if f.exception() is None])
+        raise failed
+    return [f.result() for f in futures]
+
+
+def _close_opened(opened: Sequence[tuple[LogTablet, KvTablet | None]]) -> None:
+    for log, kv in opened:
+        if kv is not None:
+            kv.close()
+        log.close()
+
+
 class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
     """A handle on one table of this server: writes, lookups, scans and changelog reads."""
 
@@ -80,28 +131,39 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         # server leads (flightstore.cluster.table).
         self.round_robin_buckets: Sequence[int] | None = None
         log_schemas = _log_schemas(descriptor)
-        self.logs: list[LogTablet] = []
-        self.kvs: list[KvTablet] = []
         ttl = descriptor.option("table.log.ttl")
         rebuilt: dict[int, Any] = {}  # buckets rebuilt from remote storage (their directory was gone)
-        for bucket in range(descriptor.num_buckets):
+        tiers: dict[int, Any] = {}  # each bucket's remote tier (None without remote storage)
+        for bucket in range(descriptor.num_buckets):  # (remote storage is asked from this thread only)
             label = f"table {self.path} bucket {bucket}"
-            tier = None if remote is None else remote.bucket(bucket, label, directory / f"bucket-{bucket}")
+            tiers[bucket] = tier = None if remote is None else remote.bucket(bucket, label,
+                                                                             directory / f"bucket-{bucket}")
             if tier is not None and not remote.fresh:
                 rebuilt[bucket] = restore_missing_bucket(tier, descriptor, directory / f"bucket-{bucket}",
                                                          fsync=fsync)
+
+        def open_bucket(bucket: int) -> tuple[LogTablet, KvTablet | None]:
             log = LogTablet(
                 directory / f"bucket-{bucket}" / "log", log_schemas[descriptor.version],
                 compression=descriptor.option("table.log.arrow.compression.type"),
                 segment_bytes=descriptor.option("table.log.segment.bytes"),
                 statistics_columns=descriptor.statistics_columns, ttl_ms=ttl, fsync=fsync,
-                schema_version=descriptor.version, past_schemas=log_schemas, label=label)
-            if tier is not None:
-                log.attach_remote(tier)
-            self.logs.append(log)
-            if descriptor.has_primary_key:
-                self.kvs.append(KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log,
-                                         fsync=fsync, bucket=bucket))
+                schema_version=descriptor.version, past_schemas=log_schemas,
+                label=f"table {self.path} bucket {bucket}")
+            try:
+                if tiers[bucket] is not None:
+                    log.attach_remote(tiers[bucket])
+                if not descriptor.has_primary_key:
+                    return log, None
+                return log, KvTablet(directory / f"bucket-{bucket}" / "kv", descriptor, log, fsync=fsync,
+                                     bucket=bucket)
+            except BaseException:
+                log.close()
+                raise
+
+        opened = _open_all(open_bucket, descriptor.num_buckets, parallel=descriptor.has_primary_key)
+        self.logs: list[LogTablet] = [log for log, _ in opened]
+        self.kvs: list[KvTablet] = [kv for _, kv in opened if kv is not None]
         # One replica per bucket: its log and KV, its role and high watermark (flightstore.replica).
         self.replicas = [Replica(log, self.kvs[b] if self.kvs else None, b, fsync=fsync, leadership=leadership)
                          for b, log in enumerate(self.logs)]

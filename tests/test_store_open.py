@@ -6,8 +6,11 @@ from __future__ import annotations
 import threading
 
 import pyarrow as pa
+import pytest
 
 from flightstore.catalog import read_table_dir
+from flightstore.errors import CorruptData
+from flightstore.kv.tablet import KvTablet
 from flightstore.store import Store, Table
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())])
@@ -95,3 +98,32 @@ def test_drop_waits_for_an_open_in_progress_of_that_table(tmp_path, monkeypatch)
         assert store.list_tables() == []
         assert not directory.exists()
         assert "t" not in {p.table for p in store._tables}
+
+
+def test_a_bucket_that_cannot_open_fails_the_open_and_leaves_no_bucket_open(tmp_path, monkeypatch):
+    """A primary-key table's buckets open on threads: when one cannot open, the open raises that
+    bucket's error, every bucket that did open is closed again, and the next open (the cause
+    gone) serves the table whole."""
+    data_dir = tmp_path / "data"
+    with Store(data_dir, fsync=False) as store:
+        store.create_table("t", SCHEMA, primary_key=["id"], options={"bucket.num": "6"}).upsert(_rows(range(60)))
+    opened: list = []
+    original = KvTablet.__init__
+
+    def failing_open(self, directory, descriptor, log, **kwargs):
+        opened.append((self, log))
+        if kwargs.get("bucket") == 4:
+            raise CorruptData("table default.t bucket 4: cannot be opened (injected)")
+        original(self, directory, descriptor, log, **kwargs)
+
+    with Store(data_dir, fsync=False) as store:
+        monkeypatch.setattr(KvTablet, "__init__", failing_open)
+        with pytest.raises(CorruptData, match="bucket 4"):
+            store.table("t")
+        monkeypatch.undo()
+        assert len(opened) == 6
+        assert all(log.closed for _, log in opened)
+        assert all(getattr(kv, "_db", None) is None for kv, _ in opened)
+        table = store.table("t")  # a KV left open would hold its RocksDB lock: this open would fail
+        assert table.row_count() == 60
+        assert table.lookup({"id": [41]}).to_pylist() == [{"id": 41, "v": "v41"}]
