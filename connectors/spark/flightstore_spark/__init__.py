@@ -18,6 +18,19 @@ __all__ = ["FlightstoreDataSource", "register"]
 
 def register(spark) -> None:
     """Register the ``flightstore`` format with ``spark`` and enable Python data source filter
-    pushdown (``spark.sql.python.filterPushdown.enabled``), which the reader relies on."""
+    pushdown (``spark.sql.python.filterPushdown.enabled``), which the reader relies on.
+
+    Batch reads then plan at most the session's default parallelism of input partitions (the
+    ``partitions`` option overrides it): a Python planner cannot ask Spark, so the registered class
+    carries it (a subclass of :class:`FlightstoreDataSource`, pickled by value to the planners)."""
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    spark.dataSource.register(FlightstoreDataSource)
+    try:
+        cores = int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: one partition per bucket
+        cores = None
+    source = FlightstoreDataSource
+    if cores:
+        source = type(f"FlightstoreDataSource{cores}", (FlightstoreDataSource,),
+                      {"default_partitions": cores, "__module__": "flightstore_spark._registered",
+                       "__doc__": FlightstoreDataSource.__doc__})
+    spark.dataSource.register(source)
