@@ -158,3 +158,24 @@ def test_column_pruning_hook_is_detected_and_narrows_the_read(server, tables):
     assert partition.value["payload"]["columns"] == ["id"]
     batches = list(reader.read(partition))
     assert batches and all(b.schema.names == ["id"] for b in batches)
+
+
+def test_spark_workers_leave_the_imports_out_of_sparks_per_task_gc(spark):
+    """Spark's daemon runs gc.collect() in a worker after every task and planner call: the
+    connector freezes the objects of its imports there (they live as long as the worker), and
+    only there (this driver process is left alone)."""
+    import gc
+
+    import flightstore_spark
+
+    assert not flightstore_spark.in_spark_worker() and gc.get_freeze_count() == 0
+
+    def probe(batches):
+        import gc
+
+        import flightstore_spark  # noqa: F401 - what a read's unpickled reader imports
+        for _ in batches:
+            yield pa.record_batch({"frozen": [gc.get_freeze_count()]})
+
+    (row,) = spark.range(1, numPartitions=1).mapInArrow(probe, "frozen long").collect()
+    assert row["frozen"] > 10_000
