@@ -8,6 +8,9 @@
 
 The two reads of each pair run interleaved (best of rounds), so a busy moment on a shared machine
 slows one round of each rather than every run of one of them.
+
+``BENCH_SPARK_MEASURES=read,pruning,aggregation`` (any of them, comma-separated; default all) runs
+only those measures, e.g. ``BENCH_SPARK_MEASURES=read python -m bench spark`` to profile the read.
 """
 
 from __future__ import annotations
@@ -33,6 +36,16 @@ WIDE_ROWS = 300_000
 WIDE_COLUMNS = 100
 BUCKETS = 4
 CHUNK = 500_000
+MEASURES = ("read", "pruning", "aggregation")
+
+
+def wanted_measures() -> list[str]:
+    """The measures ``BENCH_SPARK_MEASURES`` names (all by default); an unknown name fails loudly."""
+    names = [n.strip() for n in os.environ.get("BENCH_SPARK_MEASURES", "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in MEASURES]
+    if unknown:
+        raise SystemExit(f"BENCH_SPARK_MEASURES: unknown measure {unknown[0]!r} (known: {', '.join(MEASURES)})")
+    return names or list(MEASURES)
 
 
 def _narrow(start: int, n: int) -> pa.Table:
@@ -113,6 +126,20 @@ def run() -> list[Row]:
 
 def _measure(spark, uri: str, tmp: Path) -> list[Row]:
     conn = connect(uri)
+    wanted = wanted_measures()
+    rows = []
+    if "read" in wanted:
+        rows.extend(_narrow_read(spark, conn, uri, tmp))
+    if "pruning" in wanted:
+        rows.extend(_pruned_read(spark, conn, uri))
+    if "aggregation" in wanted:
+        rows.extend(_aggregation_vs_groupby(spark, conn, uri, tmp))
+    conn.close()
+    return rows
+
+
+def _narrow_read(spark, conn, uri: str, tmp: Path) -> list[Row]:
+    """A Spark batch read of the narrow table through the connector vs of the same rows in Parquet."""
     conn.sql(f"CREATE TABLE narrow (id BIGINT, user BIGINT, amount DOUBLE) WITH ('bucket.num' = '{BUCKETS}')")
     parquet_dir = tmp / "narrow_parquet"
     parquet_dir.mkdir()
@@ -132,9 +159,12 @@ def _measure(spark, uri: str, tmp: Path) -> list[Row]:
     read_connector()
     read_parquet()  # warm both (JVM, Python workers, page cache)
     best = best_interleaved({"ours": read_connector, "peer": read_parquet}, 3)
-    rows = [Row(f"Spark batch read, {NARROW_ROWS:,} narrow rows (rows/s)", NARROW_ROWS / best["ours"],
+    return [Row(f"Spark batch read, {NARROW_ROWS:,} narrow rows (rows/s)", NARROW_ROWS / best["ours"],
                 NARROW_ROWS / best["peer"], "rows/s", "Spark Parquet local disk", True, ">=0.8x")]
 
+
+def _pruned_read(spark, conn, uri: str) -> list[Row]:
+    """The wide table read with ``columns`` = 10 of its 100 columns vs all of them."""
     names = [f"c{i}" for i in range(WIDE_COLUMNS)]
     conn.sql(f"CREATE TABLE wide ({', '.join(f'{n} DOUBLE' for n in names)}) WITH ('bucket.num' = '{BUCKETS}')")
     rng = np.random.default_rng(1)
@@ -152,11 +182,8 @@ def _measure(spark, uri: str, tmp: Path) -> list[Row]:
     ten = ",".join(names[:10])
     read_wide(ten)
     best = best_interleaved({"pruned": lambda: read_wide(ten), "full": lambda: read_wide(None)}, 3)
-    rows.append(Row(f"Spark read, 10 of {WIDE_COLUMNS} columns, {WIDE_ROWS:,} rows (s)", best["pruned"],
-                    best["full"], "s", f"all {WIDE_COLUMNS} columns via the connector", False, ">=8x"))
-    rows.extend(_aggregation_vs_groupby(spark, conn, uri, tmp))
-    conn.close()
-    return rows
+    return [Row(f"Spark read, 10 of {WIDE_COLUMNS} columns, {WIDE_ROWS:,} rows (s)", best["pruned"],
+                best["full"], "s", f"all {WIDE_COLUMNS} columns via the connector", False, ">=8x")]
 
 
 AGG_EVENTS = 1_000_000

@@ -28,7 +28,7 @@ def test_batch_read_has_one_input_partition_per_partition_bucket_and_prunes(spar
     days = ["2026-01-01", "2026-01-02", "2026-01-03"]
     conn.table("pk").upsert({"dt": [d for d in days for _ in range(10)], "id": list(range(30)),
                              "v": [float(i) for i in range(30)]})
-    df = _load(spark, server, "default.pk")
+    df = _load(spark, server, "default.pk", partitions="16")
     assert df.rdd.getNumPartitions() == 6
     assert sorted(tuple(r) for r in df.collect()) == sorted(
         (days[i // 10], i, float(i)) for i in range(30))
@@ -46,8 +46,11 @@ def test_batch_read_has_one_input_partition_per_partition_bucket_and_prunes(spar
     reader = FlightstoreReader({"uri": server.uri, "table": "default.pk"}, df.schema)
     list(reader.pushFilters([In(("dt",), ("2026-01-01", "2026-01-03", "1999-01-01"))]))
     assert len(reader.partitions()) == 4
-    pruned = (_load(spark, server, "default.pk").filter("dt >= '2026-01-02' AND v < 25"))
+    pruned = (_load(spark, server, "default.pk", partitions="16").filter("dt >= '2026-01-02' AND v < 25"))
     assert pruned.rdd.getNumPartitions() == 4
+    sized = _load(spark, server, "default.pk")  # the session's default parallelism: 2 groups of buckets
+    assert sized.rdd.getNumPartitions() == 2
+    assert sorted(r["id"] for r in sized.filter("dt >= '2026-01-02'").collect()) == list(range(10, 30))
     assert sorted(r["id"] for r in pruned.collect()) == list(range(10, 25))
 
 

@@ -56,8 +56,15 @@ def test_batch_read_equals_sql_with_columns_filters_and_partitions(spark, server
     conn = tables
     for table, buckets in (("db.lg", 3), ("db.kv", 2)):
         df = _load(spark, server, table=table)
-        assert df.rdd.getNumPartitions() == buckets
+        # partitions sized to the cores: the session's default parallelism (2), never more than buckets
+        assert df.rdd.getNumPartitions() == min(buckets, 2)
         assert _spark_rows(df) == _rows(conn.sql(f"SELECT * FROM {table}"))
+        per_bucket = _load(spark, server, table=table, partitions=str(buckets + 5))
+        assert per_bucket.rdd.getNumPartitions() == buckets
+        assert _spark_rows(per_bucket) == _rows(conn.sql(f"SELECT * FROM {table}"))
+    one = _load(spark, server, table="db.lg", partitions="1")
+    assert one.rdd.getNumPartitions() == 1
+    assert _spark_rows(one) == _rows(conn.sql("SELECT * FROM db.lg"))
     lg = _load(spark, server, table="db.lg")
     assert _spark_rows(lg.filter("id > 297")) == _rows(conn.sql("SELECT * FROM db.lg WHERE id > 297"))
     # Spark reuses a DataFrame's read planned with pushed filters for a later action that pushes
@@ -84,6 +91,23 @@ def test_batch_read_equals_sql_with_columns_filters_and_partitions(spark, server
     unpushed = _load(spark, server, table="db.lg", pushFilters="false")
     assert _spark_rows(unpushed.filter("id < 2").select("id")) == [(0,), (1,)]
     assert unpushed.count() == 300
+
+
+def test_partitions_group_contiguous_buckets_per_leader_and_bad_values_fail():
+    from flightstore_spark.source import group_buckets, most_partitions
+
+    assert group_buckets([0, 1, 2, 3], 2, lambda b: None) == [(None, [0, 1]), (None, [2, 3])]
+    assert group_buckets([0, 1, 2], 2, lambda b: None) == [(None, [0, 1]), (None, [2])]
+    assert group_buckets([0, 1, 2], None, lambda b: None) == [(None, [0]), (None, [1]), (None, [2])]
+    assert group_buckets([4, 5], 8, lambda b: None) == [(None, [4]), (None, [5])]
+    # a cluster: a group never mixes leaders; more leaders than partitions: one group per leader
+    leader = {0: "a", 1: "b", 2: "a", 3: "b", 4: "c"}.get
+    assert group_buckets([0, 1, 2, 3, 4], 2, leader) == [("a", [0, 2]), ("b", [1, 3]), ("c", [4])]
+    assert group_buckets([0, 1, 2, 3], 4, leader) == [("a", [0]), ("a", [2]), ("b", [1]), ("b", [3])]
+    assert most_partitions(None, 2) == 2 and most_partitions("3", 2) == 3 and most_partitions(None, None) is None
+    for bad in ("0", "-1", "two", "1.5"):
+        with pytest.raises(ValueError, match="partitions"):
+            most_partitions(bad, 2)
 
 
 def test_pushed_query_and_filter_translation(spark, server, tables):
@@ -134,3 +158,24 @@ def test_column_pruning_hook_is_detected_and_narrows_the_read(server, tables):
     assert partition.value["payload"]["columns"] == ["id"]
     batches = list(reader.read(partition))
     assert batches and all(b.schema.names == ["id"] for b in batches)
+
+
+def test_spark_workers_leave_the_imports_out_of_sparks_per_task_gc(spark):
+    """Spark's daemon runs gc.collect() in a worker after every task and planner call: the
+    connector freezes the objects of its imports there (they live as long as the worker), and
+    only there (this driver process is left alone)."""
+    import gc
+
+    import flightstore_spark
+
+    assert not flightstore_spark.in_spark_worker() and gc.get_freeze_count() == 0
+
+    def probe(batches):
+        import gc
+
+        import flightstore_spark  # noqa: F401 - what a read's unpickled reader imports
+        for _ in batches:
+            yield pa.record_batch({"frozen": [gc.get_freeze_count()]})
+
+    (row,) = spark.range(1, numPartitions=1).mapInArrow(probe, "frozen long").collect()
+    assert row["frozen"] > 10_000

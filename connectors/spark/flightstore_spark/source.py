@@ -19,9 +19,16 @@ required columns are then read without the option.
 their position deletes are applied by the executors), one partition per data file straight from
 the warehouse: the delta join's backfill reads the two tables' snapshots this way.
 
+Partitions are sized to the cores: a batch read of a table plans at most ``partitions`` input
+partitions (default: the Spark default parallelism :func:`flightstore_spark.register` found, else one
+per bucket), each reading a contiguous group of buckets in one DoGet (in a cluster, buckets of one
+leader). Each Spark task has a fixed cost (a Python worker round trip, a connection, Spark's
+``gc.collect()`` in the worker after it), which more tasks than cores only repeat.
+
 Options: ``uri`` (grpc://host:port, grpc+tls://host:port), ``table`` (``db.t``) or ``query`` (a whole
 SELECT pushed to the server; its Flight endpoints become the partitions), ``columns`` (``a,b``:
-pruned on the server), ``snapshot.id``, ``username``/``password``, ``tls.root.certs`` (PEM file of the CA that signed
+pruned on the server), ``partitions`` (most input partitions of a batch table read), ``snapshot.id``,
+``username``/``password``, ``tls.root.certs`` (PEM file of the CA that signed
 the server's certificate) and, for mutual TLS, ``tls.cert.chain``/``tls.private.key``; streaming options are in
 :mod:`flightstore_spark.stream`, write options
 in :mod:`flightstore_spark.writer`.
@@ -29,7 +36,7 @@ in :mod:`flightstore_spark.writer`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -41,7 +48,8 @@ from flightstore import expressions as ex
 from flightstore_spark import _flight
 from flightstore_spark.filters import to_predicate
 
-__all__ = ["FlightstoreDataSource", "conform_batches", "prunes_columns", "spark_schema"]
+__all__ = ["FlightstoreDataSource", "conform_batches", "group_buckets", "most_partitions", "prunes_columns",
+           "spark_schema"]
 
 
 def spark_schema(schema: pa.Schema) -> StructType:
@@ -87,7 +95,14 @@ def read_lake_split(split: dict, schema: StructType) -> Iterator[pa.RecordBatch]
 
 
 class FlightstoreDataSource(DataSource):
-    """The ``flightstore`` format (batch and streaming, read and write)."""
+    """The ``flightstore`` format (batch and streaming, read and write).
+
+    ``default_partitions``: the most input partitions of a batch read when the ``partitions`` option
+    is not given (None: one per bucket); :func:`flightstore_spark.register` registers a subclass
+    carrying the session's default parallelism (Spark gives a Python planner no other way to learn it).
+    """
+
+    default_partitions: int | None = None
 
     @classmethod
     def name(cls) -> str:
@@ -117,7 +132,7 @@ class FlightstoreDataSource(DataSource):
         return stream_columns(conn, options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return FlightstoreReader(self.options, schema)
+        return FlightstoreReader(self.options, schema, self.default_partitions)
 
     def streamReader(self, schema: StructType):
         from flightstore_spark.stream import FlightstoreStreamReader
@@ -130,6 +145,41 @@ class FlightstoreDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool):
         from flightstore_spark.writer import FlightstoreStreamWriter
         return FlightstoreStreamWriter(self.options, schema, overwrite)
+
+
+def most_partitions(option: Any, default: int | None) -> int | None:
+    """The ``partitions`` option (a positive integer), else ``default``; None: one per bucket."""
+    if option is None or str(option).strip() == "":
+        return default
+    try:
+        value = int(str(option).strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"option('partitions') must be a positive integer (most input partitions of a "
+                         f"batch read), not {option!r}")
+    return value
+
+
+def group_buckets(buckets: Sequence[int], most: int | None,
+                  leader: Callable[[int], str | None]) -> list[tuple[str | None, list[int]]]:
+    """``buckets`` in at most ``most`` contiguous groups of near-equal size (None: one group per
+    bucket), never mixing two leaders (a leader's buckets are read at it): ``[(uri, buckets)]``.
+    A cluster with more leaders than ``most`` gets one group per leader."""
+    by_leader: dict[str | None, list[int]] = {}
+    for bucket in buckets:
+        by_leader.setdefault(leader(bucket), []).append(bucket)
+    total = len(buckets)
+    groups: list[tuple[str | None, list[int]]] = []
+    for uri, own in by_leader.items():
+        count = len(own) if most is None else min(len(own), max(1, round(most * len(own) / total)))
+        size, extra = divmod(len(own), count)
+        start = 0
+        for i in range(count):
+            stop = start + size + (1 if i < extra else 0)
+            groups.append((uri, own[start:stop]))
+            start = stop
+    return groups
 
 
 def prunes_columns(reader_class: type = DataSourceReader) -> bool:
@@ -148,10 +198,11 @@ class FlightstoreReader(DataSourceReader):
     ``option("pushFilters", "false")``.
     """
 
-    def __init__(self, options: dict, schema: StructType) -> None:
+    def __init__(self, options: dict, schema: StructType, default_partitions: int | None = None) -> None:
         self.options = _flight.Options(options)
         self.schema = schema
         self.pushed: ex.Predicate | None = None
+        self.most_partitions = most_partitions(self.options.get("partitions"), default_partitions)
 
     def pushFilters(self, filters: list) -> Iterator:
         if self.options.query or str(self.options.get("pushFilters", "true")).lower() == "false":
@@ -213,10 +264,11 @@ class FlightstoreReader(DataSourceReader):
                 "op": "scan", "table": options.table, "columns": columns, "filter": filter_json,
                 "buckets": [int(b)], "log_from": {b: offset}}})
                 for b, offset in sorted(planned["offsets"].items(), key=lambda item: int(item[0]))]
+        groups = group_buckets(buckets, self.most_partitions,
+                               lambda b: leaders[b % len(leaders)] if leaders else None)
         return [InputPartition({"payload": {"op": "scan", "table": options.table, "columns": columns,
-                                            "filter": filter_json, "buckets": [bucket]},
-                                "uri": leaders[bucket % len(leaders)] if leaders else None})
-                for bucket in buckets]
+                                            "filter": filter_json, "buckets": group}, "uri": uri})
+                for uri, group in groups] or [InputPartition({"empty": True})]  # every partition pruned
 
     def _lake_snapshot(self, conn: Any, snapshot_id: int) -> list[InputPartition]:
         """``snapshot.id``: that lake snapshot alone, one partition per data file read straight
