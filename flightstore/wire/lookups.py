@@ -175,6 +175,11 @@ def decode_schemas(body: pa.Buffer) -> tuple[pa.Schema, pa.Schema]:
 
 
 # ---- errors ----------------------------------------------------------------------------------------
+class NotLeaderError(flight.FlightUnavailableError):
+    """A routed lookup reached a server that does not lead a key's bucket (stale locations, a
+    failover): the client asks the locations again and resends."""
+
+
 #: Status codes of ERROR replies, and the exception each becomes at the client: the classes a
 #: pyarrow Flight client raises for the same status on a DoGet (so callers catch the same errors).
 _CODES: tuple[tuple[str, type[Exception]], ...] = (
@@ -188,17 +193,10 @@ _CODES: tuple[tuple[str, type[Exception]], ...] = (
     ("cancelled", flight.FlightCancelledError),
     ("timed_out", flight.FlightTimedOutError),
     ("stale_handle", flight.FlightInternalError),
+    ("not_leader", NotLeaderError),
 )
 STALE_HANDLE = 9  # the table's columns changed since OPEN: open the handle again, then resend
 NOT_LEADER = 10  # a routed request's key is of a bucket this server does not lead: ask the locations again
-
-
-class NotLeaderError(flight.FlightUnavailableError):
-    """A routed lookup reached a server that does not lead a key's bucket (stale locations, a
-    failover): the client asks the locations again and resends."""
-
-
-_CODES += (("not_leader", NotLeaderError),)
 
 
 def error_code(exc: BaseException) -> int:
