@@ -232,6 +232,21 @@ def test_a_routed_request_to_a_worker_that_does_not_lead_gets_not_leader(group, 
                 assert stale._layout["leaders"] == truth["leaders"]  # asked again
 
 
+def test_partitioned_lookups_in_workers_answer_what_select_where_answers(group):
+    """A partitioned table's lookups are not routed (the DoGet way, forwarded): still exact."""
+    with flightstore.connect(group.uri, timeout=60) as conn:
+        conn.sql("CREATE TABLE parted (dt STRING, id BIGINT, v BIGINT, PRIMARY KEY (dt, id) NOT ENFORCED) "
+                 "PARTITIONED BY (dt) WITH ('bucket.num' = '3')")
+        days = ["2026-01-01", "2026-01-02"]
+        conn.table("parted").upsert({"dt": [days[i % 2] for i in range(20)], "id": list(range(20)),
+                                     "v": [None if i % 3 == 0 else i for i in range(20)]})
+        probe = [(days[1], 3), (days[0], 4), (days[0], 3), ("2026-02-01", 1), (days[1], 19), (days[0], 4)]
+        expected = [conn.sql(f"SELECT * FROM parted WHERE dt = '{d}' AND id = {i}") for d, i in probe]
+        table = conn.table("parted")
+        assert table.lookup({"dt": [d for d, _ in probe], "id": [i for _, i in probe]}).to_pylist() == \
+            pa.concat_tables(expected).to_pylist()
+
+
 def test_every_worker_leads_its_share_of_the_buckets(group):
     with flightstore.connect(group.uri, timeout=60) as conn:
         conn.sql(DDL.format(name="shares"))
