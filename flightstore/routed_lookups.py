@@ -8,9 +8,10 @@ buckets it leads. Several leaders' answers are put back in key order (their rows
 position), a key given twice answering twice, as one server answers. When a leader answers
 NOT_LEADER (the locations are stale: a failover, a restarted worker) or cannot be reached, nothing
 of the lookup is returned: the locations are asked again and the whole lookup is sent again, for up
-to :data:`RETRY_S`; past that the error is raised. A lookup that cannot be routed (a partitioned
-table, a bucket without a live leader) returns None: the caller sends it to the connected server,
-which forwards it (and waits out a failover).
+to :data:`RETRY_S`; past that the error is raised. Locations naming a bucket without a live leader
+are asked again too, until one leads it. A lookup that cannot be routed (a partitioned table; still
+no live leader after :data:`RETRY_S`) returns None: the caller sends it to the connected server,
+which forwards it or names the bucket that has no leader.
 """
 
 from __future__ import annotations
@@ -75,17 +76,22 @@ def routed_lookup(table: Any, kind: str, keys: Any, columns: Sequence[str] | Non
     deadline = time.monotonic() + RETRY_S
     pause = FIRST_PAUSE_S
     while True:
-        split = split_by_leader(table._locations(), typed)
-        if split is None:
-            return None
-        try:
-            return _at_leaders(table, kind, typed, split, columns, key_columns, limit)
-        except flight.FlightUnavailableError:  # NOT_LEADER, or a leader that does not answer
-            table._layout = None  # asked again before the whole lookup is sent again
-            if time.monotonic() + pause > deadline:
-                raise
-            time.sleep(pause)
-            pause = min(2 * pause, MAX_PAUSE_S)
+        layout = table._locations()
+        if layout is None and None in table._layout.get("leaders", ()):  # a bucket without a live leader:
+            if time.monotonic() + pause > deadline:  # wait for one (a failover, a worker restarting)
+                return None  # the connected server answers, or names the bucket that has none
+        else:
+            split = split_by_leader(layout, typed)
+            if split is None:
+                return None
+            try:
+                return _at_leaders(table, kind, typed, split, columns, key_columns, limit)
+            except flight.FlightUnavailableError:  # NOT_LEADER, or a leader that does not answer
+                if time.monotonic() + pause > deadline:
+                    raise
+        table._layout = None  # asked again before the whole lookup is sent again
+        time.sleep(pause)
+        pause = min(2 * pause, MAX_PAUSE_S)
 
 
 def _at_leaders(table: Any, kind: str, keys: pa.Table, split: list[tuple[str, np.ndarray]],

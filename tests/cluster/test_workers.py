@@ -263,7 +263,14 @@ def test_a_worker_killed_with_minus_9_is_restarted_with_its_data(group):
         conn.table("survives").upsert({"k": list(range(60)), "v": [f"v{k}" for k in range(60)]})
         before = conn.sql("SELECT * FROM survives ORDER BY k")
     victim = group.children()[1]
-    os.kill(victim["pid"], signal.SIGKILL)
+    with flightstore.connect(group.uri, timeout=60) as conn:  # its layout names the killed worker
+        cached = conn.table("survives")
+        assert cached.lookup({"k": list(range(60))}).to_pylist() == before.to_pylist()
+        os.kill(victim["pid"], signal.SIGKILL)
+        # While worker 1 is down and restarted, lookups of every bucket answer right or fail
+        # clearly: the client asks the locations again and resends, never answers in part.
+        assert cached.lookup({"k": list(range(60))}).to_pylist() == before.to_pylist()
+        assert cached.prefix_lookup({"k": [59, 0, 31]}).to_pylist() == before.take([59, 0, 31]).to_pylist()
     restarted = wait_until(lambda: (lambda c: c if c["alive"] and c["pid"] != victim["pid"]
                                     and group.uris().get(1) == c["uri"] else None)(group.children()[1]),
                            "worker 1 restarted")
