@@ -45,6 +45,7 @@ from flightstore.errors import DeliveryTimeout, InvalidOption, Unavailable
 from flightstore.expressions import Predicate
 from flightstore.lookup_stream import KeysDoNotFit, LookupStream, LookupStreams
 from flightstore.lookuper import Lookuper
+from flightstore.routed_lookups import routed_lookup
 from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
 from flightstore.streams import BatchStream, read_batches
@@ -687,11 +688,16 @@ class TableClient:
 
     def _streamed(self, kind: str, keys: Any, columns: Sequence[str] | None, limit: int | None
                   ) -> pa.Table | None:
-        """A lookup on the connection's lookup stream (:mod:`flightstore.lookup_stream`), or None
-        when it takes the DoGet way: in a cluster (the lookup goes to the keys' leader), or when
-        the keys do not fit the key columns (the server then says what is wrong)."""
-        if self._locations() is not None:
-            return None
+        """A lookup on the connection's lookup stream (:mod:`flightstore.lookup_stream`; in a
+        cluster each key on its leader's stream, :mod:`flightstore.routed_lookups`), or None when
+        it takes the DoGet way: keys that do not fit the key columns (the server then says what is
+        wrong), or a cluster lookup that cannot be routed now."""
+        self._locations()
+        if self._layout.get("leaders"):  # a cluster (or workers): at the keys' leaders
+            try:
+                return routed_lookup(self, kind, keys, columns, limit)
+            except KeysDoNotFit:
+                return None
         if not isinstance(keys, dict):
             keys = as_table(keys)
         key_columns = (tuple(keys) if isinstance(keys, dict) else tuple(keys.column_names)) \

@@ -47,6 +47,7 @@ from flightstore.errors import (
     BucketUnavailable,
     InvalidInput,
     NotEnoughReplicas,
+    NotLeader,
     TableNotFound,
     Unavailable,
     Unsupported,
@@ -153,6 +154,18 @@ class ClusterTable(TableApi):
             self.table_id, numbers, {b: self._place(b).leader_epoch for b in numbers},
             what=f"table {self.path}")
         return self.local
+
+    def led_here(self, keys: pa.Table) -> Table:
+        """The local table, when this server leads the buckets of every row of ``keys`` (which
+        hold the bucket key columns); :class:`~flightstore.errors.NotLeader` otherwise (a client's
+        routed lookup reached the wrong server: its locations are stale)."""
+        buckets = np.unique(self.local.buckets_of(keys)).tolist() if keys.num_rows else []
+        places, leaders = self._placement()
+        strangers = [b for b in buckets if not places or leaders[b % len(places)] != self.server_id]
+        if strangers:
+            raise NotLeader(f"table {self.path}: server {self.server_id} does not lead bucket "
+                            f"{strangers[0]}; ask the locations again")
+        return self._mine(buckets) if buckets else self.local
 
     def _retrying(self, attempt: Callable[[], Any], what: str) -> Any:
         """``attempt()``; on UNAVAILABLE (a leader down, deposed, not confirmed yet) wait for the

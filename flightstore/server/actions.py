@@ -250,7 +250,8 @@ class ActionRpcs:
             if self.cluster is None:
                 raise Unsupported("this server is not part of a cluster (serve it with --zookeeper)")
             return tickets.encode_custom({"op": "cluster", **self.cluster.describe(payload.get("table")),
-                                          "partial_aggregates": int(self.metrics.partials._value.get())})
+                                          "partial_aggregates": int(self.metrics.partials._value.get()),
+                                          "served": self.metrics.served()})
         raise Unsupported(f"action {kind} is not supported by flightstore")
 
 

@@ -29,7 +29,7 @@ from pyarrow import flight
 
 from flightstore.acl import Operation, Permission
 from flightstore.catalog import DEFAULT_DATABASE
-from flightstore.errors import DatabaseNotFound, InvalidInput, TableNotFound, Unavailable, Unsupported
+from flightstore.errors import DatabaseNotFound, InvalidInput, NotLeader, TableNotFound, Unavailable, Unsupported
 from flightstore.kv.encoding import encode_key_array
 from flightstore.schema import TablePath
 from flightstore.server.coalesce import LookupCoalescer
@@ -156,6 +156,9 @@ class ServedLookupStream:
             except _Stale as exc:
                 replies = [wire.encode_reply(wire.ERROR, handle_id, request_id,
                                              wire.encode_error(wire.STALE_HANDLE, str(exc)))]
+            except NotLeader as exc:  # a routed request whose sender's locations are stale
+                replies = [wire.encode_reply(wire.ERROR, handle_id, request_id,
+                                             wire.encode_error(wire.NOT_LEADER, str(exc)))]
             except Exception as exc:  # noqa: BLE001 - the request fails, the stream goes on
                 translated = _translate(exc, self.server._hidden_paths)
                 replies = [wire.encode_reply(wire.ERROR, handle_id, request_id,
@@ -254,6 +257,8 @@ class ServedLookupStream:
             raise InvalidInput(f"malformed lookup keys: {exc}") from None
         table = self.store.table(handle.path)
         keys = pa.Table.from_batches([keys])
+        if handle.spec.routed and table.distributed and not table.descriptor.is_partitioned:
+            table = table.led_here(keys)  # this server's own buckets, or NOT_LEADER: never forwarded
         positions = None
         if handle.spec.kind == "lookup":  # with the point lookups of other streams (.coalesce)
             found, positions = self.server.lookup_streams.coalescer.lookup(

@@ -284,6 +284,17 @@ class ServerMetrics:
         if middleware is not None:
             middleware.subscription()
 
+    def served(self) -> dict[str, int]:
+        """Calls served so far: ``calls`` by Flight method, ``stream_lookups`` (requests answered
+        on lookup streams): what the ``flightstore.cluster`` action reports of this server."""
+        calls: dict[str, int] = {}
+        for sample in self.rpcs.collect()[0].samples:
+            if sample.name.endswith("_total"):
+                method = sample.labels["method"]
+                calls[method] = calls.get(method, 0) + int(sample.value)
+        count = next(s.value for s in self.lookups.collect()[0].samples if s.name.endswith("_count"))
+        return {"calls": calls, "stream_lookups": int(count)}
+
     # ---- exposition ---------------------------------------------------------------------------
     def exposition(self) -> str:
         """The text a scrape gets (Prometheus text format)."""

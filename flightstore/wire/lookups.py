@@ -22,7 +22,10 @@ stream goes on) and :data:`GOAWAY` (the server is shutting down: it answers what
 the client sends nothing more and half-closes the stream).
 
 Nothing here names "the" server: a client may hold one stream per server (a cluster's leaders);
-handles and request ids are per stream.
+handles and request ids are per stream. A handle opened ``routed`` (a client that sends each key to
+its bucket's leader) is served from the buckets the server leads only: a key of another bucket
+fails the request with :data:`NOT_LEADER` (the client's locations are stale: it asks them again and
+resends), never with a partial answer; an unrouted handle's keys are forwarded by the server.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ import pyarrow as pa
 from pyarrow import flight
 
 __all__ = [
-    "ERROR", "GOAWAY", "KEY_INDEX_COLUMN", "LOOKUP", "MORE", "OPEN", "OPENED", "ROWS",
-    "STALE_HANDLE", "STREAM_COMMAND", "HandleSpec", "MalformedMessage", "decode_batch",
+    "ERROR", "GOAWAY", "KEY_INDEX_COLUMN", "LOOKUP", "MORE", "NOT_LEADER", "OPEN", "OPENED", "ROWS",
+    "STALE_HANDLE", "STREAM_COMMAND", "HandleSpec", "MalformedMessage", "NotLeaderError", "decode_batch",
     "decode_error", "decode_reply", "decode_request", "decode_schemas", "encode_batch",
     "encode_error", "encode_reply", "encode_request", "encode_schemas", "error_code", "error_for",
 ]
@@ -64,19 +67,21 @@ class MalformedMessage(ValueError):
 class HandleSpec:
     """What a handle looks up: ``kind`` ``lookup`` (by the whole primary key) or ``prefix`` (by
     the leading key columns ``key_columns``), which ``columns`` it answers (None: all), and
-    whether rows carry :data:`KEY_INDEX_COLUMN`."""
+    whether rows carry :data:`KEY_INDEX_COLUMN`, and whether its keys are ``routed`` (each
+    request's keys belong to buckets the server leads; see the module doc)."""
 
     table: str
     kind: str = "lookup"
     columns: tuple[str, ...] | None = None
     key_columns: tuple[str, ...] | None = None
     key_index: bool = False
+    routed: bool = False
 
     def to_json(self) -> bytes:
         return json.dumps({"table": self.table, "kind": self.kind,
                            "columns": None if self.columns is None else list(self.columns),
                            "key_columns": None if self.key_columns is None else list(self.key_columns),
-                           "key_index": self.key_index}, separators=(",", ":")).encode()
+                           "key_index": self.key_index, "routed": self.routed}, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes | pa.Buffer) -> HandleSpec:
@@ -98,10 +103,12 @@ class HandleSpec:
             lists[name] = None if value is None else tuple(value)
         if kind == "prefix" and not lists["key_columns"]:
             raise MalformedMessage("a prefix handle names its 'key_columns'")
-        key_index = payload.get("key_index", False)
-        if not isinstance(key_index, bool):
-            raise MalformedMessage("an OPEN 'key_index' is true or false")
-        return cls(payload["table"], kind, lists["columns"], lists["key_columns"], key_index)
+        flags = {name: payload.get(name, False) for name in ("key_index", "routed")}
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise MalformedMessage(f"an OPEN {name!r} is true or false")
+        return cls(payload["table"], kind, lists["columns"], lists["key_columns"], flags["key_index"],
+                   flags["routed"])
 
 
 # ---- framing ---------------------------------------------------------------------------------------
@@ -168,6 +175,11 @@ def decode_schemas(body: pa.Buffer) -> tuple[pa.Schema, pa.Schema]:
 
 
 # ---- errors ----------------------------------------------------------------------------------------
+class NotLeaderError(flight.FlightUnavailableError):
+    """A routed lookup reached a server that does not lead a key's bucket (stale locations, a
+    failover): the client asks the locations again and resends."""
+
+
 #: Status codes of ERROR replies, and the exception each becomes at the client: the classes a
 #: pyarrow Flight client raises for the same status on a DoGet (so callers catch the same errors).
 _CODES: tuple[tuple[str, type[Exception]], ...] = (
@@ -181,8 +193,10 @@ _CODES: tuple[tuple[str, type[Exception]], ...] = (
     ("cancelled", flight.FlightCancelledError),
     ("timed_out", flight.FlightTimedOutError),
     ("stale_handle", flight.FlightInternalError),
+    ("not_leader", NotLeaderError),
 )
 STALE_HANDLE = 9  # the table's columns changed since OPEN: open the handle again, then resend
+NOT_LEADER = 10  # a routed request's key is of a bucket this server does not lead: ask the locations again
 
 
 def error_code(exc: BaseException) -> int:

@@ -238,6 +238,44 @@ def test_python_client_reads_and_writes_leaders_directly(cluster, single):
     assert sum(held.values()) == 12_047 and all(held.values())
 
 
+def test_lookups_travel_on_each_leaders_stream(cluster):
+    """The Python client's lookups and prefix lookups (with and without limit) of keys of every
+    server's buckets, missing keys and keys given twice, answer what SELECT ... WHERE answers, in
+    key order, each key on its leader's lookup stream: no DoGet is served for them."""
+    uris = cluster
+    with flightstore.connect(uris[1]) as conn:
+        conn.sql("CREATE DATABASE IF NOT EXISTS routed")
+        try:
+            conn.sql("CREATE TABLE routed.kv (g INT, k BIGINT, v STRING, PRIMARY KEY (g, k) NOT ENFORCED) "
+                     "WITH ('bucket.num' = '6', 'bucket.key' = 'g')")
+            kv = conn.table("routed.kv")
+            kv.upsert(pa.table({"g": pa.array([i % 9 for i in range(40)], pa.int32()),
+                                "k": pa.array(range(40), pa.int64()),
+                                "v": [None if i % 5 == 0 else f"v{i}" for i in range(40)]}))
+            keys = [(g, k) for g, k in [(1, 10), (8, 17), (0, 0), (3, 3), (9, 9), (2, 2), (5, 14), (1, 10),
+                                         (4, 99), (7, 7), (6, 33), (0, 36)]]
+            groups, limit = [5, 0, 9, 5, 2, 7, 3], 6
+            point = pa.concat_tables([conn.sql(f"SELECT * FROM routed.kv WHERE g = {g} AND k = {k}")
+                                      for g, k in keys]).to_pylist()
+            by_group = pa.concat_tables([conn.sql(f"SELECT * FROM routed.kv WHERE g = {g} ORDER BY k")
+                                         for g in groups]).to_pylist()
+            layout = kv._locations()
+            g_column = pa.table({"g": pa.array([g for g, _ in keys] + groups, pa.int32())})
+            leaders = {layout["leaders"][b] for b in bucket_ids(g_column, ["g"], 6).tolist()}
+            assert leaders == set(uris.values())  # keys of every server's buckets
+            before = {uri: describe(uri)["served"] for uri in uris.values()}
+            assert kv.lookup({"g": [g for g, _ in keys], "k": [k for _, k in keys]}).to_pylist() == point
+            assert kv.prefix_lookup({"g": groups}).to_pylist() == by_group
+            assert kv.prefix_lookup({"g": groups}, limit=limit).to_pylist() == by_group[:limit]
+            after = {uri: describe(uri)["served"] for uri in uris.values()}
+            for uri in uris.values():
+                assert after[uri]["calls"].get("DoGet", 0) == before[uri]["calls"].get("DoGet", 0), uri
+                assert after[uri]["stream_lookups"] > before[uri]["stream_lookups"], uri
+        finally:  # the module's other tests compare listings with a single server
+            conn.sql("DROP TABLE IF EXISTS routed.kv")
+            conn.sql("DROP DATABASE IF EXISTS routed")
+
+
 @pytest.mark.slow
 def test_spark_reads_and_writes_through_any_server(cluster, spark):
     uris = cluster

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import uuid
 
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from pyarrow import flight
 
 import flightstore
+from flightstore.bucketing import bucket_ids
 from flightstore.cluster.local import ServerProcess
+from flightstore.lookup_stream import LookupStream
+from flightstore.wire import lookups as wire
 from tests.cluster.conftest import describe
 from tests.server.conftest import RunningServer
 from tests.waiting import wait_until
@@ -125,6 +130,123 @@ def test_answers_through_any_worker_equal_a_single_servers(group, single, writes
                 conn.close()
 
 
+@pytest.fixture(scope="module")
+def routed(group):
+    """A composite-key table in the group (bucket key ``a``, 5 buckets over every worker): keys
+    ``(a, b)`` for a in 0..12, b in x, y (``z`` and other ``a`` are missing), NULLs in ``v``."""
+    with flightstore.connect(group.uri, timeout=60) as conn:
+        conn.sql(DDL.format(name="routed"))
+        conn.table("routed").upsert({"a": [a for a in range(13) for _ in "xy"], "b": ["x", "y"] * 13,
+                                     "v": [None if i % 4 == 0 else i for i in range(26)]})
+        yield conn
+
+
+def _served(group) -> dict[str, dict]:
+    """Each worker's calls served so far (by URI)."""
+    return {uri: describe(uri)["served"] for uri in group.uris().values()}
+
+
+def _leaders_of(table, a_values: list[int]) -> set[str]:
+    layout = table._locations()
+    buckets = bucket_ids(pa.table({"a": pa.array(a_values, pa.int64())}), ["a"], layout["num_buckets"])
+    return {layout["leaders"][b] for b in buckets.tolist()}
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(probes=st.lists(st.tuples(st.integers(-1, 14), st.sampled_from(["x", "y", "z"])), min_size=1, max_size=10),
+       prefixes=st.lists(st.integers(-1, 14), min_size=1, max_size=5),
+       limit=st.one_of(st.none(), st.integers(0, 6)))
+# Every worker's buckets, keys given twice, missing keys; prefixes over every worker, one twice.
+@example(probes=[(a, "x") for a in range(13)] * 2 + [(13, "x"), (2, "z")], prefixes=[4, 1, 4, 2, 3, 14],
+         limit=None)
+@example(probes=[(0, "y")], prefixes=[4, 1, 4, 2, 3], limit=5)
+def test_lookups_on_the_leaders_streams_equal_select_where(group, routed, probes, prefixes, limit):
+    """Lookups and prefix lookups (with and without limit) through a connection to worker 0 are
+    answered on each key's leader's lookup stream (no DoGet), in key order, exactly as
+    SELECT ... WHERE answers each key."""
+    conn = routed
+    point = [conn.sql(f"SELECT a, b, v FROM routed WHERE a = {a} AND b = '{b}'") for a, b in probes]
+    by_prefix = [conn.sql(f"SELECT a, b, v FROM routed WHERE a = {a} ORDER BY b") for a in prefixes]
+    expected_prefix = pa.concat_tables(by_prefix)
+    if limit is not None:
+        expected_prefix = expected_prefix.slice(0, limit)
+    table = conn.table("routed")
+    before = _served(group)
+    found = table.lookup({"a": [a for a, _ in probes], "b": [b for _, b in probes]})
+    assert found.to_pylist() == pa.concat_tables(point).to_pylist()
+    assert table.prefix_lookup({"a": prefixes}, limit=limit).to_pylist() == expected_prefix.to_pylist()
+    after = _served(group)
+    for uri in after:  # no DoGet anywhere: the leaders answered on their streams
+        assert after[uri]["calls"].get("DoGet", 0) == before[uri]["calls"].get("DoGet", 0), uri
+    for uri in _leaders_of(table, [a for a, _ in probes] + prefixes):
+        assert after[uri]["stream_lookups"] > before[uri]["stream_lookups"], uri
+
+
+def test_a_routed_request_to_a_worker_that_does_not_lead_gets_not_leader(group, routed):
+    """At the wire: a routed handle's keys of another worker's bucket fail with NOT_LEADER (and
+    keys of its own and another's bucket too: no partial answer); an unrouted handle's are
+    forwarded. Through the client, a stale layout (every bucket at the wrong worker) or one naming
+    a server that is not there is asked again and the lookup answered right."""
+    table = routed.table("routed")
+    layout = table._locations()
+    uris = list(group.uris().values())
+    mine, other = uris[0], layout["leaders"][1]  # bucket 0: worker 0's; bucket 1: another's
+    assert other != mine
+    a_of = {b: next(a for a in range(13) if bucket_ids(pa.table({"a": pa.array([a], pa.int64())}), ["a"], 5)[0] == b)
+            for b in (0, 1)}
+    stream = LookupStream(flight.FlightClient(mine), flight.FlightCallOptions(), mine)
+    try:
+        routed_spec = wire.HandleSpec("routed", routed=True)
+        opened = stream.opened(routed_spec, 60)
+        keys = pa.record_batch({"a": pa.array([a_of[1]], pa.int64()), "b": ["x"]})
+        with pytest.raises(wire.NotLeaderError, match="does not lead"):
+            stream.submit(opened, routed_spec, keys).result(60)
+        both = pa.record_batch({"a": pa.array([a_of[0], a_of[1]], pa.int64()), "b": ["x", "x"]})
+        with pytest.raises(wire.NotLeaderError):
+            stream.submit(opened, routed_spec, both).result(60)
+        own = stream.submit(opened, routed_spec, both.slice(0, 1)).result(60)
+        assert own.to_pylist() == routed.sql(f"SELECT * FROM routed WHERE a = {a_of[0]} AND b = 'x'").to_pylist()
+        plain = wire.HandleSpec("routed")
+        forwarded = stream.submit(stream.opened(plain, 60), plain, both).result(60)
+        assert forwarded.to_pylist() == routed.sql(
+            f"SELECT * FROM routed WHERE b = 'x' AND a IN ({a_of[0]}, {a_of[1]}) "
+            f"ORDER BY a = {a_of[1]}").to_pylist()
+    finally:
+        stream.close()
+    probe = {"a": list(range(13)), "b": ["y"] * 13}
+    expected = routed.sql("SELECT * FROM routed WHERE b = 'y' ORDER BY a").to_pylist()
+    with flightstore.connect(group.uri, timeout=60) as conn:
+        stale = conn.table("routed")
+        truth = stale._locations()
+        wrong = {u: uris[(uris.index(u) + 1) % len(uris)] for u in uris}
+        with socket.socket() as sock:  # a port nobody serves
+            sock.bind(("127.0.0.1", 0))
+            nobody = f"grpc://127.0.0.1:{sock.getsockname()[1]}"
+        calls = [(lambda: stale.lookup(probe), expected),
+                 (lambda: stale.prefix_lookup({"a": [3, 1]}, limit=3),
+                  routed.sql("SELECT * FROM routed WHERE a IN (3, 1) ORDER BY a = 1, b LIMIT 3").to_pylist())]
+        for leaders in ([wrong[u] for u in truth["leaders"]], [nobody] * len(truth["leaders"])):
+            for call, answer in calls:
+                stale._layout = {**truth, "leaders": leaders}
+                assert call().to_pylist() == answer
+                assert stale._layout["leaders"] == truth["leaders"]  # asked again
+
+
+def test_partitioned_lookups_in_workers_answer_what_select_where_answers(group):
+    """A partitioned table's lookups are not routed (the DoGet way, forwarded): still exact."""
+    with flightstore.connect(group.uri, timeout=60) as conn:
+        conn.sql("CREATE TABLE parted (dt STRING, id BIGINT, v BIGINT, PRIMARY KEY (dt, id) NOT ENFORCED) "
+                 "PARTITIONED BY (dt) WITH ('bucket.num' = '3')")
+        days = ["2026-01-01", "2026-01-02"]
+        conn.table("parted").upsert({"dt": [days[i % 2] for i in range(20)], "id": list(range(20)),
+                                     "v": [None if i % 3 == 0 else i for i in range(20)]})
+        probe = [(days[1], 3), (days[0], 4), (days[0], 3), ("2026-02-01", 1), (days[1], 19), (days[0], 4)]
+        expected = [conn.sql(f"SELECT * FROM parted WHERE dt = '{d}' AND id = {i}") for d, i in probe]
+        table = conn.table("parted")
+        assert table.lookup({"dt": [d for d, _ in probe], "id": [i for _, i in probe]}).to_pylist() == \
+            pa.concat_tables(expected).to_pylist()
+
+
 def test_every_worker_leads_its_share_of_the_buckets(group):
     with flightstore.connect(group.uri, timeout=60) as conn:
         conn.sql(DDL.format(name="shares"))
@@ -141,7 +263,14 @@ def test_a_worker_killed_with_minus_9_is_restarted_with_its_data(group):
         conn.table("survives").upsert({"k": list(range(60)), "v": [f"v{k}" for k in range(60)]})
         before = conn.sql("SELECT * FROM survives ORDER BY k")
     victim = group.children()[1]
-    os.kill(victim["pid"], signal.SIGKILL)
+    with flightstore.connect(group.uri, timeout=60) as conn:  # its layout names the killed worker
+        cached = conn.table("survives")
+        assert cached.lookup({"k": list(range(60))}).to_pylist() == before.to_pylist()
+        os.kill(victim["pid"], signal.SIGKILL)
+        # While worker 1 is down and restarted, lookups of every bucket answer right or fail
+        # clearly: the client asks the locations again and resends, never answers in part.
+        assert cached.lookup({"k": list(range(60))}).to_pylist() == before.to_pylist()
+        assert cached.prefix_lookup({"k": [59, 0, 31]}).to_pylist() == before.take([59, 0, 31]).to_pylist()
     restarted = wait_until(lambda: (lambda c: c if c["alive"] and c["pid"] != victim["pid"]
                                     and group.uris().get(1) == c["uri"] else None)(group.children()[1]),
                            "worker 1 restarted")

@@ -1,0 +1,131 @@
+"""Lookups in cluster mode (and with ``serve --workers``): each key on its bucket leader's stream.
+
+The client computes each key's bucket as the servers do (:func:`flightstore.bucketing.bucket_ids`,
+over keys first cast to the table's key types, so the hash is the servers'), splits the keys by the
+leader the table's locations name, and sends each share on that leader's lookup stream (one per
+server, :mod:`flightstore.lookup_stream`) with a ``routed`` handle: a leader answers only for the
+buckets it leads. Several leaders' answers are put back in key order (their rows carry each key's
+position), a key given twice answering twice, as one server answers. When a leader answers
+NOT_LEADER (the locations are stale: a failover, a restarted worker) or cannot be reached, nothing
+of the lookup is returned: the locations are asked again and the whole lookup is sent again, for up
+to :data:`RETRY_S`; past that the error is raised. Locations naming a bucket without a live leader
+are asked again too, until one leads it. A lookup that cannot be routed (a partitioned table; still
+no live leader after :data:`RETRY_S`) returns None: the caller sends it to the connected server,
+which forwards it or names the bucket that has no leader.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyarrow import flight
+
+from flightstore.lookup_stream import KeysDoNotFit, key_batch
+from flightstore.schema import as_table
+from flightstore.wire.lookups import KEY_INDEX_COLUMN, HandleSpec
+
+__all__ = ["RETRY_S", "routed_lookup", "split_by_leader"]
+
+RETRY_S = 30.0  # how long a routed lookup keeps asking the locations again (a failover's time)
+FIRST_PAUSE_S = 0.05  # the backoff between attempts, doubling ...
+MAX_PAUSE_S = 1.0  # ... up to this
+
+
+def split_by_leader(layout: dict | None, rows: pa.Table) -> list[tuple[str, np.ndarray]] | None:
+    """The positions of ``rows`` per leader URI (in first-seen order); None when they cannot be
+    placed (no layout, a partitioned table, no bucket key among the columns, no rows)."""
+    if layout is None or layout["partitioned"]:
+        return None
+    key = list(layout["bucket_key"])
+    if not key or any(c not in rows.column_names for c in key) or rows.num_rows == 0:
+        return None
+    from flightstore.bucketing import bucket_ids
+    try:
+        buckets = bucket_ids(rows.select(key), key, layout["num_buckets"])
+    except (pa.ArrowException, TypeError, ValueError):
+        return None
+    leaders = np.asarray(layout["leaders"], dtype=object)[np.asarray(buckets, dtype=np.int64)]
+    if (leaders == leaders[0]).all():
+        return [(leaders[0], np.arange(rows.num_rows))]
+    return [(uri, np.flatnonzero(leaders == uri)) for uri in dict.fromkeys(leaders.tolist())]
+
+
+def routed_lookup(table: Any, kind: str, keys: Any, columns: Sequence[str] | None,
+                  limit: int | None) -> pa.Table | None:
+    """``table``'s (a :class:`~flightstore.client.TableClient`) lookup (``kind`` ``lookup``) or
+    prefix lookup (``prefix``) of ``keys`` at their leaders (see the module doc); None when it
+    cannot be routed; raises ``KeysDoNotFit`` like a single server's stream."""
+    columns = tuple(columns) if columns else None
+    if not isinstance(keys, dict):
+        keys = as_table(keys)
+    key_columns = (tuple(keys) if isinstance(keys, dict) else tuple(keys.column_names)) \
+        if kind == "prefix" else None
+    try:  # the key types (a handle opened once per stream, at the connected server): cast before hashing
+        key_schema = table.connection._lookups.key_schema(HandleSpec(table.name, kind, columns, key_columns))
+    except flight.FlightUnavailableError:
+        return None  # the connected server does not answer: the DoGet way moves on to another
+    try:
+        typed = pa.Table.from_batches([key_batch(keys, key_schema)])
+    except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+        raise KeysDoNotFit(str(exc)) from exc
+    deadline = time.monotonic() + RETRY_S
+    pause = FIRST_PAUSE_S
+    while True:
+        layout = table._locations()
+        if layout is None and None in table._layout.get("leaders", ()):  # a bucket without a live leader:
+            if time.monotonic() + pause > deadline:  # wait for one (a failover, a worker restarting)
+                return None  # the connected server answers, or names the bucket that has none
+        else:
+            split = split_by_leader(layout, typed)
+            if split is None:
+                return None
+            try:
+                return _at_leaders(table, kind, typed, split, columns, key_columns, limit)
+            except flight.FlightUnavailableError:  # NOT_LEADER, or a leader that does not answer
+                if time.monotonic() + pause > deadline:
+                    raise
+        table._layout = None  # asked again before the whole lookup is sent again
+        time.sleep(pause)
+        pause = min(2 * pause, MAX_PAUSE_S)
+
+
+def _at_leaders(table: Any, kind: str, keys: pa.Table, split: list[tuple[str, np.ndarray]],
+                columns: tuple[str, ...] | None, key_columns: tuple[str, ...] | None,
+                limit: int | None) -> pa.Table:
+    """The answer of the leaders of ``split`` to ``keys`` (in key order; at most ``limit`` rows)."""
+    connection = table.connection
+    if len(split) == 1:  # one leader answers as one server does
+        spec = HandleSpec(table.name, kind, columns, key_columns, routed=True)
+        return connection._peer(split[0][0])._lookups.call(spec, keys, limit)
+    # Each leader answers its share of the distinct keys (in first-seen order, so its first
+    # ``limit`` rows hold whatever of its rows the first ``limit`` of the whole answer need); its
+    # rows carry their key's position in that share. The rows are then laid out in key order, each
+    # key's rows as often as the key is given.
+    from flightstore.kv.encoding import encode_key_array
+    encoded = encode_key_array(keys, keys.column_names)
+    distinct = pc.unique(encoded)
+    of_key = pc.index_in(encoded, value_set=distinct).to_numpy()  # each key's distinct number
+    first = np.unique(of_key, return_index=True)[1]  # each distinct key's first position
+    spec = HandleSpec(table.name, kind, columns, key_columns, key_index=True, routed=True)
+    parts, owners = [], []
+    for uri, at in split:
+        mine = np.unique(of_key[at])  # ascending: first-seen order
+        rows = connection._peer(uri)._lookups.call(spec, keys.take(pa.array(first[mine])), limit)
+        owners.append(mine[rows.column(KEY_INDEX_COLUMN).to_numpy()])
+        parts.append(rows.drop_columns([KEY_INDEX_COLUMN]))
+    rows = pa.concat_tables(parts)
+    owner = np.concatenate(owners).astype(np.int64)
+    grouped = np.argsort(owner, kind="stable")  # by distinct key, each in its leader's row order
+    counts = np.bincount(owner, minlength=len(distinct))
+    starts = np.cumsum(counts) - counts
+    per_key = counts[of_key]
+    before = np.cumsum(per_key) - per_key
+    take = np.arange(int(per_key.sum())) + np.repeat(starts[of_key] - before, per_key)
+    if limit is not None:
+        take = take[:max(limit, 0)]
+    return rows.take(pa.array(grouped[take]))
