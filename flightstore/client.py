@@ -45,7 +45,7 @@ from flightstore.errors import DeliveryTimeout, InvalidOption, Unavailable
 from flightstore.expressions import Predicate
 from flightstore.lookup_stream import KeysDoNotFit, LookupStream, LookupStreams
 from flightstore.lookuper import Lookuper
-from flightstore.routed_lookups import routed_lookup
+from flightstore.routed_lookups import routed_lookup, split_by_leader
 from flightstore.schema import TablePath, as_table
 from flightstore.server import protocol, tickets
 from flightstore.streams import BatchStream, read_batches
@@ -509,24 +509,12 @@ class TableClient:
     def _by_leader(self, rows: pa.Table, key: Sequence[str] | None = None) -> list[tuple[str, pa.Table]] | None:
         """``rows`` split by the URI of their bucket's leader; None when the connected server
         should route them (single server, no bucket key, key columns missing)."""
-        layout = self._locations()
-        if layout is None or layout["partitioned"]:
+        split = split_by_leader(self._locations(), rows, key)
+        if split is None:
             return None
-        key = list(key or layout["bucket_key"])
-        if not key or any(c not in rows.column_names for c in key) or rows.num_rows == 0:
-            return None
-        from flightstore.bucketing import bucket_ids  # numpy: only in cluster mode
-        try:
-            buckets = bucket_ids(rows.select(key), key, layout["num_buckets"])
-        except (pa.ArrowException, TypeError, ValueError):
-            return None
-        leaders = [layout["leaders"][b] for b in buckets.tolist()]
-        uris = list(dict.fromkeys(leaders))
-        if len(uris) == 1:
-            return [(uris[0], rows)]
-        import numpy as np
-        marks = np.array(leaders)
-        return [(uri, rows.filter(pa.array(marks == uri))) for uri in uris]
+        if len(split) == 1:
+            return [(split[0][0], rows)]
+        return [(uri, rows.take(pa.array(at))) for uri, at in split]
 
     def _direct(self, uri: str, call: Callable[[Connection], T], fallback: Callable[[], T]) -> T:
         """``call`` on the leader at ``uri``; through the connected server if the leader does not

@@ -36,12 +36,14 @@ FIRST_PAUSE_S = 0.05  # the backoff between attempts, doubling ...
 MAX_PAUSE_S = 1.0  # ... up to this
 
 
-def split_by_leader(layout: dict | None, rows: pa.Table) -> list[tuple[str, np.ndarray]] | None:
-    """The positions of ``rows`` per leader URI (in first-seen order); None when they cannot be
-    placed (no layout, a partitioned table, no bucket key among the columns, no rows)."""
+def split_by_leader(layout: dict | None, rows: pa.Table, key: Sequence[str] | None = None
+                    ) -> list[tuple[str, np.ndarray]] | None:
+    """The positions of ``rows`` per leader URI (in first-seen order, ascending within each);
+    None when they cannot be placed (no layout, a partitioned table, no bucket key among the
+    columns, no rows). ``key``: the columns to hash (default the layout's bucket key)."""
     if layout is None or layout["partitioned"]:
         return None
-    key = list(layout["bucket_key"])
+    key = list(key or layout["bucket_key"])
     if not key or any(c not in rows.column_names for c in key) or rows.num_rows == 0:
         return None
     from flightstore.bucketing import bucket_ids
