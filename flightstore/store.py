@@ -591,12 +591,12 @@ class Store:
         ``table.writer-id.expiration``; returns the log rows dropped. Unreadable tables are left
         for their owner to notice."""
         dropped = 0
-        now_ms = int(time.time() * 1000) if now_ms is None else int(now_ms)
+        checked_at = int(time.time() * 1000) if now_ms is None else int(now_ms)  # the logs' retention clock
         for path in self.catalog.all_tables():
             try:
                 with self._lock:
                     opened = path in self._tables
-                if not opened and not self._may_expire(path, now_ms):
+                if not opened and not self._may_expire(path, checked_at):
                     continue  # a closed table with nothing past its TTL is not opened for nothing
                 table = self.local_table(path)
                 dropped += table.enforce_retention(now_ms)
