@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import flight
 
-from flightstore.client import Connection, connect
+from flightstore.client import Connection, _unreachable, connect
 from flightstore.server import protocol, tickets
 from flightstore.streams import read_batches
 
@@ -206,9 +206,28 @@ def read_lake_file_rows(path: str, io: dict[str, str], schema_hex: str, columns:
                 return
 
 
+CONNECT_RETRY_S = 20.0  # how long a read task keeps trying a server it could not connect to
+
+
 def read_payload(conn: Connection, payload: dict) -> Iterator[pa.RecordBatch]:
-    """DoGet of one of flightstore's own read commands, batch by batch (empty batches skipped)."""
-    yield from read_batches(conn._get(payload))
+    """DoGet of one of flightstore's own read commands, batch by batch (empty batches skipped).
+
+    A DoGet that could not connect at all (nothing was sent: a server restarting, or a connection
+    handshake that timed out on a loaded machine) is tried again, backing off, for up to
+    :data:`CONNECT_RETRY_S`, so one refused connection does not fail the Spark task; a read is
+    safe to send again. Failures after the call started are raised as they are."""
+    deadline = time.monotonic() + CONNECT_RETRY_S
+    pause = 0.1
+    while True:
+        try:
+            reader = conn._get(payload)
+            break
+        except flight.FlightUnavailableError as exc:
+            if not _unreachable(exc) or time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
+    yield from read_batches(reader)
 
 
 def read_ticket(conn: Connection, ticket: bytes) -> Iterator[pa.RecordBatch]:
