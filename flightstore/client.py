@@ -680,18 +680,15 @@ class TableClient:
         cluster each key on its leader's stream, :mod:`flightstore.routed_lookups`), or None when
         it takes the DoGet way: keys that do not fit the key columns (the server then says what is
         wrong), or a cluster lookup that cannot be routed now."""
-        self._locations()
-        if self._layout.get("leaders"):  # a cluster (or workers): at the keys' leaders
-            try:
-                return routed_lookup(self, kind, keys, columns, limit)
-            except KeysDoNotFit:
-                return None
         if not isinstance(keys, dict):
             keys = as_table(keys)
         key_columns = (tuple(keys) if isinstance(keys, dict) else tuple(keys.column_names)) \
             if kind == "prefix" else None
         spec = HandleSpec(self.name, kind, tuple(columns) if columns else None, key_columns)
+        self._locations()
         try:
+            if self._layout.get("leaders"):  # a cluster (or workers): at the keys' leaders
+                return routed_lookup(self, spec, keys, limit)
             return self.connection._lookups.call(spec, keys, limit)
         except KeysDoNotFit:
             return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,6 @@ import pyarrow.compute as pc
 from pyarrow import flight
 
 from flightstore.lookup_stream import KeysDoNotFit, key_batch
-from flightstore.schema import as_table
 from flightstore.wire.lookups import KEY_INDEX_COLUMN, HandleSpec
 
 __all__ = ["RETRY_S", "routed_lookup", "split_by_leader"]
@@ -57,18 +57,12 @@ def split_by_leader(layout: dict | None, rows: pa.Table, key: Sequence[str] | No
     return [(uri, np.flatnonzero(leaders == uri)) for uri in dict.fromkeys(leaders.tolist())]
 
 
-def routed_lookup(table: Any, kind: str, keys: Any, columns: Sequence[str] | None,
-                  limit: int | None) -> pa.Table | None:
-    """``table``'s (a :class:`~flightstore.client.TableClient`) lookup (``kind`` ``lookup``) or
-    prefix lookup (``prefix``) of ``keys`` at their leaders (see the module doc); None when it
-    cannot be routed; raises ``KeysDoNotFit`` like a single server's stream."""
-    columns = tuple(columns) if columns else None
-    if not isinstance(keys, dict):
-        keys = as_table(keys)
-    key_columns = (tuple(keys) if isinstance(keys, dict) else tuple(keys.column_names)) \
-        if kind == "prefix" else None
+def routed_lookup(table: Any, spec: HandleSpec, keys: dict | pa.Table, limit: int | None) -> pa.Table | None:
+    """``table``'s (a :class:`~flightstore.client.TableClient`) lookup of ``keys`` by ``spec`` (the
+    handle a single server's stream would open) at their leaders (see the module doc); None when
+    it cannot be routed; raises ``KeysDoNotFit`` like a single server's stream."""
     try:  # the key types (a handle opened once per stream, at the connected server): cast before hashing
-        key_schema = table.connection._lookups.key_schema(HandleSpec(table.name, kind, columns, key_columns))
+        key_schema = table.connection._lookups.key_schema(spec)
     except flight.FlightUnavailableError:
         return None  # the connected server does not answer: the DoGet way moves on to another
     try:
@@ -87,7 +81,7 @@ def routed_lookup(table: Any, kind: str, keys: Any, columns: Sequence[str] | Non
             if split is None:
                 return None
             try:
-                return _at_leaders(table, kind, typed, split, columns, key_columns, limit)
+                return _at_leaders(table, spec, typed, split, limit)
             except flight.FlightUnavailableError:  # NOT_LEADER, or a leader that does not answer
                 if time.monotonic() + pause > deadline:
                     raise
@@ -96,14 +90,12 @@ def routed_lookup(table: Any, kind: str, keys: Any, columns: Sequence[str] | Non
         pause = min(2 * pause, MAX_PAUSE_S)
 
 
-def _at_leaders(table: Any, kind: str, keys: pa.Table, split: list[tuple[str, np.ndarray]],
-                columns: tuple[str, ...] | None, key_columns: tuple[str, ...] | None,
+def _at_leaders(table: Any, spec: HandleSpec, keys: pa.Table, split: list[tuple[str, np.ndarray]],
                 limit: int | None) -> pa.Table:
     """The answer of the leaders of ``split`` to ``keys`` (in key order; at most ``limit`` rows)."""
     connection = table.connection
     if len(split) == 1:  # one leader answers as one server does
-        spec = HandleSpec(table.name, kind, columns, key_columns, routed=True)
-        return connection._peer(split[0][0])._lookups.call(spec, keys, limit)
+        return connection._peer(split[0][0])._lookups.call(replace(spec, routed=True), keys, limit)
     # Each leader answers its share of the distinct keys (in first-seen order, so its first
     # ``limit`` rows hold whatever of its rows the first ``limit`` of the whole answer need); its
     # rows carry their key's position in that share. The rows are then laid out in key order, each
@@ -113,7 +105,7 @@ def _at_leaders(table: Any, kind: str, keys: pa.Table, split: list[tuple[str, np
     distinct = pc.unique(encoded)
     of_key = pc.index_in(encoded, value_set=distinct).to_numpy()  # each key's distinct number
     first = np.unique(of_key, return_index=True)[1]  # each distinct key's first position
-    spec = HandleSpec(table.name, kind, columns, key_columns, key_index=True, routed=True)
+    spec = replace(spec, key_index=True, routed=True)
     parts, owners = [], []
     for uri, at in split:
         mine = np.unique(of_key[at])  # ascending: first-seen order
