@@ -4,8 +4,11 @@
 ``await lookup(key)`` is the asyncio flavour. A sender thread drains the queue as Fluss's
 ``LookupQueue.drain`` does: a batch is sent when it holds ``client.lookup.max-batch-size`` keys or
 when ``client.lookup.batch-timeout`` has passed since it began to fill, as one request (keys
-deduplicated) on the connection's lookup stream (:mod:`flightstore.lookup_stream`): today one
-stream per server; a cluster's per-leader streams would each get their own batches. At most
+deduplicated) on the connection's lookup stream (:mod:`flightstore.lookup_stream`). In a cluster
+(or with ``serve --workers``) a batch is split by its keys' bucket leaders, and each leader's share
+is one request on that leader's stream, with a ``routed`` handle (:mod:`flightstore.routed_lookups`):
+a leader answers only for its own buckets; when one answers NOT_LEADER or cannot be reached, the
+share is routed again on fresh locations, for up to ``routed_lookups.RETRY_S``. At most
 ``client.lookup.max-inflight-requests`` requests are unanswered at once, and at most
 ``client.lookup.queue-size`` keys wait in the queue: past that ``lookup_async`` blocks (the asyncio
 flavour waits without blocking its loop), so a producer faster than the server, or a consumer whose
@@ -26,6 +29,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +38,7 @@ from pyarrow import flight
 
 from flightstore.config import validate_client_options
 from flightstore.lookup_stream import ATTEMPTS, RETRY_PAUSE_S, StaleHandle, StreamBroken, unanswered
+from flightstore.routed_lookups import FIRST_PAUSE_S, MAX_PAUSE_S, RETRY_S, split_by_leader
 from flightstore.wire.lookups import KEY_INDEX_COLUMN, HandleSpec
 
 __all__ = ["Lookuper"]
@@ -55,6 +60,16 @@ class _Batch:
             self.waiting[at].append(future)
         self.attempts = 0
         self.deadline: float | None = None
+        self.reroute_until: float | None = None  # a routed share: routed again until then
+        self.pause = RETRY_PAUSE_S  # before it is sent again
+        self.reroutes = 0
+
+    def share(self, positions: np.ndarray) -> _Batch:
+        """The batch of the keys at ``positions`` (a leader's share), with their futures."""
+        part = _Batch([])
+        part.keys = [self.keys[at] for at in positions.tolist()]
+        part.waiting = [self.waiting[at] for at in positions.tolist()]
+        return part
 
     def fail(self, error: BaseException) -> None:
         for futures in self.waiting:
@@ -78,14 +93,17 @@ class Lookuper:
         self.max_batch_size = settings["client.lookup.max-batch-size"]
         self.max_inflight = settings["client.lookup.max-inflight-requests"]
         self.batch_timeout_s = settings["client.lookup.batch-timeout"] / 1000
+        self._table = table
         self._streams = table.connection._lookups
         self._timeout = self._streams.timeout
         self.spec = HandleSpec(table.name, "prefix" if prefix else "lookup",
                                tuple(columns) if columns else None, tuple(prefix) if prefix else None,
                                key_index=True)
+        self._routed_spec = replace(self.spec, routed=True)
         # Opened now: a missing table, a log table or unknown columns fail here, and a dict key is
         # read in key order.
-        self._key_names = tuple(self._streams.key_schema(self.spec).names)
+        self._key_schema = self._streams.key_schema(self.spec)
+        self._key_names = tuple(self._key_schema.names)
         self._queue: collections.deque[tuple[tuple, Future]] = collections.deque()
         self._inflight: dict[int, _Batch] = {}
         self._retrying = 0  # batches between a broken stream and their second sending
@@ -214,35 +232,79 @@ class Lookuper:
         self._cond.notify_all()
 
     def _send(self, batch: _Batch, retried: bool = False) -> None:
-        """Send ``batch`` as one request on the current stream; its answer completes it."""
+        """Send ``batch``: one request on the connected server's stream, or one per leader of its
+        keys (a cluster); their answers complete it."""
         if retried:
-            time.sleep(RETRY_PAUSE_S)
-        batch.attempts += 1
+            time.sleep(batch.pause)
         try:
             try:
-                stream = self._streams.current()
-                opened = stream.opened(self.spec, self._timeout)
-                keys = self._key_batch(batch, opened.key_schema)
-                if keys is None:
-                    return  # no key of the batch fits the key columns: each future says why
-            except StreamBroken as exc:
-                return self._broken(batch, exc)
-            except TimeoutError:
-                return batch.fail(flight.FlightTimedOutError(
-                    f"no answer to opening a lookup in {self.spec.table} within {self._timeout} s"))
-            except Exception as exc:  # noqa: BLE001 - the handle was refused, or the keys do not fit
+                shares = self._route(batch)
+            except Exception as exc:  # noqa: BLE001 - whatever it is, the futures say it
                 return batch.fail(exc)
-            with self._cond:
-                self._ids += 1
-                request_id = self._ids
-                batch.deadline = None if self._timeout is None else time.monotonic() + self._timeout
-                self._inflight[request_id] = batch
+            for share, leader, keys in shares:
+                self._send_one(share, leader, keys)
         finally:
             if retried:
                 with self._cond:
                     self._retrying -= 1
                     self._cond.notify_all()
-        answer = stream.submit(opened, self.spec, keys)
+
+    def _route(self, batch: _Batch) -> list[tuple[_Batch, str | None, pa.RecordBatch | None]]:
+        """``batch`` split by its keys' leaders: each share with its leader's URI (and its keys);
+        the whole batch for the connected server (URI None) on a single server, for a partitioned
+        table, or while a bucket has no live leader (the server forwards the keys, or names the
+        bucket that has none)."""
+        layout = self._table._locations()
+        if layout is None or layout["partitioned"]:
+            return [(batch, None, None)]
+        keys = self._key_batch(batch, self._key_schema)
+        if keys is None:
+            return []  # no key of the batch fits the key columns: each future says why
+        split = split_by_leader(layout, pa.Table.from_batches([keys]))
+        if split is None:
+            return [(batch, None, keys)]
+        if batch.reroute_until is None:
+            batch.reroute_until = time.monotonic() + RETRY_S
+        if len(split) == 1:
+            return [(batch, split[0][0], keys)]
+        shares = []
+        for uri, at in split:
+            share = batch.share(at)
+            share.reroute_until = batch.reroute_until
+            shares.append((share, uri, keys.take(pa.array(at))))
+        return shares
+
+    def _send_one(self, batch: _Batch, leader: str | None, keys: pa.RecordBatch | None) -> None:
+        """Send ``batch`` as one request on the stream of ``leader`` (routed), or of the connected
+        server (None)."""
+        batch.attempts += 1
+        spec = self.spec if leader is None else self._routed_spec
+        try:
+            streams = self._streams if leader is None else self._table.connection._peer(leader)._lookups
+            stream = streams.current()
+            opened = stream.opened(spec, self._timeout)
+            if keys is None or not keys.schema.equals(opened.key_schema):
+                keys = self._key_batch(batch, opened.key_schema)
+                if keys is None:
+                    return  # no key of the batch fits the key columns: each future says why
+        except StreamBroken as exc:
+            return self._broken(batch, exc)
+        except flight.FlightUnavailableError as exc:  # a leader that does not answer its OPEN
+            return self._reroute(batch, exc)
+        except TimeoutError:
+            return batch.fail(flight.FlightTimedOutError(
+                f"no answer to opening a lookup in {self.spec.table} within {self._timeout} s"))
+        except Exception as exc:  # noqa: BLE001 - the handle was refused, or the keys do not fit
+            return batch.fail(exc)
+        with self._cond:
+            while len(self._inflight) >= self.max_inflight:  # a batch split over leaders: room for each
+                self._expire()
+                self._cond.wait(self._wait_s())
+            self._ids += 1
+            request_id = self._ids
+            batch.deadline = None if self._timeout is None else time.monotonic() + self._timeout
+            self._inflight[request_id] = batch
+        answer = stream.submit(opened, spec, keys)
         answer.add_done_callback(lambda done: self._answered(request_id, batch, done))
 
     def _key_batch(self, batch: _Batch, key_schema: pa.Schema) -> pa.RecordBatch | None:
@@ -276,6 +338,8 @@ class Lookuper:
         error = done.exception()
         if isinstance(error, StreamBroken):
             return self._broken(batch, error)
+        if isinstance(error, flight.FlightUnavailableError):  # NOT_LEADER: stale locations
+            return self._reroute(batch, error)
         if isinstance(error, StaleHandle) and batch.attempts < ATTEMPTS + 2:
             return self._retry(batch)
         if error is not None:
@@ -294,8 +358,21 @@ class Lookuper:
                 future.set_result(found)
 
     def _broken(self, batch: _Batch, broken: StreamBroken) -> None:
+        if batch.reroute_until is not None:  # a leader's stream: the leader may have moved
+            return self._reroute(batch, unanswered(self.spec.table, broken))
         if batch.attempts >= ATTEMPTS:
             return batch.fail(unanswered(self.spec.table, broken))
+        self._retry(batch)
+
+    def _reroute(self, batch: _Batch, error: BaseException) -> None:
+        """A routed share that a leader did not answer (NOT_LEADER, unreachable): ask the locations
+        again and route it again, backing off, until its ``reroute_until``; then it fails."""
+        if batch.reroute_until is None or time.monotonic() + batch.pause > batch.reroute_until:
+            return batch.fail(error)
+        self._table._layout = None
+        batch.attempts = 0
+        batch.pause = FIRST_PAUSE_S if batch.reroutes == 0 else min(2 * batch.pause, MAX_PAUSE_S)
+        batch.reroutes += 1
         self._retry(batch)
 
     def _retry(self, batch: _Batch) -> None:

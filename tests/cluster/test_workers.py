@@ -7,6 +7,7 @@ through any worker), a worker killed with -9 is restarted by worker 0 with its d
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import uuid
@@ -232,6 +233,44 @@ def test_a_routed_request_to_a_worker_that_does_not_lead_gets_not_leader(group, 
                 assert stale._layout["leaders"] == truth["leaders"]  # asked again
 
 
+def test_the_lookuper_sends_each_leaders_share_on_its_stream(group, routed):
+    """The batched lookuper splits each batch by its keys' leaders: every future answers what
+    SELECT ... WHERE answers for its key (missing keys, keys given twice, prefixes), each leader
+    answers its share on its own stream (no DoGet anywhere: nothing was forwarded), and a stale
+    layout (every bucket at the wrong worker, or at a port nobody serves) is asked again."""
+    rows = {(r["a"], r["b"]): r for r in routed.sql("SELECT * FROM routed").to_pylist()}
+    probes = [(a, b) for a in range(-1, 15) for b in "xyz"]
+    random.Random(23).shuffle(probes)
+    probes += probes[:7]
+    by_a = {a: sorted((r for r in rows.values() if r["a"] == a), key=lambda r: r["b"]) for a in range(-1, 15)}
+    uris = list(group.uris().values())
+    with socket.socket() as sock:  # a port nobody serves
+        sock.bind(("127.0.0.1", 0))
+        nobody = f"grpc://127.0.0.1:{sock.getsockname()[1]}"
+    with flightstore.connect(group.uri, timeout=60) as conn:
+        table = conn.table("routed")
+        truth = table._locations()
+        wrong = {u: uris[(uris.index(u) + 1) % len(uris)] for u in uris}
+        options = {"client.lookup.max-batch-size": 16, "client.lookup.batch-timeout": "20ms"}
+        for leaders in (truth["leaders"], [wrong[u] for u in truth["leaders"]], [nobody] * len(truth["leaders"])):
+            table._layout = {**truth, "leaders": leaders}
+            before = _served(group)
+            with table.lookuper(options=options) as lookuper:
+                futures = [lookuper.lookup_async(key) for key in probes]
+                found = [f.result(60).to_pylist() for f in futures]
+            with table.lookuper(prefix=["a"], options=options) as lookuper:
+                futures = [lookuper.lookup_async(a) for a in range(-1, 15)]
+                prefixed = [f.result(60).to_pylist() for f in futures]
+            after = _served(group)
+            assert found == [[rows[key]] if key in rows else [] for key in probes]
+            assert prefixed == [by_a[a] for a in range(-1, 15)]
+            assert table._layout["leaders"] == truth["leaders"]  # asked again when stale
+            for uri in after:  # no DoGet anywhere: no worker forwarded a key to another
+                assert after[uri]["calls"].get("DoGet", 0) == before[uri]["calls"].get("DoGet", 0), uri
+            for uri in set(truth["leaders"]):  # and every leader answered its share
+                assert after[uri]["stream_lookups"] > before[uri]["stream_lookups"], uri
+
+
 def test_partitioned_lookups_in_workers_answer_what_select_where_answers(group):
     """A partitioned table's lookups are not routed (the DoGet way, forwarded): still exact."""
     with flightstore.connect(group.uri, timeout=60) as conn:
@@ -271,6 +310,14 @@ def test_a_worker_killed_with_minus_9_is_restarted_with_its_data(group):
         # clearly: the client asks the locations again and resends, never answers in part.
         assert cached.lookup({"k": list(range(60))}).to_pylist() == before.to_pylist()
         assert cached.prefix_lookup({"k": [59, 0, 31]}).to_pylist() == before.take([59, 0, 31]).to_pylist()
+        # So do the lookuper's futures: each answers its key's row, or fails (never wrong, never hangs).
+        with cached.lookuper(options={"client.lookup.max-batch-size": 8}) as lookuper:
+            futures = [lookuper.lookup_async(k) for k in range(60)]
+            for k, future in enumerate(futures):
+                try:
+                    assert future.result(120).to_pylist() == before.slice(k, 1).to_pylist()
+                except (flight.FlightUnavailableError, flight.FlightTimedOutError):
+                    pass
     restarted = wait_until(lambda: (lambda c: c if c["alive"] and c["pid"] != victim["pid"]
                                     and group.uris().get(1) == c["uri"] else None)(group.children()[1]),
                            "worker 1 restarted")
