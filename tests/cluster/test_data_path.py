@@ -241,7 +241,8 @@ def test_python_client_reads_and_writes_leaders_directly(cluster, single):
 def test_lookups_travel_on_each_leaders_stream(cluster):
     """The Python client's lookups and prefix lookups (with and without limit) of keys of every
     server's buckets, missing keys and keys given twice, answer what SELECT ... WHERE answers, in
-    key order, each key on its leader's lookup stream: no DoGet is served for them."""
+    key order, each key on its leader's lookup stream: no DoGet is served for them. So do the
+    batched lookuper's."""
     uris = cluster
     with flightstore.connect(uris[1]) as conn:
         conn.sql("CREATE DATABASE IF NOT EXISTS routed")
@@ -267,6 +268,9 @@ def test_lookups_travel_on_each_leaders_stream(cluster):
             assert kv.lookup({"g": [g for g, _ in keys], "k": [k for _, k in keys]}).to_pylist() == point
             assert kv.prefix_lookup({"g": groups}).to_pylist() == by_group
             assert kv.prefix_lookup({"g": groups}, limit=limit).to_pylist() == by_group[:limit]
+            with kv.lookuper(options={"client.lookup.batch-timeout": "20ms"}) as lookuper:  # batched
+                futures = [lookuper.lookup_async(key) for key in keys]
+                assert [row for f in futures for row in f.result(60).to_pylist()] == point
             after = {uri: describe(uri)["served"] for uri in uris.values()}
             for uri in uris.values():
                 assert after[uri]["calls"].get("DoGet", 0) == before[uri]["calls"].get("DoGet", 0), uri
