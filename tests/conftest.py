@@ -24,10 +24,14 @@ def store(tmp_path):
 # would keep one worker busy long after the others ran out of work. Superset's file comes a few
 # files in, not first: by then the background build of its venv (tests/client_venvs.py) is done.
 LONGEST_FIRST = [
-    "tests/cluster/test_jepsen.py", "tests/lake/test_crash.py", "tests/cluster/test_data_path.py",
-    "tests/kv/test_snapshot_crash.py", "tests/sqlalchemy_dialect/test_superset.py", "tests/cluster/test_lake.py",
-    "tests/spark/test_backfill.py", "tests/cluster/test_replication.py", "tests/spark/test_read.py",
-    "tests/cluster/test_failover_scenarios.py", "tests/spark/test_tiering_job.py",
+    "tests/cluster/test_jepsen.py", "tests/lake/test_crash.py", "tests/spark/test_backfill.py",
+    "tests/cluster/test_failover_scenarios.py", "tests/cluster/test_data_path.py",
+    "tests/sqlalchemy_dialect/test_superset.py", "tests/spark/test_delta_join.py",
+    "tests/server/test_bounded_changelog.py", "tests/cluster/test_servers.py", "tests/kv/test_snapshot_crash.py",
+    "tests/cluster/test_lake.py", "tests/cluster/test_cluster_upkeep.py", "tests/server/test_harlequin.py",
+    "tests/spark/test_aggregation.py", "tests/cluster/test_replication.py", "tests/spark/test_read.py",
+    "tests/test_alter_crash.py", "tests/spark/test_tiering_job.py", "tests/server/test_logins.py",
+    "tests/spark/test_write.py",
 ]
 
 
