@@ -214,16 +214,17 @@ class Fetcher:
         except FlightstoreError as exc:
             log.warning("%s: cannot restart from the leader's snapshot yet (%s)", replica.label, exc)
 
-    def _answer(self, reader: Any) -> tuple[Any, dict]:
+    def _answer(self, reader: Any) -> tuple[dict, dict[ReplicaKey, list]]:
+        """The next answer frame's metadata and records (see :mod:`.protocol`)."""
         chunk = reader.read_chunk()
         self._last_answer = time.monotonic()
-        return chunk.data, protocol.load(chunk.app_metadata)
+        return protocol.decode_answer(chunk.app_metadata)
 
     def _truncate(self, writer: Any, reader: Any, replicas: dict[ReplicaKey, Replica]) -> None:
         items = [{"key": list(k), "epoch": r.epochs.latest if r.epochs.latest is not None else -1}
                  for k, r in replicas.items()]
         writer.write_metadata(protocol.dump({"epoch_end": items}))
-        _, meta = self._answer(reader)
+        meta, _ = self._answer(reader)
         for answer in meta.get("epoch_end", []):
             key = tuple(answer["key"])
             replica = replicas.get(key)
@@ -251,9 +252,8 @@ class Fetcher:
 
     def _receive(self, reader: Any, replicas: dict[ReplicaKey, Replica]) -> list[Replica]:
         """Read one fetch answer and append its records; returns the replicas whose KV may move."""
-        batch, meta = self._answer(reader)
+        meta, records = self._answer(reader)
         self.fetches += 1
-        records = protocol.decode_records(batch) if batch is not None else {}
         refused = False
         moved: list[Replica] = []
         for answer in meta.get("replicas", []):

@@ -22,7 +22,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
 from pyarrow import flight
 
 from flightstore.config import server_option
@@ -77,7 +76,7 @@ class ReplicaManager:
         self.max_bytes = server_option(options, "log.fetch.max-bytes")
         self._lock = threading.RLock()
         self._appended = threading.Condition()
-        self._answers: OrderedDict[tuple, pa.RecordBatch] = OrderedDict()  # see _encoded
+        self._answers: OrderedDict[tuple, bytes] = OrderedDict()  # see _encoded
         self._answers_lock = threading.Lock()
         self._fetchers: dict[int, Fetcher] = {}
         self._following: dict[ReplicaKey, int] = {}        # replica -> the leader it fetches from
@@ -218,10 +217,10 @@ class ReplicaManager:
                 return
             request = protocol.load(chunk.app_metadata)
             if "epoch_end" in request:
-                writer.write_metadata(protocol.dump({"epoch_end": self._epoch_ends(request["epoch_end"])}))
+                writer.write_metadata(protocol.encode_answer({"epoch_end": self._epoch_ends(request["epoch_end"])}))
             elif "fetch" in request:
-                batch, meta = self._fetch_answer(follower, request, cancelled)
-                writer.write_with_metadata(batch, protocol.dump(meta))
+                records, meta = self._fetch_answer(follower, request, cancelled)
+                writer.write_metadata(protocol.encode_answer(meta, records))
             else:
                 raise InvalidInput("a replication request needs 'fetch' or 'epoch_end'")
 
@@ -240,7 +239,8 @@ class ReplicaManager:
                 out.append({"key": list(key), "error": str(exc)})
         return out
 
-    def _fetch_answer(self, follower: int, request: dict, cancelled: Callable[[], bool]) -> tuple[pa.RecordBatch, dict]:
+    def _fetch_answer(self, follower: int, request: dict, cancelled: Callable[[], bool]) -> tuple[bytes, dict]:
+        """The records part (:func:`protocol.encode_records`) and metadata of the answer to a fetch."""
         wanted: list[tuple[ReplicaKey, Replica, int]] = []
         errors = []
         for item in request["fetch"]:
@@ -284,30 +284,30 @@ class ReplicaManager:
         return self._encoded(records, {key: replica for key, replica, _ in wanted}), meta
 
     def _encoded(self, records: list[tuple[ReplicaKey, int, Any]],
-                 replicas: Mapping[ReplicaKey, Replica]) -> pa.RecordBatch:
-        """``records`` as one answer batch; the same records for another follower (every follower
-        in sync asks for the log's newest records) reuse the batch encoded for the first, so a
-        write's records are encoded once, not once per follower.
+                 replicas: Mapping[ReplicaKey, Replica]) -> bytes:
+        """``records`` as an answer's records part; the same records for another follower (every
+        follower in sync asks for the log's newest records) reuse the bytes encoded for the first,
+        so a write's records are encoded once, not once per follower.
 
         The key names each record by replica, offsets, epoch and payload CRC, with the replica's
         leader epoch and truncation count: records a truncation replaced at the same offsets
         never match."""
         if not records:
-            return protocol.encode_records(records)
+            return b""
         key = tuple((k, id(replicas[k]), replicas[k].leadership.epoch, replicas[k].log.truncations, epoch,
                      r.base_offset, r.num_rows, r.payload_crc) for k, epoch, r in records)
         with self._answers_lock:
-            batch = self._answers.get(key)
-            if batch is not None:
+            encoded = self._answers.get(key)
+            if encoded is not None:
                 self._answers.move_to_end(key)
-                return batch
-        batch = protocol.encode_records(records)
-        if batch.nbytes <= SHARED_ANSWER_BYTES:
+                return encoded
+        encoded = protocol.encode_records(records)
+        if len(encoded) <= SHARED_ANSWER_BYTES:
             with self._answers_lock:
-                self._answers[key] = batch
+                self._answers[key] = encoded
                 while len(self._answers) > SHARED_ANSWERS:
                     self._answers.popitem(last=False)
-        return batch
+        return encoded
 
     def snapshot_files(self, key: ReplicaKey) -> tuple[int, Iterator[tuple[str, bytes]]]:
         """The newest KV snapshot of a replica this server leads, for a follower that must start

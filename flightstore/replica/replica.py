@@ -92,6 +92,9 @@ class Replica:
         self.leader_since_s = time.monotonic()
         self.on_append: Callable[[], None] | None = None  # the replica manager wakes fetch answers
         self.rebuilt: Any = None  # flightstore.remote.RebuiltBucket when rebuilt from remote storage
+        # A follower's high watermark its KV was last seen to hold (None: unknown, read the KV's
+        # applied offset): an answer that moves neither the log nor the HW costs no KV read.
+        self._kv_at: int | None = None
 
     @property
     def epoch_start(self) -> int:
@@ -219,19 +222,28 @@ class Replica:
                 self.epochs.assign(epoch, record.base_offset)
                 self.log.append_raw(record)
             self.log.set_high_watermark(min(leader_hw, self.log.end_offset))
-            return self.kv is not None and self.kv.applied_offset < self.log.high_watermark
+            hw = self.log.high_watermark
+            if self.kv is None or hw == self._kv_at:
+                return False  # the KV holds this high watermark already (no read of its offset)
+            if self.kv.applied_offset < hw:
+                return True
+            self._kv_at = hw
+            return False
 
     def apply_committed(self) -> None:
         """A follower's KV takes the changelog up to the high watermark (the fold recovery does)."""
         with self.lock:
             if self.kv is not None and self.leadership.leader != self.leadership.me:
+                self._kv_at = None
                 self.kv.recover()
+                self._kv_at = self.log.high_watermark if self.kv.applied_offset >= self.log.high_watermark else None
 
     def restart_from(self, start: int, snapshot: Callable[[], tuple[int, Iterable[tuple[str, bytes]]]]) -> None:
         """The leader's log no longer reaches back to this follower's end: start over from the
         leader's log start (a log table), or from a copy of the leader's newest KV snapshot (a
         primary-key table: its KV needs the rows the deleted changelog made)."""
         with self.lock:
+            self._kv_at = None
             if self.kv is None:
                 log.warning("%s: the leader's log starts at %d, after this replica's end %d: restarting "
                             "the replica there", self.label, start, self.log.end_offset)
@@ -261,6 +273,7 @@ class Replica:
         log's end covers no record of it (an epoch this server led without appending, say from an
         empty log), and kept it would refuse the leader's older epoch at those offsets forever."""
         with self.lock:
+            self._kv_at = None
             if offset >= self.log.end_offset:
                 self.epochs.truncate_from(self.log.end_offset)
                 return
@@ -278,6 +291,7 @@ class Replica:
         """Lead at ``leadership.epoch``: the records appended from now on belong to it; the KV
         takes the log's uncommitted tail (it was applied up to the old high watermark)."""
         with self.lock:
+            self._kv_at = None
             previous = self.leadership
             self.log.following = False
             self.log.leading = True
@@ -305,6 +319,7 @@ class Replica:
         """Follow ``leadership.leader``: no writes and no reads here; the fetcher truncates the log
         to where it agrees with the leader's, then appends what the leader sends."""
         with self.lock:
+            self._kv_at = None
             self.leadership = leadership
             self._progress = {}
             self.log.following = True
