@@ -399,6 +399,11 @@ class KvTablet(KvWrites):
         with self._lock:  # not while a truncation cuts the log and rebuilds this KV (see exclusive)
             cuts = self.log.truncations
         encoded = encode_keys(keys, self.primary_key)
+        if len(encoded) == 1:  # a point lookup: one get; its row's buffers are its own (no nbytes walk)
+            found, rows = self._multi_get(encoded, columns)
+            memory.require(rows.get_total_buffer_size(), f"{self.where}: a lookup of 1 key")
+            self._committed(cuts)
+            return found, rows
         step = memory.batch_rows(self.schema, LOOKUP_CHUNK_KEYS)
         if len(encoded) <= step:
             found, rows = self._multi_get(encoded, columns)

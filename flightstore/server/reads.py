@@ -413,4 +413,6 @@ def _unless_shut_down(batches: Iterator[pa.RecordBatch], server_stop: threading.
 
 def _result_label(plan: nodes.PlanNode) -> str:
     """The ``table`` label of a query's rows in the metrics: the tables it reads."""
+    if isinstance(plan, nodes.PointLookup):  # the lookup path: one table
+        return str(plan.table)
     return ",".join(str(path) for path in plan_tables(plan))

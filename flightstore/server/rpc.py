@@ -18,6 +18,7 @@ from pyarrow import flight
 from flightstore.errors import FlightstoreError
 from flightstore.server import status
 from flightstore.server.auth import CALLER_TOKEN, principal_of, token_of
+from flightstore.server.metrics import HANDLER_TIMED
 
 # The authenticated user of the RPC being served (set by _rpc; None without authentication).
 _CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("flightstore_caller", default=None)
@@ -63,15 +64,29 @@ def _translate(exc: BaseException, hidden: tuple[str, ...] = ()) -> BaseExceptio
 
 
 def _rpc(method: Callable) -> Callable:
+    """The wrapper of a Flight RPC handler. The calls whose handler does all their work
+    (:data:`~.metrics.HANDLER_TIMED`: GetFlightInfo, DoPut, DoAction) are also timed and counted
+    here, with the status the client gets, instead of by a metrics middleware instance."""
+    timed = HANDLER_TIMED.get(method.__name__)
+
     @functools.wraps(method)
     def wrapper(self: Any, context: Any, *args: Any, **kwargs: Any) -> Any:
         caller = _CALLER.set(principal_of(context))
         token = CALLER_TOKEN.set(token_of(context))
+        metrics = self.metrics if timed is not None and context is not None else None  # not in-process calls
+        started = metrics.call_started(timed) if metrics is not None else 0.0
+        error: BaseException | None = None
         try:
             return method(self, context, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - every error leaves through _translate
-            raise _translate(exc, self._hidden_paths) from None
+            error = _translate(exc, self._hidden_paths)
+            raise error from None
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
+            if metrics is not None:
+                metrics.call_ended(timed, started, error)
             CALLER_TOKEN.reset(token)
             _CALLER.reset(caller)
     return wrapper

@@ -157,6 +157,19 @@ def test_row_decode_paths_agree_around_the_few_rows_cut(table):
         _assert_same(codec.decode(values[:n]), codec.decode(pa.array(values[:n], pa.large_binary())))
 
 
+@SETTINGS
+@given(tables(ROW_TYPES, max_rows=4), st.data())
+def test_row_decode_of_one_value_matches_the_vectorized_path(table, data):
+    """A point lookup's one value is decoded on a path of its own: same arrays, nulls, types."""
+    codec = RowCodec(table.schema)
+    names = data.draw(st.permutations(table.column_names))
+    for value in codec.encode(table):
+        for columns in (None, names):
+            alone = codec.decode([value], columns)
+            alone.validate(full=True)
+            _assert_same(alone, codec.decode(pa.array([value], pa.large_binary()), columns))
+
+
 def test_row_special_values():
     schema = pa.schema([("s", pa.string()), ("b", pa.binary()), ("f", pa.float64()),
                         ("g", pa.float32())])

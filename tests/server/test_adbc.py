@@ -148,6 +148,41 @@ def test_bound_parameters_and_executemany(server, conn) -> None:
         {"id": 8, "name": "y", "score": 8.0}, {"id": 9, "name": "z", "score": 9.0}]
 
 
+def test_a_prepared_lookup_answers_the_new_schema_after_alter_and_drop(conn) -> None:
+    """One cursor re-executes a prepared point lookup (ADBC keeps its handle; the server keeps
+    its plan templates, prepare answers and result schemas): after ALTER TABLE, and after DROP
+    and CREATE of another table of the same name, it answers the table as it is now."""
+    _users(conn)
+    lookup = "SELECT * FROM shop.users WHERE id = ?"
+    with conn.cursor() as cur:
+        for key in (1, 2, 1):  # warm: the shape's template and the result's schema are cached
+            cur.execute(lookup, (key,))
+            assert cur.fetch_arrow_table().column_names == ["id", "name", "score"]
+        with conn.cursor() as ddl:
+            ddl.execute("ALTER TABLE shop.users ADD COLUMN note STRING")
+            ddl.fetchall()
+            ddl.execute("INSERT INTO shop.users VALUES (4, 'd', 4.0, 'new')")
+            ddl.fetchall()
+        for key, note in ((1, None), (4, "new")):
+            cur.execute(lookup, (key,))
+            got = cur.fetch_arrow_table()
+            assert got.schema.field("note").type == pa.string()
+            assert got.to_pylist() == [{"id": key, "name": "ad"[key // 4], "score": float(key), "note": note}]
+        with conn.cursor() as ddl:
+            ddl.execute("DROP TABLE shop.users")
+            ddl.fetchall()
+            ddl.execute("CREATE TABLE shop.users (id BIGINT, tag STRING, PRIMARY KEY (id) NOT ENFORCED) "
+                        "WITH ('bucket.num' = '2')")
+            ddl.fetchall()
+            ddl.execute("INSERT INTO shop.users VALUES (1, 'fresh')")
+            ddl.fetchall()
+        cur.execute(lookup, (1,))
+        assert cur.fetch_arrow_table().to_pylist() == [{"id": 1, "tag": "fresh"}]
+        cur.execute(lookup, (4,))
+        got = cur.fetch_arrow_table()
+        assert got.column_names == ["id", "tag"] and got.num_rows == 0
+
+
 def _chunked(table: pa.Table, rows: int = 100_000) -> pa.Table:
     """The driver sends one Flight message per batch and refuses messages above 16 MiB itself."""
     return pa.Table.from_batches(table.to_batches(max_chunksize=rows), table.schema)

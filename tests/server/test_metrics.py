@@ -278,3 +278,42 @@ def test_table_labels_can_be_left_out(tmp_path):
         assert value(samples, "flightstore_rows_in_total") == 3
         assert value(samples, "flightstore_rows_out_total") == 3
         assert not any(name == "flightstore_log_end_offset" for name, _ in samples)
+
+
+def test_handler_timed_calls_are_counted_once_with_the_status_the_client_gets(metered):
+    """GetFlightInfo, DoPut and DoAction are timed by the RPC wrapper, not by a middleware
+    instance: each call counts once, under the status its client got, with its duration, and a
+    GetFlightInfo leaves the active queries as it found them."""
+    server, url = metered
+    with flightstore.connect(server.uri, username="admin", password="adm1n", timeout=60) as conn:
+        conn.sql("CREATE TABLE kv (id BIGINT, v STRING, PRIMARY KEY (id) NOT ENFORCED)")
+        conn.table("kv").upsert({"id": [1, 2], "v": ["a", "b"]})
+        protocol = flightstore.client.protocol
+
+        def info(sql: str):
+            command = protocol.pack_any(protocol.CommandStatementQuery(query=sql))
+            return conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
+
+        before = scrape(url)
+        for key in (1, 2, 3):
+            info(f"SELECT * FROM kv WHERE id = {key}")
+        with pytest.raises(pa.ArrowInvalid):
+            info("SELECT * FROM kv WHERE")
+        with pytest.raises(pa.ArrowKeyError):
+            info("SELECT * FROM absent")
+        with pytest.raises(NotImplementedError):
+            list(conn._client.do_action(flight.Action("BeginTransaction", b""), conn._options))
+        conn.table("kv").upsert({"id": [3], "v": ["c"]})
+        after = scrape(url)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("flightstore_rpc_total", method="GetFlightInfo", status="OK") == 3
+    assert delta("flightstore_rpc_duration_seconds_count", method="GetFlightInfo", status="OK") == 3
+    assert delta("flightstore_rpc_total", method="GetFlightInfo", status="INVALID_ARGUMENT") == 1
+    assert delta("flightstore_rpc_total", method="GetFlightInfo", status="NOT_FOUND") == 1
+    assert delta("flightstore_rpc_total", method="DoAction", status="UNIMPLEMENTED") == 1
+    assert delta("flightstore_rpc_total", method="DoPut", status="OK") == 1
+    assert delta("flightstore_rpc_duration_seconds_sum", method="DoPut", status="OK") > 0
+    assert value(after, "flightstore_active_queries") == 0
