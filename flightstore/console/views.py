@@ -11,6 +11,10 @@ The numbers are those SQL and the Flight actions answer: offsets from the table'
 (``COUNT(*)``), partitions from ``t$partitions``, the lake from ``t$lake$snapshots`` /
 ``t$lake$status``, sizes from ``flightstore.usage``. Listing tables reads only the catalog (no
 table is opened by looking); one table's page opens that table.
+
+In a cluster, a table with a bucket whose leader is down (no live in-sync replica) has no row count
+and no log offsets (they need every bucket's leader): its page shows each bucket's placement, the
+unavailable ones flagged, with those figures empty (null) instead of failing or waiting.
 """
 
 from __future__ import annotations
@@ -114,25 +118,30 @@ class ConsoleViews:
             raise InvalidInput("name the table as database.table")
         table = self.server._visible_table(TablePath.parse(name))
         descriptor = table.descriptor
+        leaders = self._leaders(descriptor.path)
+        whole = all(placement["available"] for placement in leaders.values())  # every leader is up
         versions = [{"version": v, "columns": _columns(s)} for v, s in sorted(descriptor.schemas.items())]
         answer = {**_summary(descriptor), "columns": _columns(descriptor.schema), "schema_versions": versions,
-                  "row_count": table.row_count(), "partition_list": [], "bucket_list": self._buckets(table)}
+                  "row_count": table.row_count() if whole else None, "partition_list": [],
+                  "unavailable_buckets": sorted(b for b, p in leaders.items() if not p["available"]),
+                  "bucket_list": self._buckets(table, leaders, whole)}
         if descriptor.is_partitioned:
             rows = self.server.executor.views.partitions_table(descriptor.path)
             answer["partition_list"] = [{"name": r["partition_name"], "id": r["partition_id"],
                                          "row_count": r["row_count"]} for r in rows.to_pylist()]
         return answer
 
-    def _buckets(self, table: Any) -> list[dict[str, Any]]:
+    def _buckets(self, table: Any, leaders: dict[int, dict[str, Any]], whole: bool) -> list[dict[str, Any]]:
+        """Every bucket's row; ``whole``: every bucket's leader is up (else no log offsets)."""
         descriptor = table.descriptor
-        start, end = table.start_offsets(), table.end_offsets()
+        start, end = (table.start_offsets(), table.end_offsets()) if whole else ({}, {})
         lake = self._lake_status(descriptor.path) if descriptor.option("table.datalake.enabled") else {}
         local = self._local_buckets(descriptor.path)
-        leaders = self._leaders(descriptor.path)
         partition_of = {bucket_id(p.id, b, descriptor.num_buckets): p.name
                         for p in descriptor.partitions for b in range(descriptor.num_buckets)}
+        numbers = sorted(partition_of) if descriptor.is_partitioned else range(descriptor.num_buckets)
         out = []
-        for bucket in sorted(end):
+        for bucket in sorted(end) if whole else numbers:
             held = local.get(bucket, {})
             status = lake.get(bucket, {})
             placement = leaders.get(bucket % descriptor.num_buckets, {}) if leaders else {}
@@ -140,7 +149,7 @@ class ConsoleViews:
                         "leader": placement.get("leader", "this server"),
                         "replicas": placement.get("replicas"), "isr": placement.get("isr"),
                         "available": placement.get("available", True),
-                        "log_start": start.get(bucket), "log_end": end[bucket],
+                        "log_start": start.get(bucket), "log_end": end.get(bucket),
                         "kv_snapshot_offset": held.get("kv_snapshot_offset"),
                         "lake_tiered_offset": status.get("tiered_offset"),
                         "lake_lag_records": status.get("lag_records"),

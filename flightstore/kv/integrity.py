@@ -123,6 +123,7 @@ def reconcile_changelog(kv: KvTablet) -> tuple[int, int] | None:
     offline repair step. Needs the log from offset 0 (a KV snapshot would be the base otherwise)."""
     schema = kv.schema
     with kv._lock:
+        kv._open_now()
         fold_keys, fold_rows, fold_values = _fold(kv)
         stored = dict(kv._db.items())
         fold = dict(zip(fold_keys, range(len(fold_keys))))

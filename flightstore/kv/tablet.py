@@ -13,6 +13,15 @@ changelog after the applied offset. :meth:`snapshot` takes a KV snapshot
 on open from the newest usable snapshot plus the log after it (or from the whole log while it
 starts at offset 0), with a log line saying so; :meth:`rebuild` does the same on request.
 
+Opening a bucket whose KV needs nothing (its applied offset is the log's end, its values carry
+schema versions) reads the meta column family with a read-only RocksDB open
+(:func:`~flightstore.kv.meta.read_meta`) and opens RocksDB for writing only when rows are read or
+written (a lookup, a scan, a write, a replay, a checkpoint, a meta write): a read-write open costs
+about seven fsyncs and a new MANIFEST, and a table opened for its figures (the console's table
+page, ``COUNT(*)``, offsets, writer state) or scanned from its KV snapshot images never needs one.
+The deferred open is the same open, run later under the tablet lock, so it restores or rebuilds
+exactly as an open would; nothing writes RocksDB before it.
+
 Reads (point lookups, prefix lookups, scans and key ranges) go through :mod:`flightstore.kv.scan`:
 chunked, from one RocksDB snapshot, decoded with the vectorized row codec, and checked so that a
 corrupt file is a :class:`~flightstore.errors.DataLoss` naming the table and bucket, never a short
@@ -49,6 +58,7 @@ from flightstore.kv.meta import (
     _WRITER_STATE,
     UNDO_FENCE_PREFIX,
     WRITER_META_PREFIXES,
+    read_meta,
     writer_value,
 )
 from flightstore.kv.ranges import KeyRange, encode_range, prefix_successor
@@ -95,9 +105,57 @@ class KvTablet(KvWrites):
         self._io_lock = threading.Lock()
         self._io = {"rows_read": 0, "chunks_read": 0}
         self._db: Rdict | None = None
+        # True while RocksDB is not open yet and _meta is a read-only copy (see the module
+        # docstring); cleared under the lock by the deferred open (or by close).
+        self._deferred = False
+        self._open_failure: BaseException | None = None  # what the deferred open raised
+        if not self._defer():
+            self._open()
+
+    def _defer(self) -> bool:
+        """Leave RocksDB closed when a read-only look shows the open would change nothing: the
+        values carry schema versions and the applied offset is the log's end (no replay, no
+        restore). Its meta column family answers meanwhile."""
+        meta = read_meta(self.directory)
+        if meta is None or meta.get(_VALUE_FORMAT) is None:
+            return False
+        raw = meta.get(_APPLIED)
+        if (0 if raw is None else _INT.unpack(raw)[0]) != self.log.end_offset:
+            return False
+        self._meta, self._deferred, self.recovered_from = meta, True, "kv"
+        return True
+
+    def _open(self) -> None:
+        """Open RocksDB for writing, restoring or rebuilding it when it cannot serve, and replay
+        the log after its applied offset."""
         self.recovered_from = self._open_or_restore()
         self._upgrade_values()
-        self.recover()
+        self._recover()
+
+    def _open_now(self) -> None:
+        """Open a deferred KV for writing. Every RocksDB read or write of rows calls this first
+        when ``_db`` is None (callers on hot paths check that attribute themselves); a closed KV
+        raises, and so does every call after a deferred open that failed (its error again)."""
+        if self._db is not None:
+            return
+        with self._lock:
+            if self._deferred:
+                try:
+                    self._open()
+                except BaseException as exc:
+                    self._open_failure = exc
+                    raise
+                finally:
+                    self._deferred = False
+            if self._db is None:
+                if self._open_failure is not None:
+                    raise self._open_failure
+                raise FlightstoreError(f"{self.where}: the KV is closed")
+
+    @property
+    def opened(self) -> bool:
+        """Whether RocksDB is open for writing (False while deferred, see the module docstring)."""
+        return self._db is not None
 
     def evolve(self, descriptor: TableDescriptor) -> None:
         """Follow ALTER TABLE: write values of the new schema version from now on (stored values
@@ -247,6 +305,7 @@ class KvTablet(KvWrites):
         """One atomic RocksDB write of meta ``puts`` (None deletes) and of writers' sequences
         (``writers``: a new last sequence, keeping the last write time, or None to forget it)."""
         with self._lock:
+            self._open_now()
             write = WriteBatch(raw_mode=True)
             for key, value in puts.items():
                 if value is None:
@@ -273,6 +332,9 @@ class KvTablet(KvWrites):
         is logged, not raised: the store must still release every other table."""
         with self._lock:
             self.snapshots.release_images()
+            if self._deferred and self._db is None:  # nothing open: the read-only copy goes
+                del self._meta
+            self._deferred = False
             if self._db is not None:
                 del self._meta, self._meta_cf
                 db, self._db = self._db, None
@@ -291,7 +353,7 @@ class KvTablet(KvWrites):
         ``stop()`` returning True abandons the image (the previous snapshots stay)."""
         def checkpoint(path: Path) -> tuple[int, int] | None:
             with self._lock:
-                if self._db is None:
+                if self._db is None and not self._deferred:
                     raise FlightstoreError(f"{self.name}: the KV is closed")
                 applied = self.applied_offset
                 newest = self.snapshots.newest
@@ -300,6 +362,7 @@ class KvTablet(KvWrites):
                 if self.log.replicated and applied > 0 and not self.log.wait_for(
                         applied - 1, self.log.commit_timeout_s):
                     return None  # a snapshot holds committed changes only: the next round tries again
+                self._open_now()
                 Checkpoint(self._db).create_checkpoint(str(path))
                 return applied, self.row_count
 
@@ -310,6 +373,8 @@ class KvTablet(KvWrites):
                    ) -> tuple[np.ndarray, pa.Table]:
         """One RocksDB multi-get of encoded ``keys``: (found mask, decoded rows of the found ones).
         A RocksDB error (a corrupt block...) is DataLoss naming the table and bucket."""
+        if self._db is None:
+            self._open_now()
         keys = keys if isinstance(keys, list) else keys.tolist()
         if len(keys) == 1:  # a point lookup: one get, no multi-get set-up
             with storage_errors(self.where, "RocksDB read failed", str(self.directory)):
@@ -338,7 +403,14 @@ class KvTablet(KvWrites):
         the lost offsets), and the lost changelog range is reported (logged, and
         :class:`~flightstore.errors.DataLoss` for reads of it) until ``flightstore repair``
         declares it. A hole in the part still to replay raises DataLoss: the KV would miss changes.
+        A deferred KV opens for writing only when there is something to replay.
         """
+        with self._lock:
+            if self._deferred and self.applied_offset < self.log.end_offset:
+                self._open_now()  # (its open replays the log)
+            return self._recover(uncommitted)
+
+    def _recover(self, uncommitted: bool = False) -> int:
         with self._lock:
             applied = self.applied_offset
             end = self.log.end_offset
@@ -387,7 +459,7 @@ class KvTablet(KvWrites):
             shutil.rmtree(self.directory, ignore_errors=True)
             self.recovered_from = self._restore("was thrown away on request")
             self._upgrade_values()
-            return self.recover()
+            return self._recover()
 
     # ---- reads --------------------------------------------------------------------------------
     def lookup(self, keys: pa.Table, columns: Sequence[str] | None = None) -> tuple[np.ndarray, pa.Table]:
@@ -545,6 +617,7 @@ class KvTablet(KvWrites):
         rows, all from one RocksDB snapshot."""
         needed = wanted + [c for c in sorted(filter.columns()) if c not in wanted] if filter else wanted
         expression = filter.to_arrow() if filter is not None else None
+        self._open_now()
         with self._lock:  # the snapshot and the row count that goes with it
             cuts = self.log.truncations
             snapshot = self._db.snapshot()

@@ -182,6 +182,7 @@ class KvWrites:
         with self._lock:
             if prepared.duplicate:
                 return ApplyResult(None, 0, duplicate=True)
+            self._open_now()  # (a prepared changelog read no row: a deferred KV may be closed)
             if self.applied_offset != prepared.at or self.log.end_offset != prepared.at:
                 raise FlightstoreError(f"{self.where}: a write prepared at offset {prepared.at} cannot "
                                        f"be committed at offset {self.log.end_offset}")

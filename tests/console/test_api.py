@@ -15,7 +15,7 @@ from pyarrow import flight
 from flightstore.lake import LakeCatalog
 from flightstore.schema import TablePath
 from flightstore.server import protocol
-from tests.console.conftest import ALICE_TABLES, ALL_TABLES, PASSWORDS
+from tests.console.conftest import ALICE_TABLES, ALL_TABLES, PASSWORDS, ConsoleServer
 from tests.waiting import wait_until
 
 
@@ -57,6 +57,55 @@ def test_table_page_numbers_equal_the_sql_answers(console, name):
             status = conn.sql("SELECT bucket, tiered_offset, lag_records FROM default.`lakey$lake$status`").to_pylist()
             assert {b: (v["lake_tiered_offset"], v["lake_lag_records"]) for b, v in buckets.items()} == \
                 {s["bucket"]: (s["tiered_offset"], s["lag_records"]) for s in status}
+
+
+def _equals_sql(conn, page: dict) -> None:
+    """A primary-key table's page against COUNT(*) and the Flight actions."""
+    client = conn.table(page["name"])
+    buckets = {b["bucket"]: b for b in page["bucket_list"]}
+    assert page["row_count"] == conn.sql(f"SELECT COUNT(*) AS n FROM {page['name']}").column("n")[0].as_py()
+    assert {b: v["log_start"] for b, v in buckets.items()} == client.offsets("start")
+    assert {b: v["log_end"] for b, v in buckets.items()} == client.offsets("end")
+    assert sum(b["bytes"] for b in buckets.values()) == client.usage()["bytes"]["total"]
+
+
+def test_a_primary_key_table_not_opened_since_a_restart(tmp_path):
+    """The page of a primary-key table the server has not opened since it started answers from
+    each KV's read-only look (RocksDB stays closed) the numbers SQL answers, and the page it
+    showed before the restart; a write then opens RocksDB and the page follows it."""
+    running = ConsoleServer(tmp_path / "data")
+    try:
+        with running.connect() as conn:
+            conn.sql("CREATE TABLE pk (id BIGINT, name STRING, PRIMARY KEY (id)) WITH ('bucket.num' = '4')")
+            ids = pa.array(range(30), pa.int64())
+            conn.table("pk").upsert(pa.table({"id": ids, "name": [f"n{i}" for i in range(30)]}))
+            conn.table("pk").upsert(pa.table({"id": ids.slice(0, 6), "name": ["again"] * 6}))
+            conn.table("pk").snapshot()
+            conn.table("pk").delete(pa.table({"id": ids.slice(20, 5)}))  # after the snapshot
+        before = running.http("admin").ok("/api/table?name=default.pk")
+    finally:
+        running.stop()
+    running = ConsoleServer(tmp_path / "data")
+    try:
+        admin = running.http("admin")
+        page = admin.ok("/api/table?name=default.pk")
+        kvs = running.server.store.local_table("default.pk").kvs
+        with running.connect() as conn:
+            assert page["row_count"] == 25 and any(b["kv_snapshot_offset"] for b in page["bucket_list"])
+            assert [{k: v for k, v in b.items() if k != "bytes"} for b in page["bucket_list"]] == \
+                [{k: v for k, v in b.items() if k != "bytes"} for b in before["bucket_list"]]
+            _equals_sql(conn, page)
+            assert not any(kv.opened for kv in kvs), "the page (or COUNT(*)) opened RocksDB"
+            conn.table("pk").upsert(pa.table({"id": pa.array([100, 101], pa.int64()), "name": ["x", "y"]}))
+            assert any(kv.opened for kv in kvs)
+            snapshots = conn.table("pk").snapshot()  # (a checkpoint of each changed bucket opens it)
+            page = admin.ok("/api/table?name=default.pk")
+            assert page["row_count"] == 27
+            _equals_sql(conn, page)
+            assert {b["bucket"]: b["kv_snapshot_offset"] for b in page["bucket_list"]} == \
+                {b: (s["offset"] if s else None) for b, s in snapshots.items()}
+    finally:
+        running.stop()
 
 
 def test_the_lake_page_equals_the_lake_views(console):

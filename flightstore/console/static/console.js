@@ -74,6 +74,8 @@ async function tablePage(name) {
                  ["Primary key", t.primary_key], ["Bucket key", t.bucket_key],
                  ["Partition keys", t.partition_keys], ["Lake", t.datalake ? "enabled" : "off"],
                  ["Options", Object.entries(t.options).map(([k, v]) => `${k}=${v}`).join(", ")]];
+  if (t.unavailable_buckets.length)  // their leader is down: no row count, no log offsets meanwhile
+    facts.push(["Unavailable buckets", t.unavailable_buckets, "unavailable-buckets"]);
   const out = [el("h2", {id: "table-name"}, `${t.database}.${t.name}`),
                el("table", {class: "kv"}, facts.map(([label, value, id]) =>
                  el("tr", {}, el("td", {}, label), el("td", {id: id || null}, fmt(value)))))];
