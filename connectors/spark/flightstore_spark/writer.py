@@ -33,6 +33,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import StructType
 
 from flightstore_spark import _flight
+from flightstore_spark.keys import key_groups
 
 __all__ = ["FlightstoreStreamWriter", "FlightstoreWriter", "WriteMessage", "fold_aggregation", "foldable_aggregation",
            "prepare", "stream_writer_id"]
@@ -97,9 +98,9 @@ def fold_aggregation(rows: pa.Table, key: list[str], functions: dict[str, str]) 
         return rows
     if not all(_numpy_foldable(rows.column(c), functions[c]) for c in fields):
         return _fold_hash(rows, key, fields, functions)
-    group = _key_groups(rows, key)
-    if group is None:  # a null key: the server names the error
+    if any(rows.column(c).null_count for c in key):  # the server names the error
         return rows
+    group = key_groups(rows, key)
     order = np.argsort(group, kind="stable")
     sorted_group = group[order]
     starts = np.flatnonzero(np.concatenate([[True], sorted_group[1:] != sorted_group[:-1]]))
@@ -120,21 +121,6 @@ def _numpy_foldable(column: pa.ChunkedArray, function: str) -> bool:
     if not pa.types.is_floating(kind) or pa.types.is_float16(kind):
         return False
     return function == "sum" or not pc.any(pc.is_nan(column)).as_py()  # Arrow's max/min skip NaN
-
-
-def _key_groups(rows: pa.Table, key: list[str]) -> np.ndarray | None:
-    """A group number per row, the same for rows with the same ``key`` (None: a key holds a null)."""
-    group = None
-    for name in key:
-        encoded = pc.dictionary_encode(rows.column(name).combine_chunks())
-        if encoded.indices.null_count:
-            return None
-        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        if group is None:
-            group = codes
-        else:  # renumber the pairs: numbers stay below the row count, however many key columns
-            group = np.unique(group * len(encoded.dictionary) + codes, return_inverse=True)[1].reshape(-1)
-    return group
 
 
 def _fold_numeric(column: pa.Array, function: str, order: np.ndarray, starts: np.ndarray) -> pa.Array:
