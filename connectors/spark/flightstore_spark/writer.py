@@ -8,7 +8,8 @@
 
 Into an aggregation merge engine table (``'table.merge-engine' = 'aggregation'``) whose written
 fields all aggregate with ``sum``, ``max`` or ``min``, a task first folds its rows per primary key
-(Arrow's hash aggregation, the same null handling as the server's functions): the server merges
+(numpy over the rows sorted by key, Arrow's hash aggregation for non-numeric fields; the same
+null handling as the server's functions): the server merges
 one row per key and task instead of every event, and the table's changelog holds one change per
 key and micro-batch. Other functions (``last_value``, ``listagg``...) depend on the order of the
 rows and are written row by row, as are changelog writes (``_change_type``).
