@@ -60,6 +60,27 @@ def test_composite_key_prefix_lookup(store):
         table.prefix_lookup({"order": [10]})
 
 
+def test_prefix_lookup_of_many_prefixes_answers_in_prefix_order(store):
+    """Many prefixes over every bucket are read a bucket at a time; the answer still comes in the
+    order of the prefixes asked (each prefix's rows in key order), absent prefixes answer nothing,
+    and neighbouring keys (user 1 vs 10) do not leak into each other's prefix."""
+    schema = pa.schema([("user", pa.int64()), ("order", pa.int64()), ("amount", pa.float64())])
+    table = store.create_table("orders", schema, primary_key=["user", "order"],
+                               options={"bucket.num": 3, "bucket.key": "user"})
+    users = [u for u in range(40) for _ in range(u % 4)]  # user u has u % 4 orders
+    table.upsert(pa.table({"user": users, "order": [(u * 7 + i) % 5 for i, u in enumerate(users)],
+                           "amount": [float(u) for u in users]}))
+    asked = [10, 3, 27, 1, 100, 38, 0, 2, 19, 11]
+    got = table.prefix_lookup({"user": asked}, ["user", "order"])
+    stored = sorted(set(zip(users, [(u * 7 + i) % 5 for i, u in enumerate(users)])))
+    expected = [row for user in asked for row in stored if row[0] == user]
+    assert len(expected) > 10
+    assert list(zip(got.column("user").to_pylist(), got.column("order").to_pylist())) == expected
+    limited = table.prefix_lookup({"user": asked}, ["user", "order"], limit=4)
+    assert list(zip(limited.column("user").to_pylist(), limited.column("order").to_pylist())) == expected[:4]
+    assert table.prefix_lookup({"user": [100, 4]}).num_rows == 0
+
+
 def test_log_table_append_scan_changelog(store):
     table = store.create_table("events", SCHEMA, options={"bucket.num": 2})
     table.append(data(10))

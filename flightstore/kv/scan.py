@@ -14,7 +14,9 @@ never look. So every read here proves it reached the real end before it ends:
 * a full scan compares the rows it read with the bucket's maintained row count, taken together
   with the snapshot (the write path updates both in one WriteBatch under the tablet's lock);
 * a range scan re-seeks a raw iterator of the same snapshot to the last key it returned and checks
-  that the next step ends the range with a clean status.
+  that the next step ends the range with a clean status;
+* prefix reads (:func:`prefix_values`, many prefixes at once) step one raw iterator and check the
+  status wherever it stops being valid.
 
 Anything else is a :class:`~flightstore.errors.DataLoss` naming the table and bucket, as is any
 RocksDB error raised by a read (:func:`storage_errors`); a short answer is never returned.
@@ -25,7 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,7 +36,7 @@ from rocksdict import ReadOptions
 from flightstore import memory
 from flightstore.errors import DataLoss
 
-__all__ = ["FIRST_CHUNK_ROWS", "MAX_CHUNK_ROWS", "RangeReader", "storage_errors"]
+__all__ = ["FIRST_CHUNK_ROWS", "MAX_CHUNK_ROWS", "RangeReader", "prefix_values", "storage_errors"]
 
 log = logging.getLogger("flightstore.kv")
 
@@ -72,6 +74,42 @@ def _next_size(size: int, values: list[bytes]) -> int:
     bytes at the average width of ``values`` (the chunk just read)."""
     width = memory.value_bytes(values) / max(1, len(values))
     return memory.rows_within(width, min(size * 4, MAX_CHUNK_ROWS))
+
+
+def prefix_values(snapshot: Any, prefixes: Sequence[bytes], *, where: str, directory: str,
+                  held_at_most: Callable[[int], None] | None = None) -> tuple[list[bytes], list[int]]:
+    """The values of every key of ``snapshot`` starting with each of ``prefixes`` (prefix order,
+    key order within a prefix) and how many each prefix has: ONE raw iterator seeks to each
+    prefix and steps while the keys keep it (a range reader per prefix costs a snapshot, two
+    iterators and a decode each: most of the time of a lookup of many prefixes of a few rows).
+
+    An iterator that stops being valid must say so with a clean status (DataLoss otherwise), so a
+    short answer is never returned. ``held_at_most`` is called with the bytes read so far every
+    :data:`FIRST_CHUNK_ROWS` values (it raises to stop a read that would hold too much)."""
+    values: list[bytes] = []
+    counts: list[int] = []
+    held, checked = 0, 0
+    with storage_errors(where, "RocksDB read failed", directory):
+        iterator = snapshot.iter(ReadOptions())
+        for prefix in prefixes:
+            before = len(values)
+            iterator.seek(prefix)
+            while iterator.valid():
+                key = iterator.key()
+                if not key.startswith(prefix):
+                    break
+                values.append(iterator.value())
+                iterator.next()
+            else:
+                iterator.status()  # raises RocksDB's error if it stopped on one
+            counts.append(len(values) - before)
+            if held_at_most is not None and len(values) - checked >= FIRST_CHUNK_ROWS:
+                held += memory.value_bytes(values[checked:])
+                checked = len(values)
+                held_at_most(held)
+    if held_at_most is not None and len(values) > checked:
+        held_at_most(held + memory.value_bytes(values[checked:]))
+    return values, counts
 
 
 class RangeReader:

@@ -103,6 +103,8 @@ class TableReads:
         out_schema = self._projections.of(columns)
         buckets = self.buckets_of(table)
         prefixes = encode_keys(table, key[:width])
+        if limit is None:
+            return self._prefix_rows(np.asarray(buckets), prefixes, columns, out_schema)
         parts = []
         for bucket, prefix_key in zip(buckets, prefixes):
             remaining = None if limit is None else limit - sum(p.num_rows for p in parts)
@@ -110,6 +112,22 @@ class TableReads:
                 break
             parts.append(self.kvs[bucket].prefix_lookup([prefix_key], columns, remaining))
         return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
+
+    def _prefix_rows(self, buckets: np.ndarray, prefixes: Sequence[bytes], columns: Sequence[str],
+                     out_schema: pa.Schema) -> pa.Table:
+        """The rows of every prefix in prefix order: one read per bucket of all its prefixes
+        (:meth:`~flightstore.kv.tablet.KvTablet.prefix_rows`), put back in the prefixes' order."""
+        parts, positions = [], []
+        for bucket in np.unique(buckets).tolist():
+            mine = np.flatnonzero(buckets == bucket)
+            rows, counts = self.kvs[bucket].prefix_rows([prefixes[i] for i in mine], columns)
+            parts.append(rows)
+            positions.append(np.repeat(mine, counts))  # the prefix each row answers
+        if not parts:
+            return out_schema.empty_table()
+        result = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        order = np.argsort(np.concatenate(positions), kind="stable")
+        return result.take(pa.array(order)).cast(out_schema)
 
     def scan(self, columns: Sequence[str] | None = None, filter: Predicate | None = None,
              limit: int | None = None, buckets: Sequence[int] | None = None,

@@ -1,6 +1,6 @@
-"""The connector's reads (``flightstore_spark._flight``) outside Spark: a read task that starts
-while its server cannot be reached yet (restarting, or a handshake that timed out on a loaded
-machine) tries again instead of failing the Spark task."""
+"""The connector's reads and writes (``flightstore_spark._flight``) outside Spark: a read or write
+task that starts while its server cannot be reached yet (restarting, or a handshake that timed out
+on a loaded machine) tries again instead of failing the Spark task."""
 
 from __future__ import annotations
 
@@ -49,6 +49,40 @@ def test_a_read_waits_for_a_server_it_cannot_connect_to_yet(tmp_path):
             later.cancel()
             if "server" in started:
                 started["server"].shutdown()  # serve() returns: the timer's thread ends
+            later.join(timeout=30)
+            if "store" in started:
+                started["store"].close()
+
+
+def test_a_streaming_write_waits_for_a_server_it_cannot_connect_to_yet(tmp_path):
+    data_dir = tmp_path / "data"
+    with Store(data_dir, fsync=False) as store:
+        store.create_table("kv", pa.schema([("k", pa.int64()), ("v", pa.int64())]), primary_key=["k"],
+                           options={"bucket.num": "2"})
+    uri = f"grpc://127.0.0.1:{free_port()}"
+    started: dict = {}
+
+    def start() -> None:
+        started["store"] = Store(data_dir, fsync=False)
+        started["server"] = FlightSqlServer(started["store"], uri)
+        started["server"].serve()
+    with flightstore.connect(uri, timeout=30) as conn:
+        later = threading.Timer(1.0, start)  # the write task starts first, the server a moment later
+        later.daemon = True
+        later.start()
+        try:
+            rows = pa.table({"k": list(range(100)), "v": list(range(100))})
+            # check_applied: the stream writer's first call is an action, then the DoPut
+            result = _flight.put_once(conn, "upsert", "kv", rows, writer_id="w-late", sequence=0,
+                                      check_applied=True)
+            assert result["rows"] == 100 and not result["duplicate"]
+            again = _flight.put_once(conn, "upsert", "kv", rows, writer_id="w-late", sequence=0,
+                                     check_applied=True)
+            assert again["duplicate"] and started["store"].table("kv").row_count() == 100
+        finally:
+            later.cancel()
+            if "server" in started:
+                started["server"].shutdown()
             later.join(timeout=30)
             if "store" in started:
                 started["store"].close()

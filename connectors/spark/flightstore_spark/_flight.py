@@ -7,8 +7,8 @@ the store directly. Helpers are small and stateless so Spark can pickle whatever
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyarrow import flight
@@ -206,7 +206,8 @@ def read_lake_file_rows(path: str, io: dict[str, str], schema_hex: str, columns:
                 return
 
 
-CONNECT_RETRY_S = 20.0  # how long a read task keeps trying a server it could not connect to
+CONNECT_RETRY_S = 20.0  # how long a read or write task keeps trying a server it could not connect to
+T = TypeVar("T")
 
 
 def read_payload(conn: Connection, payload: dict) -> Iterator[pa.RecordBatch]:
@@ -216,18 +217,22 @@ def read_payload(conn: Connection, payload: dict) -> Iterator[pa.RecordBatch]:
     handshake that timed out on a loaded machine) is tried again, backing off, for up to
     :data:`CONNECT_RETRY_S`, so one refused connection does not fail the Spark task; a read is
     safe to send again. Failures after the call started are raised as they are."""
+    yield from read_batches(_connecting(lambda: conn._get(payload)))
+
+
+def _connecting(call: Callable[[], T]) -> T:
+    """``call()`` (a request that is safe to send again), tried again, backing off, for up to
+    :data:`CONNECT_RETRY_S` while it cannot connect (nothing was sent)."""
     deadline = time.monotonic() + CONNECT_RETRY_S
     pause = 0.1
     while True:
         try:
-            reader = conn._get(payload)
-            break
+            return call()
         except flight.FlightUnavailableError as exc:
             if not _unreachable(exc) or time.monotonic() + pause > deadline:
                 raise
             time.sleep(pause)
             pause = min(2 * pause, 2.0)
-    yield from read_batches(reader)
 
 
 def read_ticket(conn: Connection, ticket: bytes) -> Iterator[pa.RecordBatch]:
@@ -245,19 +250,23 @@ def put_once(conn: Connection, op: str, table: str, data: pa.Table, *, writer_id
     after the write, and a write meeting another task's live claim waits for it (a crashed task's
     claim expires after the server's ownership TTL).
 
+    A write that cannot connect (nothing sent: a server restarting, a handshake that timed out on
+    a loaded machine) is tried again, backing off, for up to :data:`CONNECT_RETRY_S`, like a read.
+
     ``check_applied`` first asks the server for the writer's last applied sequence and skips a batch
     already applied. The server's own duplicate check is per bucket, which misses a retry of a write
     to a log table without bucket key: round-robin sends the retry to another bucket.
     """
     if check_applied:
-        last = conn._action("flightstore.writer", {"table": table, "writer_id": writer_id})["sequence"]
-        if last is not None and last >= sequence:
+        last = _connecting(lambda: conn._action("flightstore.writer", {"table": table, "writer_id": writer_id}))
+        if last["sequence"] is not None and last["sequence"] >= sequence:
             return {"op": "written", "rows": 0, "duplicate": True, "offsets": {}}
     payload = {"op": op, "table": table, "columns": list(columns) if columns else None,
                "writer_id": writer_id, "sequence": sequence}
     attempt, deadline = 0, time.monotonic() + conflict_wait_s
+    connect_deadline = time.monotonic() + CONNECT_RETRY_S
     # In a cluster each part goes to its bucket's leader (one part, to ``conn``, on a single server).
-    parts = conn.table(table)._by_leader(data) or [(conn.uri, data)]
+    parts = _connecting(lambda: conn.table(table)._by_leader(data)) or [(conn.uri, data)]
     while True:
         try:
             results = [conn._peer(uri)._put(payload, part) for uri, part in parts]
@@ -268,12 +277,14 @@ def put_once(conn: Connection, op: str, table: str, data: pa.Table, *, writer_id
                 # each leader numbered its chunks from ``sequence``: the longest run counts
                 "sequence": max(sequence if r.get("sequence") is None else r["sequence"] for r in results)}
             break
-        except flight.FlightUnavailableError:
+        except flight.FlightUnavailableError as exc:
             attempt += 1
-            if attempt >= retries:
+            if _unreachable(exc) and time.monotonic() < connect_deadline:  # nothing sent: again, later
+                attempt = min(attempt, retries - 1)
+            elif attempt >= retries:
                 raise
             parts = [(conn.uri, data)]  # through the configured server: it names what is down
-            time.sleep(0.2 * attempt)
+            time.sleep(min(0.2 * attempt, 2.0))
         except pa.ArrowInvalid as exc:
             if "owned by live writer" not in str(exc) or time.monotonic() > deadline:
                 raise
@@ -285,4 +296,4 @@ def put_once(conn: Connection, op: str, table: str, data: pa.Table, *, writer_id
 
 def release(conn: Connection, table: str, writer_id: str) -> None:
     """Give up the columns ``writer_id`` claimed with partial updates."""
-    conn._action("flightstore.release", {"table": table, "writer_id": writer_id})
+    _connecting(lambda: conn._action("flightstore.release", {"table": table, "writer_id": writer_id}))

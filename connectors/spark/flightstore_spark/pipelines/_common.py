@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from flightstore_spark.keys import key_groups
 
 __all__ = ["distinct_keys", "fold_last", "match_rows", "query_identity", "with_trigger", "pipeline_parser",
            "local_spark"]
@@ -55,12 +56,11 @@ def local_spark(master: str, app: str):
 
 def last_positions(table: pa.Table, key: Sequence[str]) -> np.ndarray:
     """Row positions of the last row of each distinct ``key`` in ``table``, in table order."""
-    codes = np.stack([pc.dictionary_encode(table.column(c).combine_chunks()).indices.to_numpy(
-        zero_copy_only=False).astype(np.int64) for c in key], axis=1)
-    _, inverse = np.unique(codes, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    last = np.full(inverse.max() + 1 if len(inverse) else 0, -1, dtype=np.int64)
-    np.maximum.at(last, inverse, np.arange(len(inverse), dtype=np.int64))
+    if table.num_rows == 0:
+        return np.empty(0, dtype=np.int64)
+    group = key_groups(table, key)
+    last = np.full(int(group.max()) + 1, -1, dtype=np.int64)
+    np.maximum.at(last, group, np.arange(len(group), dtype=np.int64))
     return np.sort(last)
 
 
@@ -80,16 +80,11 @@ def match_rows(probe: pa.Table, build: pa.Table, key: Sequence[str]) -> pa.Array
     (``build`` is unique on ``key``), null where there is none."""
     if probe.num_rows == 0:
         return pa.array([], pa.int64())
-    codes = []
-    for column in key:
-        both = pa.chunked_array(probe.column(column).chunks + build.column(column).cast(
-            probe.schema.field(column).type).chunks)
-        codes.append(pc.dictionary_encode(both.combine_chunks()).indices.to_numpy(
-            zero_copy_only=False).astype(np.int64))
-    _, group = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
-    group = group.reshape(-1)
+    both = pa.table({column: pa.chunked_array(probe.column(column).chunks + build.column(column).cast(
+        probe.schema.field(column).type).chunks, probe.schema.field(column).type) for column in key})
+    group = key_groups(both, key)
     probe_groups, build_groups = group[:probe.num_rows], group[probe.num_rows:]
-    position = np.full(group.max() + 1, -1, dtype=np.int64)
+    position = np.full(int(group.max()) + 1, -1, dtype=np.int64)
     position[build_groups] = np.arange(len(build_groups), dtype=np.int64)
     found = position[probe_groups]
     return pa.array(found, mask=found < 0)
