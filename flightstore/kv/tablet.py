@@ -544,6 +544,8 @@ class KvTablet(KvWrites):
         """Every row of each of ``prefixes`` (prefix order, key order within a prefix), read from
         one RocksDB snapshot and decoded at once, and how many rows each prefix has."""
         wanted = list(columns) if columns is not None else self.schema.names
+        if self._db is None:
+            self._open_now()
         with self._lock:
             cuts = self.log.truncations
             snapshot = self._db.snapshot()

@@ -69,6 +69,10 @@ def test_a_reopened_table_answers_without_opening_rocksdb_and_equally_after(tmp_
     with Store(tmp_path / "data", fsync=False) as store:
         table = store.table("db.pk")
         assert _figures(table) == after
+        # A prefix lookup (its one-snapshot path, without LIMIT) opens the buckets it reads too.
+        found = table.prefix_lookup(pa.table({"id": pa.array([3, 200, 999], pa.int64())}))
+        assert found.to_pylist() == [{"id": 3, "v": "b3"}, {"id": 200, "v": "d200"}]
+        assert 0 < sum(kv.opened for kv in table.kvs) < 4
 
 
 def test_a_kv_behind_its_log_opens_at_once_and_replays(tmp_path):
