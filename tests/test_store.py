@@ -205,7 +205,7 @@ def test_log_ttl_retention_drops_expired_segments_only(tmp_path):
         assert pk.enforce_retention(now_ms=later) == 0  # PK logs feed KV recovery: kept
 
 
-def test_retention_opens_a_closed_table_only_when_something_may_expire(tmp_path):
+def test_retention_opens_a_closed_table_only_when_something_may_expire(tmp_path, monkeypatch):
     """The server's sweep (every log.retention.check-interval) reads a closed table's oldest
     segment summary instead of opening it: a table with nothing past its TTL stays closed (opening
     every table each minute cost a 1,000-table server half a core and all their memory), and one
@@ -226,6 +226,13 @@ def test_retention_opens_a_closed_table_only_when_something_may_expire(tmp_path)
     with Store(tmp_path) as store:
         assert store.enforce_retention() == 0
         assert store.open_tables() == []  # nothing was past its TTL: nothing opened
+        # The next sweeps read no directory again: a closed table's files have not changed.
+        listed = []
+        real_listdir = os.listdir
+        monkeypatch.setattr(os, "listdir", lambda path: listed.append(path) or real_listdir(path))
+        assert store.enforce_retention() == 0
+        monkeypatch.setattr(os, "listdir", real_listdir)
+        assert listed == []
         store.table("fresh")  # an open table is swept as before
         assert store.enforce_retention(now_ms=later) > 0
         assert {str(t.path) for t in store.open_tables()} == {"default.fresh", "default.old", "default.parts"}

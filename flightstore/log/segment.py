@@ -58,6 +58,7 @@ __all__ = [
     "LOADED_WEIGHT_LIMIT",
     "QUARANTINE",
     "Segment",
+    "expiry_due",
     "may_expire",
     "quarantine",
     "segment_name",
@@ -80,14 +81,24 @@ def may_expire(directory: Path, ttl_ms: int, now_ms: int) -> bool:
     its files without opening it: it has a closed segment (the active one never goes) and its
     oldest segment's summary says its newest record is older than ``ttl_ms``, or cannot say (no
     summary, torn, empty): then opening the log decides."""
+    due = expiry_due(directory, ttl_ms)
+    return due is not None and due < now_ms
+
+
+def expiry_due(directory: Path, ttl_ms: int) -> int | None:
+    """The retention clock's time after which the closed log in ``directory`` may hold a segment
+    ``ttl_ms`` would delete (see :func:`may_expire`): -1 when its files cannot say (now), None when
+    nothing of it can go while it stays closed (no closed segment)."""
     try:
         stems = sorted(name[:-4] for name in os.listdir(directory) if name.endswith(".log"))
     except FileNotFoundError:
-        return False
+        return None
     if len(stems) < 2:
-        return False
+        return None
     summary, _ = read_summary(directory / f"{stems[0]}.summary")
-    return summary is None or summary.max_timestamp_ms is None or summary.max_timestamp_ms < now_ms - ttl_ms
+    if summary is None or summary.max_timestamp_ms is None:
+        return -1
+    return summary.max_timestamp_ms + ttl_ms
 
 
 def quarantine(directory: Path, file_name: str, position: int, data: bytes) -> Path:
