@@ -23,6 +23,7 @@ from flightstore.replica.manager import ReplicaManager
 from flightstore.replica.replica import Leadership, Replica
 from flightstore.schema import TablePath
 from flightstore.store import new_table_descriptor
+from tests.replica.leader_server import LeaderServer
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -75,18 +76,6 @@ def test_truncation_drops_the_epochs_a_follower_recorded_past_its_log(tmp_path):
     assert follower.epochs.entries == leader.epochs.entries
 
 
-class _LeaderServer(flight.FlightServerBase):
-    """Routes follower 2's fetch stream to the leader's replica manager (what the server's
-    DoExchange does for a peer)."""
-
-    def __init__(self, manager: ReplicaManager) -> None:
-        super().__init__("grpc://127.0.0.1:0")
-        self._manager = manager
-
-    def do_exchange(self, context, descriptor, reader, writer):
-        self._manager.serve_fetch(2, reader, writer, context.is_cancelled)
-
-
 def _view(epoch: int) -> ClusterView:
     descriptor = new_table_descriptor(PATH, SCHEMA, options={"bucket.num": "2"})
     bucket = BucketAssignment(leader=1, leader_epoch=epoch, replicas=(1, 2), isr=(1, 2))
@@ -109,7 +98,7 @@ def leader(tmp_path):
     manager.apply(_view(2))
     logs[0].append(_rows(2, 100))
     logs[1].append(_rows(1, 100))
-    server = _LeaderServer(manager)
+    server = LeaderServer(manager)
     yield store, server
     server.shutdown()
     manager.close()

@@ -16,6 +16,7 @@ from flightstore.replica.manager import ReplicaManager
 from flightstore.replica.replica import Leadership
 from flightstore.schema import TablePath
 from flightstore.store import new_table_descriptor
+from tests.replica.leader_server import LeaderServer
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,18 +25,6 @@ SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.string()
 PATH = TablePath.parse("default.kv")
 TABLE_ID = "kv-1"
 KEY = (TABLE_ID, -1, 0)
-
-
-class _LeaderServer(flight.FlightServerBase):
-    """Routes follower 2's fetch stream to the leader's replica manager (what the server's
-    DoExchange does for a peer)."""
-
-    def __init__(self, manager: ReplicaManager) -> None:
-        super().__init__("grpc://127.0.0.1:0")
-        self._manager = manager
-
-    def do_exchange(self, context, descriptor, reader, writer):
-        self._manager.serve_fetch(2, reader, writer, context.is_cancelled)
 
 
 def _contents(table) -> dict:
@@ -55,7 +44,7 @@ def test_a_followers_kv_follows_the_leaders_as_the_high_watermark_moves(tmp_path
     leader, follower = leader_store.local_table(PATH), follower_store.local_table(PATH)
     follower.replicas[0].become_follower(Leadership(me=2, leader=1, epoch=0, replicas=(1, 2), isr=(1, 2),
                                                     replicated=True))
-    server = _LeaderServer(manager)
+    server = LeaderServer(manager)
     clients: dict[str, flight.FlightClient] = {}
     fetcher = Fetcher(2, 1, lambda _: f"grpc://127.0.0.1:{server.port}",
                       lambda uri: clients.setdefault(uri, flight.connect(uri)),
