@@ -229,17 +229,22 @@ class PartitionedTable(Table):
             with self._lock:
                 units = self._units_of(wanted, groups, recovering)
                 if units is not None:
+                    # Each log's truncations before the append: a cut racing the write is seen.
+                    cuts = {id(log): log.truncations for _, unit, _ in units for log in unit.logs}
                     result = self._apply_units(table, kinds, target, writer_id, sequence, overwrite,
                                                recovering, units)
-                    written = [(self._replica_of(b), self._log_of(b).end_offset) for b in result.touched]
-                    written = [(r, end) for r, end in written if r.leadership.is_leader]
+                    # Every unit written awaits its commit, even one deposed since the append (see
+                    # Table._apply_buckets); a write replayed on open only on its leaders.
+                    written = [(self._replica_of(b), self._log_of(b).end_offset, cuts.get(id(self._log_of(b))))
+                               for b in result.touched]
+                    written = [w for w in written if not recovering or w[0].leadership.is_leader]
             if units is not None:
-                for replica, _ in written:  # followers fetch while this server syncs
+                for replica, _, _ in written:  # followers fetch while this server syncs
                     replica.appended()
-                for replica, end in written:  # outside the lock: concurrent writers share fsyncs
+                for replica, end, _ in written:  # outside the lock: concurrent writers share fsyncs
                     replica.log.sync(end)
-                for replica, end in written:  # acks = all: every in-sync replica has it
-                    replica.await_commit(end)
+                for replica, end, cut in written:  # acks = all: every in-sync replica has it
+                    replica.await_commit(end, cut)
                 self._notify()  # outside the table lock: subscribers hold _written, then take it
                 return result
             # A partition was dropped (auto-partition retention, DDL) between its creation and the

@@ -218,9 +218,14 @@ class TableWrites(PendingWrites):
         is released, so concurrent writers of the table share it (group commit).
         """
         with self._lock:
+            # Each log's truncations before the append: a cut racing the write is seen by its ack.
+            cuts = [log.truncations for log in self.logs]
             result = self._apply_locked(table, kinds, target, writer_id, sequence, overwrite, recovering)
-            written = {int(b): (self.logs[b].end_offset, self.logs[b].truncations) for b in result.touched
-                       if self.replicas[b].leadership.is_leader}
+            # Every bucket written awaits its commit, even one whose replica stopped leading since
+            # the append (a view change landing now): acknowledged only if its records survive.
+            # A recorded write replayed on open is acknowledged by no one: followers' need not wait.
+            written = {int(b): (self.logs[b].end_offset, cuts[b]) for b in result.touched
+                       if not recovering or self.replicas[b].leadership.is_leader}
         self._acknowledge(written)
         self._notify()
         return result

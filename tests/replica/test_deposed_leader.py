@@ -111,3 +111,28 @@ def test_a_late_answer_of_a_deposed_leader_is_not_appended(tmp_path):
     assert replica.log.end_offset == 0 and replica.log.high_watermark == 0
     assert replica.epochs.entries == []
 
+
+
+def test_a_write_whose_leader_is_deposed_before_its_ack_is_not_acknowledged(tmp_path):
+    """Jepsen, seed 2 (ci14): a SIGSTOPped leader resumed and took a client's write; the view
+    change deposing it landed between the append and the write's acknowledgement, so the bucket
+    was no longer "led here" when the write chose what to wait for, and it was acknowledged
+    without waiting; then the follower cut it. Every bucket written now awaits its commit."""
+    with Store(tmp_path / "new", fsync=False) as other, Store(tmp_path / "old", fsync=False) as store:
+        new_leader = other.create_table("default.kv", SCHEMA, primary_key=["k"], options={"bucket.num": "1"})
+        new_leader.upsert(_rows(4, 100))  # server 2's own changes at epoch 1: offsets 0..3
+        table = store.create_table("default.kv", SCHEMA, primary_key=["k"], options={"bucket.num": "1"})
+        replica = table.replicas[0]
+        replica.become_leader(_lead(1, 1, 0))
+        apply_locked = table._apply_locked
+
+        def deposed_after_the_append(*args, **kwargs):
+            result = apply_locked(*args, **kwargs)
+            _depose(replica, new_leader.logs[0])  # the view change and the fetcher, right after the append
+            return result
+
+        table._apply_locked = deposed_after_the_append
+        with pytest.raises(NotLeader):
+            table.upsert(_rows(3))
+        assert table.logs[0].high_watermark == 4  # the new leader's records cover the write's offsets
+        assert [r["k"] for b in table.logs[0].read(0) for r in b.batch.to_pylist()] == list(range(100, 104))
