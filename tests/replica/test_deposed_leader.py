@@ -136,3 +136,34 @@ def test_a_write_whose_leader_is_deposed_before_its_ack_is_not_acknowledged(tmp_
             table.upsert(_rows(3))
         assert table.logs[0].high_watermark == 4  # the new leader's records cover the write's offsets
         assert [r["k"] for b in table.logs[0].read(0) for r in b.batch.to_pylist()] == list(range(100, 104))
+
+
+def test_a_partitioned_write_whose_leader_is_deposed_before_its_ack_is_not_acknowledged(tmp_path):
+    """The same for a partitioned table's write: its units are awaited, with the truncation count
+    of before the append."""
+    schema = pa.schema([("k", pa.int64()), ("v", pa.string()), ("day", pa.string())])
+
+    def rows(n: int, first: int = 0) -> pa.Table:
+        return _rows(n, first).append_column("day", pa.array(["d1"] * n))
+
+    def create(store: Store):
+        return store.create_table("default.events", schema, partition_keys=["day"], options={"bucket.num": "1"})
+
+    with Store(tmp_path / "new", fsync=False) as other, Store(tmp_path / "old", fsync=False) as store:
+        new_leader = create(other)
+        new_leader.append(rows(4, 100))  # server 2's own records at epoch 1
+        table = create(store)
+        table.append(rows(1, 50))  # the partition exists
+        replica, log = table._replica_of(0), table._log_of(0)
+        replica.become_leader(_lead(1, 1, 0))
+        apply_units = table._apply_units
+
+        def deposed_after_the_append(*args, **kwargs):
+            result = apply_units(*args, **kwargs)
+            _depose(replica, new_leader._log_of(0))  # the view change and the fetcher, right after the append
+            return result
+
+        table._apply_units = deposed_after_the_append
+        with pytest.raises(NotLeader):
+            table.append(rows(3))
+        assert log.high_watermark == new_leader._log_of(0).end_offset
