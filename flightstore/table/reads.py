@@ -105,12 +105,12 @@ class TableReads:
         prefixes = encode_keys(table, key[:width])
         if limit is None:
             return self._prefix_rows(np.asarray(buckets), prefixes, columns, out_schema)
-        parts = []
+        parts, remaining = [], limit  # with a limit: prefix by prefix, until it is reached
         for bucket, prefix_key in zip(buckets, prefixes):
-            remaining = None if limit is None else limit - sum(p.num_rows for p in parts)
-            if remaining is not None and remaining <= 0:
+            if remaining <= 0:
                 break
             parts.append(self.kvs[bucket].prefix_lookup([prefix_key], columns, remaining))
+            remaining -= parts[-1].num_rows
         return pa.concat_tables(parts).cast(out_schema) if parts else out_schema.empty_table()
 
     def _prefix_rows(self, buckets: np.ndarray, prefixes: Sequence[bytes], columns: Sequence[str],
