@@ -122,9 +122,11 @@ class Connection:
 
     def _flight_client(self, uri: str) -> flight.FlightClient:
         backoff_ms = self.options["client.writer.retry-backoff.max"]
+        # gRPC takes its minimum reconnect backoff as the time a connection attempt is given to
+        # complete the handshake (its "min connect timeout"), not only as a wait between attempts.
         return flight.FlightClient(uri, **self._tls, generic_options=[
             ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
-            ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
+            ("grpc.min_reconnect_backoff_ms", self.options["client.connect-timeout"]),
             ("grpc.max_reconnect_backoff_ms", backoff_ms)])
 
     def _lookup_streams(self) -> LookupStreams:

@@ -508,6 +508,12 @@ CLIENT_OPTIONS: dict[str, ConfigOption] = _registry(
                  "Longest wait between two retries of a write (the wait doubles from 50 ms up to "
                  "this); also the longest the connection waits before reconnecting to a server that "
                  "went away.", minimum=10),
+    ConfigOption("client.connect-timeout", "duration", 5_000,
+                 "Longest one connection attempt waits for the server's HTTP/2 handshake. A server "
+                 "that accepts the connection but does not answer within it (paused, or starved on a "
+                 "loaded machine) counts as unreachable, and the call moves on to the next server of "
+                 "`uris`. gRPC's own default is 20 s; far below a second, a busy server is taken for "
+                 "a dead one.", minimum=100),
     ConfigOption("client.lookup.queue-size", "int", 25_600,
                  "Most lookups a lookuper holds before sending them; `lookup_async` blocks (the "
                  "asyncio `lookup` waits) while it is full.", minimum=1),

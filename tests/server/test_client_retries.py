@@ -131,3 +131,74 @@ def test_client_options_are_checked() -> None:
         flightstore.connect("grpc://127.0.0.1:1", options={"client.writer.retries": 3})
     with pytest.raises(InvalidOption, match="client.writer.delivery-timeout"):
         flightstore.connect("grpc://127.0.0.1:1", options={"client.writer.delivery-timeout": "soon"})
+
+
+class SlowHandshake:
+    """A TCP proxy in front of a server whose first answer on each connection (the server's HTTP/2
+    SETTINGS frame) reaches the client only ``delay`` seconds late: a server starved of CPU on a
+    loaded machine, or one that is paused."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        self.target, self.delay = port, delay
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.uri = f"grpc://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stopping = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, upstream, 0.0), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.delay), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, delay: float) -> None:
+        try:
+            first = True
+            while data := source.recv(65536):
+                if first and self.stopping.wait(delay):
+                    return
+                first = False
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+def test_a_server_slow_to_answer_the_handshake_is_still_reached(server) -> None:
+    """A connection attempt gets ``client.connect-timeout`` (5 s) for the server's handshake. It used
+    to get 100 ms (gRPC takes its minimum reconnect backoff as the minimum connect timeout), so a
+    server starved on a loaded machine was answered with UNAVAILABLE: "connection attempt timed
+    out before receiving SETTINGS frame"."""
+    proxy = SlowHandshake(server.port, delay=0.6)
+    try:
+        with flightstore.connect(proxy.uri, timeout=30) as conn:
+            assert sorted(conn.table("kv").describe()["end_offsets"]) == [0, 1]
+    finally:
+        proxy.close()
+
+
+def test_a_server_that_does_not_answer_within_the_connect_timeout_is_passed_over(server) -> None:
+    paused = SlowHandshake(server.port, delay=60)
+    try:
+        options = {"client.connect-timeout": "300ms"}
+        with flightstore.connect(f"{paused.uri},{server.uri}", timeout=30, options=options) as conn:
+            assert sorted(conn.table("kv").describe()["end_offsets"]) == [0, 1]
+            assert conn.uri == server.uri  # the paused one counted as unreachable: moved on
+    finally:
+        paused.close()
