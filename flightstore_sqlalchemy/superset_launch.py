@@ -7,8 +7,9 @@ through every Superset release on a pyarrow pin), so it gets its own, made once 
 SQLAlchemy dialect and the engine spec register by entry point and follow the checkout).
 :func:`prepare` writes a ``superset_config.py``, creates the metadata database and the ``admin``
 user and registers flightstore as a database; :func:`start` runs Superset on a free port and waits
-until it answers. ``tests/sqlalchemy_dialect/test_superset.py`` drives Superset through these same
-functions.
+until it answers. A new site's metadata database starts as a copy of :func:`site_template`'s, made
+once per venv (``db upgrade`` and ``init``: most of a site's setup, minutes on a loaded machine).
+``tests/sqlalchemy_dialect/test_superset.py`` drives Superset through these same functions.
 
 Run as ``python -m flightstore_sqlalchemy.superset_launch [--flightstore URI] [--home DIR]
 [--port N]``; it prints the URL and login and runs until Ctrl-C. Runs in flightstore's own
@@ -34,8 +35,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["ADMIN", "DATABASE_NAME", "REQUIREMENTS", "cached_venv", "main", "prepare", "start",
-           "superset_python"]
+__all__ = ["ADMIN", "DATABASE_NAME", "REQUIREMENTS", "cached_venv", "main", "prepare", "site_template",
+           "start", "superset_python"]
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIREMENTS = ["apache-superset==6.1.0", "rich", "cachetools", "flask-caching<2.5",
@@ -126,22 +127,61 @@ def prepare(python: Path, home: Path, flightstore_uri: str, *, settings: Mapping
             env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Make ``home`` a Superset site against flightstore at ``flightstore_uri``
     (``flightstore://host:port``): config (with ``settings``), metadata database, the
-    :data:`ADMIN` user, roles, and the :data:`DATABASE_NAME` database. Runs again harmlessly (an
-    existing admin is kept, the database's URI updated). Returns the environment for :func:`start`."""
+    :data:`ADMIN` user, roles, and the :data:`DATABASE_NAME` database. A new site's metadata
+    database is a copy of :func:`site_template`'s, which had ``db upgrade`` and ``init`` (by the
+    same Superset); an existing one gets them again. Runs again harmlessly (an existing admin is
+    kept, the database's URI updated). Returns the environment for :func:`start`."""
     _config(home, settings or {})
+    new_site = not (home / _METADATA).exists()
+    if new_site:
+        shutil.copyfile(site_template(python) / _METADATA, home / _METADATA)
     run_env = environment(home)
     run_env.update(env or {})
     username, password = ADMIN
-    steps = [["db", "upgrade"],
+    upgrade, init = ([], []) if new_site else ([_SCHEMA_STEPS[0]], [_SCHEMA_STEPS[1]])
+    steps = [*upgrade,
              ["fab", "create-admin", "--username", username, "--firstname", "Ada", "--lastname", "Admin",
               "--email", "admin@example.invalid", "--password", password],
-             ["init"],
+             *init,
              ["set-database-uri", "--database_name", DATABASE_NAME, "--uri", flightstore_uri]]
-    done = subprocess.run([str(python), "-c", _SUPERSET_COMMANDS, json.dumps(steps)], env=run_env, cwd=home,
+    _superset_commands(python, home, run_env, steps)
+    return run_env
+
+
+_METADATA = "superset.db"  # a site's metadata database (sqlite), named in its config
+# What makes a metadata database Superset's, the same for every site: schema, roles, permissions.
+_SCHEMA_STEPS = [["db", "upgrade"], ["init"]]
+
+
+def site_template(python: Path) -> Path:
+    """A site whose metadata database has Superset's schema, roles and permissions (``db upgrade``,
+    ``init``) and nothing of a particular site (no user, no database): made once per Superset
+    venv, kept in it, safe across processes (a file lock; a build cut short leaves no template).
+    :func:`prepare` copies it into a new site. Returns its directory."""
+    venv = python.parent.parent
+    target = venv / "site-template"
+    with open(venv / ".site-template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return target
+        building = venv / "site-template.building"
+        shutil.rmtree(building, ignore_errors=True)
+        _config(building, {})
+        _superset_commands(python, building, environment(building), _SCHEMA_STEPS)
+        shutil.rmtree(target, ignore_errors=True)
+        _config(target, {})  # the copy's config names its own database
+        shutil.copyfile(building / _METADATA, target / _METADATA)
+        shutil.rmtree(building)
+        (target / ".complete").write_text("db upgrade, init\n")
+    return target
+
+
+def _superset_commands(python: Path, home: Path, env: Mapping[str, str], steps: list[list[str]]) -> None:
+    """``superset <args>`` for each of ``steps``, in one process in ``home``."""
+    done = subprocess.run([str(python), "-c", _SUPERSET_COMMANDS, json.dumps(steps)], env=dict(env), cwd=home,
                           capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"preparing Superset in {home} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return run_env
 
 
 # `superset <args>` for each step, in one process: importing Superset takes most of a minute.

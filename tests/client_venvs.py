@@ -3,10 +3,11 @@ flightsql-dbapi, DuckDB's iceberg reader), built in the background while the sui
 
 On a clean clone (CI) each is built by the first test that needs it, and that test's worker does
 nothing else meanwhile: Superset's alone is ~160 s of pip, most of it waiting on downloads and
-the disk. ``tests/conftest.py`` starts ``python -m tests.client_venvs NAME...`` once the collection
-is known, for the venvs the collected tests need, in the order the suite needs them; the tests
-call the same :func:`flightstore_sqlalchemy.superset_launch.cached_venv`, which waits (a file
-lock) for a build in progress and returns a finished one at once. A background build that fails
+the disk, then its site template (:func:`flightstore_sqlalchemy.superset_launch.site_template`).
+``tests/conftest.py`` starts ``python -m tests.client_venvs NAME...`` once the collection is
+known, for the venvs the collected tests need, in the order the suite needs them; the tests call
+the same :func:`flightstore_sqlalchemy.superset_launch.cached_venv` (and ``site_template``), which
+waits (a file lock) for a build in progress and returns a finished one at once. A background build that fails
 or is cut short leaves no finished venv: the test builds it again and reports the failure itself.
 """
 
@@ -45,9 +46,11 @@ def needed(nodeids: Iterable[str]) -> list[str]:
 
 def build(name: str) -> Path:
     """Build (or find) the venv ``name`` exactly as its tests do; its python."""
-    from flightstore_sqlalchemy.superset_launch import cached_venv, superset_python
-    if name == "superset":
-        return superset_python()
+    from flightstore_sqlalchemy.superset_launch import cached_venv, site_template, superset_python
+    if name == "superset":  # and the site its test copies (db upgrade, init: minutes of its time)
+        python = superset_python()
+        site_template(python)
+        return python
     if name == "flightsql-dbapi":
         from tests.server.test_flightsql_dbapi import CLIENT_REQUIREMENTS
         return cached_venv(name, CLIENT_REQUIREMENTS)
