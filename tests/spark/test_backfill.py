@@ -22,6 +22,7 @@ from flightstore.lake import LakeSettings
 from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
 from tests.lake.conftest import free_port
+from tests.spark.conftest import spark_job_env
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -94,13 +95,12 @@ def _sink(conn) -> list[tuple]:
 
 
 def _job(uri: str, checkpoint: Path, trigger: str) -> subprocess.Popen:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     log = open(checkpoint.parent / "job.log", "ab")  # never a pipe nobody reads: Spark logs a lot
     return subprocess.Popen([sys.executable, "-m", "flightstore_spark.pipelines.delta_join", "--uri", uri,
                              "--left", "orders", "--right", "customers", "--key", "cust", "--sink", "wide",
                              "--checkpoint", str(checkpoint), "--startup-mode", "lake", "--trigger", trigger,
                              "--master", "local[2]"],
-                            env=env, stdout=log, stderr=log, start_new_session=True)
+                            env=spark_job_env(), stdout=log, stderr=log, start_new_session=True)
 
 
 def _kill(job: subprocess.Popen) -> None:

@@ -110,6 +110,7 @@ def test_kill_minus_nine_of_the_job_mid_round_loses_and_doubles_nothing(spark, s
     from pathlib import Path
 
     from flightstore.lake.lease import LeaseStore
+    from tests.spark.conftest import spark_job_env
     from tests.waiting import wait_until
 
     rng = random.Random(31)
@@ -136,8 +137,7 @@ def test_kill_minus_nine_of_the_job_mid_round_loses_and_doubles_nothing(spark, s
     for key, value in options.items():
         args += ["--lake-option", f"{key}={value}"]
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "TERM": "xterm-256color", "COLUMNS": "120"}
+    env = spark_job_env(TERM="xterm-256color", COLUMNS="120")
     # The job runs on a terminal, as a user starts it: it shows its progress there (rich, on stderr).
     terminal, job_side = pty.openpty()
     fcntl.ioctl(job_side, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
