@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from flightstore.errors import InvalidInput
 
-__all__ = ["murmur3_32", "hash_column", "bucket_ids"]
+__all__ = ["murmur3_32", "hash_column", "bucket_ids", "integer_bucket"]
 
 _C1, _C2 = np.uint32(0xCC9E2D51), np.uint32(0x1B873593)
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -182,3 +182,15 @@ def _small_integer_bucket_ids(data: pa.Table | pa.RecordBatch, key_columns: Sequ
         hashes = [_hash_long_int(v) for v in values]
         combined = hashes if index == 0 else [(c * 31 + h) & _M32 for c, h in zip(combined, hashes)]
     return np.array([(h & 0x7FFFFFFF) % num_buckets for h in combined], dtype=np.int32)
+
+
+def integer_bucket(values: Sequence[int], num_buckets: int) -> int:
+    """The bucket of one row whose bucket key columns are integers, given as Python ints in key
+    column order (non-null): :func:`bucket_ids` of that row, without building arrays."""
+    if num_buckets == 1:
+        return 0
+    combined = 0
+    for index, value in enumerate(values):
+        h = _hash_long_int(value)
+        combined = h if index == 0 else (combined * 31 + h) & _M32
+    return (combined & 0x7FFFFFFF) % num_buckets

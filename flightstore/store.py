@@ -125,6 +125,7 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         self.table_id = directory.name  # a cluster's store sets the cluster's id (Store.table)
         self._lock = threading.RLock()
         self._projections = Projections(self.schema)
+        self._point_plan: tuple | None = None  # TableReads._point_key's, of self.descriptor
         self._written = threading.Condition()
         self._round_robin = itertools.count()
         # The buckets a batch without bucket key may go to (None: all); in a cluster, those this

@@ -45,7 +45,8 @@ import pyarrow.compute as pc
 from flightstore.errors import CorruptData, InvalidInput, SchemaMismatch
 from flightstore.schema import Projections
 
-__all__ = ["encode_keys", "encode_key_array", "encode_key_prefix", "RowCodec", "VERSION_TAG"]
+__all__ = ["encode_keys", "encode_key_array", "encode_key_prefix", "integer_key", "integer_key_layout",
+           "RowCodec", "VERSION_TAG"]
 
 _EMPTY = pa.scalar(b"", pa.large_binary())
 _TERMINATOR = pa.scalar(b"\x00\x00", pa.large_binary())
@@ -152,6 +153,17 @@ def _integer_key(arr: pa.Array) -> bytes:
     if _is_signed(arr.type):
         value += 1 << (8 * width - 1)
     return value.to_bytes(width, "big")
+
+
+def integer_key_layout(types: Sequence[pa.DataType]) -> tuple[tuple[int, int], ...]:
+    """For key columns of integer ``types``: each one's (byte width, bias) for :func:`integer_key`."""
+    return tuple((t.bit_width // 8, (1 << (t.bit_width - 1)) if _is_signed(t) else 0) for t in types)
+
+
+def integer_key(values: Sequence[int], layout: tuple[tuple[int, int], ...]) -> bytes:
+    """:func:`encode_keys` of one row of integer key columns, given as Python ints (non-null, in
+    range of their types) with their :func:`integer_key_layout`: no arrays at all."""
+    return b"".join([(value + bias).to_bytes(width, "big") for value, (width, bias) in zip(values, layout)])
 
 
 def _normalize_key_array(arr: pa.Array, name: str) -> pa.Array:
@@ -309,6 +321,7 @@ class RowCodec:
         self._slots = {s.name: s for s in slots}
         self._variable = [s for s in slots if s.variable]  # schema order
         self._projections = Projections(schema, keep_metadata=True)  # decode's output schemas
+        self._one_plans: dict[tuple[str, ...] | None, tuple[pa.Schema, tuple]] = {}  # decode_value's
 
     # ---- encode ---------------------------------------------------------------------------
     def encode(self, data: pa.Table | pa.RecordBatch) -> list[bytes]:
@@ -372,7 +385,7 @@ class RowCodec:
         if isinstance(values, list) and 0 < len(values) <= _FEW_ROWS \
                 and all(isinstance(v, bytes) for v in values):
             if len(values) == 1:
-                return self._decode_one(values[0], names, out_schema)
+                return self._decode_one(values[0], *self._one_plan(names))
             return self._decode_few(values, names, out_schema)
         arr = _as_binary(values)
         n = len(arr)
@@ -415,38 +428,65 @@ class RowCodec:
                                            slot.type, null))
         return pa.Table.from_arrays(arrays, schema=out_schema)
 
-    def _decode_one(self, value: bytes, names: list[str], out_schema: pa.Schema) -> pa.Table:
-        """:meth:`_decode_few` of one row (a point lookup's answer), each column's buffers cut
-        straight from the value: no per-row lists or joins. Same layout, same checks, same
-        arrays."""
+    def decode_value(self, value: bytes, columns: Sequence[str] | None = None) -> pa.Table:
+        """:meth:`decode` of one value (a point lookup's answer): the same table, checks and
+        errors, by a per-projection plan (:meth:`_one_plan`) instead of per-call type checks."""
+        return self._decode_one(value, *self._one_plan(columns))
+
+    def _one_plan(self, columns: Sequence[str] | None) -> tuple[pa.Schema, tuple]:
+        """The output schema of ``columns`` and, per column, what :meth:`_decode_one` does with
+        the value's bytes, worked out once per projection (lookups ask for the same few)."""
+        key = None if columns is None else tuple(columns)
+        plan = self._one_plans.get(key)
+        if plan is None:
+            names = list(self.schema.names if columns is None else columns)
+            for name in names:
+                if name not in self._slots:
+                    raise InvalidInput(f"{name!r} is not a column of {self.schema.names}")
+            steps = []
+            for name in names:
+                slot = self._slots[name]
+                byte, bit = divmod(slot.index, 8)
+                if slot.variable:
+                    kind = _ONE_VARIABLE
+                    offsets = _ONE_OFFSETS[pa.types.is_large_string(slot.type) or pa.types.is_large_binary(slot.type)]
+                else:
+                    kind = _ONE_BOOLEAN if pa.types.is_boolean(slot.type) else _ONE_FIXED
+                    offsets = None
+                steps.append((kind, slot.type, self._prefix + byte, 1 << bit, slot.start,
+                              slot.start + slot.width, self._variable.index(slot) if slot.variable else -1,
+                              offsets))
+            plan = (self._projections.of(names), tuple(steps))
+            if len(self._one_plans) < 64:
+                self._one_plans[key] = plan
+        return plan
+
+    def _decode_one(self, value: bytes, out_schema: pa.Schema, steps: tuple) -> pa.Table:
+        """:meth:`_decode_few` of one row, each column's buffers cut straight from the value: no
+        per-row lists or joins. Same layout, same checks, same arrays."""
         size = self._header_size
         if len(value) < size:
             raise CorruptData(f"row value shorter than its {size}-byte header")
         position = size
-        spans: dict[str, tuple[int, int]] = {}
+        spans = []
         for slot in self._variable:
             length = _U32.unpack_from(value, slot.start)[0]
-            spans[slot.name] = (position, length)
+            spans.append((position, length))
             position += length
         if position != len(value):
             raise CorruptData("row value length does not match its header")
-        prefix = self._prefix
         arrays = []
-        for name in names:
-            slot = self._slots[name]
-            byte, bit = divmod(slot.index, 8)
-            validity = _ONE_NULL if (value[prefix + byte] >> bit) & 1 else None
-            if slot.variable:
-                start, length = spans[name]
-                offsets = _ONE_OFFSETS[pa.types.is_large_string(slot.type) or pa.types.is_large_binary(slot.type)]
-                arrays.append(pa.Array.from_buffers(slot.type, 1, [
-                    validity, pa.py_buffer(offsets.pack(0, length)), pa.py_buffer(value[start:start + length])]))
-            elif pa.types.is_boolean(slot.type):
-                bits = _ONE_TRUE if value[slot.start] != 0 else _ONE_NULL
-                arrays.append(pa.Array.from_buffers(slot.type, 1, [validity, bits]))
+        for kind, type_, validity_byte, validity_bit, start, end, variable, offsets in steps:
+            validity = _ONE_NULL if value[validity_byte] & validity_bit else None
+            if kind is _ONE_FIXED:
+                arrays.append(pa.Array.from_buffers(type_, 1, [validity, pa.py_buffer(value[start:end])]))
+            elif kind is _ONE_VARIABLE:
+                begin, length = spans[variable]
+                arrays.append(pa.Array.from_buffers(type_, 1, [
+                    validity, pa.py_buffer(offsets.pack(0, length)), pa.py_buffer(value[begin:begin + length])]))
             else:
-                arrays.append(pa.Array.from_buffers(slot.type, 1, [
-                    validity, pa.py_buffer(value[slot.start:slot.start + slot.width])]))
+                arrays.append(pa.Array.from_buffers(type_, 1, [
+                    validity, _ONE_TRUE if value[start] != 0 else _ONE_NULL]))
         return pa.Table.from_arrays(arrays, schema=out_schema)
 
     def _decode_few(self, values: list[bytes], names: list[str], out_schema: pa.Schema) -> pa.Table:
@@ -501,6 +541,7 @@ class RowCodec:
 _ONE_NULL = pa.py_buffer(b"\x00")  # the bitmap of one value that is null (validity) or false
 _ONE_TRUE = pa.py_buffer(b"\x01")
 _ONE_OFFSETS = {False: struct.Struct("<2i"), True: struct.Struct("<2q")}  # one value's offsets
+_ONE_FIXED, _ONE_VARIABLE, _ONE_BOOLEAN = "fixed", "variable", "boolean"  # RowCodec._one_plan's kinds
 
 
 def _pack_bits(flags: list[bool]) -> bytes:

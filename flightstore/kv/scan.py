@@ -36,7 +36,8 @@ from rocksdict import ReadOptions
 from flightstore import memory
 from flightstore.errors import DataLoss
 
-__all__ = ["FIRST_CHUNK_ROWS", "MAX_CHUNK_ROWS", "RangeReader", "prefix_values", "storage_errors"]
+__all__ = ["FIRST_CHUNK_ROWS", "MAX_CHUNK_ROWS", "RangeReader", "data_loss", "is_rocksdb_error", "prefix_values",
+           "storage_errors"]
 
 log = logging.getLogger("flightstore.kv")
 
@@ -45,7 +46,7 @@ FIRST_CHUNK_ROWS = 1_024
 _VALUE = operator.itemgetter(1)
 
 
-def _is_rocksdb_error(exc: BaseException) -> bool:
+def is_rocksdb_error(exc: BaseException) -> bool:
     """rocksdict raises RocksDB's failures (corruption, I/O errors) as plain ``Exception``."""
     return type(exc) is Exception
 
@@ -64,7 +65,7 @@ def storage_errors(where: str, what: str, directory: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if not _is_rocksdb_error(exc):
+        if not is_rocksdb_error(exc):
             raise
         raise data_loss(where, what, exc, directory) from None
 
@@ -184,7 +185,7 @@ class RangeReader:
         try:
             iterator.status()
         except Exception as exc:
-            if not _is_rocksdb_error(exc):
+            if not is_rocksdb_error(exc):
                 raise
             raise data_loss(self.where, "RocksDB read failed", exc, self.directory) from None
         if iterator.valid():
@@ -203,7 +204,7 @@ class RangeReader:
         try:
             iterator.status()
         except Exception as exc:
-            if not _is_rocksdb_error(exc):
+            if not is_rocksdb_error(exc):
                 raise
             raise data_loss(self.where, what, exc, self.directory) from None
         log.warning("%s: %s, but RocksDB reports no error: the maintained row count is off",

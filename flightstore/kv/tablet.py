@@ -62,7 +62,14 @@ from flightstore.kv.meta import (
     writer_value,
 )
 from flightstore.kv.ranges import KeyRange, encode_range, prefix_successor
-from flightstore.kv.scan import FIRST_CHUNK_ROWS, RangeReader, prefix_values, storage_errors
+from flightstore.kv.scan import (
+    FIRST_CHUNK_ROWS,
+    RangeReader,
+    data_loss,
+    is_rocksdb_error,
+    prefix_values,
+    storage_errors,
+)
 from flightstore.kv.snapshot import KvSnapshots, SnapshotInfo
 from flightstore.kv.snapshot_read import TailTooLong, read_at
 from flightstore.kv.versions import VersionedRowCodec
@@ -468,14 +475,12 @@ class KvTablet(KvWrites):
         :func:`flightstore.memory.batch_bytes`); a lookup whose rows pass what a query may hold
         (:func:`flightstore.memory.work_bytes`) is refused with ResourceExhausted. On a replicated
         leader it returns once what it read is committed (:meth:`_committed`)."""
+        encoded = encode_keys(keys, self.primary_key)
+        if len(encoded) == 1:  # a point lookup
+            rows = self.lookup_key(encoded[0], columns)
+            return (_FOUND if rows.num_rows else _NOT_FOUND), rows
         with self._lock:  # not while a truncation cuts the log and rebuilds this KV (see exclusive)
             cuts = self.log.truncations
-        encoded = encode_keys(keys, self.primary_key)
-        if len(encoded) == 1:  # a point lookup: one get; its row's buffers are its own (no nbytes walk)
-            found, rows = self._multi_get(encoded, columns)
-            memory.require(rows.get_total_buffer_size(), f"{self.where}: a lookup of 1 key")
-            self._committed(cuts)
-            return found, rows
         step = memory.batch_rows(self.schema, LOOKUP_CHUNK_KEYS)
         if len(encoded) <= step:
             found, rows = self._multi_get(encoded, columns)
@@ -491,6 +496,29 @@ class KvTablet(KvWrites):
             found, rows = np.concatenate(masks), pa.concat_tables(parts)
         self._committed(cuts)
         return found, rows
+
+    def lookup_key(self, key: bytes, columns: Sequence[str] | None = None) -> pa.Table:
+        """The row of one encoded primary key (:func:`~flightstore.kv.encoding.encode_keys`):
+        a table of ``columns`` with that row, or none. :meth:`lookup` of one key, without a key
+        table to encode: one get, the row's buffers its own (no nbytes walk); same checks
+        (memory, commit) and errors (DataLoss for a RocksDB failure)."""
+        with self._lock:  # not while a truncation cuts the log and rebuilds this KV (see exclusive)
+            cuts = self.log.truncations
+        if self._db is None:
+            self._open_now()
+        try:
+            value = self._db.get(key)
+        except Exception as exc:  # noqa: BLE001 - storage_errors' contract, without its generator
+            if not is_rocksdb_error(exc):
+                raise
+            raise data_loss(self.where, "RocksDB read failed", exc, str(self.directory)) from None
+        if value is None:
+            rows = self.codec.decode([], columns)
+        else:
+            rows = self.codec.decode_value(value, columns)
+            memory.require(rows.get_total_buffer_size(), f"{self.where}: a lookup of 1 key")
+        self._committed(cuts)
+        return rows
 
     def committed_row_count(self) -> int:
         """:attr:`row_count` once the changes it counts are committed (see :meth:`_committed`)."""

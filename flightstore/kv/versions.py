@@ -78,6 +78,12 @@ class VersionedRowCodec:
         """Values of the current version (see :meth:`RowCodec.encode`)."""
         return self._current.encode(data)
 
+    def decode_value(self, value: bytes, columns: Sequence[str] | None = None) -> pa.Table:
+        """:meth:`decode` of one value (a point lookup's answer)."""
+        if value[:2] == self._current.tag:
+            return self._current.decode_value(value, columns)
+        return self.decode([value], columns)
+
     def decode(self, values: Sequence[bytes] | pa.Array | pa.ChunkedArray,
                columns: Sequence[str] | None = None) -> pa.Table:
         """Rows of ``values`` (any mix of versions) as ``columns`` of the current schema."""

@@ -65,18 +65,24 @@ class LookupCoalescer:
             request = _Request(table, key_columns, fetch, keys)
             _run_alone(request)
             return request.outcome()
-        request = _Request(table, key_columns, fetch, keys)
         with self._lock:
-            self._queue.append(request)
-            lead = not self._running
-            self._running = True
-            if not lead:
+            if self._running:  # a round runs: queue, and wait to be answered or to lead the next
+                request: _Request | None = _Request(table, key_columns, fetch, keys)
                 request.wake = threading.Event()
-        if not lead:
-            request.wake.wait()
-            if request.answered:
-                return request.outcome()
-        self._lead_one_round()
+                self._queue.append(request)
+            else:
+                self._running = True
+                request = None
+        if request is None:  # nobody running or queued: run it now, no request to queue or group
+            try:
+                self.rounds += 1
+                self.requests += 1
+                return table.lookup(keys, list(fetch)), None
+            finally:
+                self._hand_over()
+        request.wake.wait()
+        if not request.answered:  # woken to lead: the round runs it with what queued meanwhile
+            self._lead_one_round()
         return request.outcome()
 
     def _lead_one_round(self) -> None:
@@ -95,14 +101,19 @@ class LookupCoalescer:
                 request.answered = True
                 if request.wake is not None:
                     request.wake.set()
-            with self._lock:
-                successor = self._queue[0] if self._queue else None
-                if successor is None:
-                    self._running = False
-                else:
-                    successor.lead = True
-            if successor is not None:
-                successor.wake.set()  # it waits (it queued while a round ran): it leads the next one
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """A round (or a lookup run alone) ended: the oldest request queued meanwhile leads the
+        next round, or nobody runs."""
+        with self._lock:
+            successor = self._queue[0] if self._queue else None
+            if successor is None:
+                self._running = False
+            else:
+                successor.lead = True
+        if successor is not None:
+            successor.wake.set()  # it waits (it queued while a round ran): it leads the next one
 
     def _run(self, batch: list[_Request]) -> None:
         self.rounds += 1

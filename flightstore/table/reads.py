@@ -13,10 +13,11 @@ import pyarrow.compute as pc
 
 from flightstore import changetype
 from flightstore.batches import limited_sources
+from flightstore.bucketing import integer_bucket
 from flightstore.errors import DataLoss, InvalidInput, SchemaMismatch
 from flightstore.expressions import Predicate
 from flightstore.kv import ranges
-from flightstore.kv.encoding import encode_keys
+from flightstore.kv.encoding import encode_keys, integer_key, integer_key_layout
 from flightstore.kv.ranges import KeyRange
 from flightstore.schema import as_table
 
@@ -69,8 +70,12 @@ class TableReads:
         """Rows with the given primary keys (multi-get per bucket), in key order of ``keys``."""
         self._require_pk("lookup")
         columns = self._check_columns(columns)
-        keys = self._pk_table(keys, self.descriptor.primary_key)
         out_schema = self._projections.of(columns)
+        point = self._point_key(keys)
+        if point is not None:  # one key of integers: no key table, bucket array or key encoding
+            rows = self.kvs[point[0]].lookup_key(point[1], columns)
+            return rows.replace_schema_metadata() if rows.schema.equals(out_schema) else rows.cast(out_schema)
+        keys = self._pk_table(keys, self.descriptor.primary_key)
         if keys.num_rows == 0:
             return out_schema.empty_table()
         buckets = self.buckets_of(keys)
@@ -86,6 +91,28 @@ class TableReads:
         result = pa.concat_tables(parts)
         order = np.argsort(np.concatenate(positions), kind="stable")
         return result.take(pa.array(order)).cast(out_schema)
+
+    def _point_key(self, keys: Any) -> tuple[int, bytes] | None:
+        """(bucket, encoded key) of ``keys`` when it is one row of exactly the primary key columns,
+        all integers, as stored (a point lookup's key as the lookup stream and planned lookups
+        send it): worked out on Python ints. None otherwise (a null too): the general path
+        checks, converts and encodes it."""
+        if not isinstance(keys, (pa.Table, pa.RecordBatch)) or keys.num_rows != 1:
+            return None
+        plan = self._point_plan
+        if plan is None or plan[0] is not self.descriptor:  # first use, or the table changed shape
+            plan = self._point_plan = _point_plan(self.descriptor)
+        _, schema, layout, bucket_positions = plan
+        if layout is None:
+            return None
+        given = keys.schema
+        if not given.equals(schema) and (given.names != schema.names or given.types != schema.types):
+            return None
+        values = [keys.column(i)[0].as_py() for i in range(len(layout))]
+        if None in values:
+            return None
+        return (integer_bucket([values[i] for i in bucket_positions], self.num_buckets),
+                integer_key(values, layout))
 
     def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
@@ -221,3 +248,18 @@ class TableReads:
     def _check_bucket(self, bucket: int) -> None:
         if not 0 <= int(bucket) < self.num_buckets:
             raise InvalidInput(f"table {self.path} has no bucket {bucket}")
+
+
+def _point_plan(descriptor: Any) -> tuple:
+    """What :meth:`TableReads._point_key` needs of a table's shape: ``(descriptor, key schema,
+    integer key layout or None, positions of the bucket key columns in the primary key)``; the
+    layout is None unless every primary-key column is an integer and the bucket key is among them."""
+    key = tuple(descriptor.primary_key)
+    fields = [descriptor.schema.field(name) for name in key]
+    schema = pa.schema(fields)
+    bucket_key = tuple(descriptor.bucket_key)
+    if not key or not bucket_key or not set(bucket_key) <= set(key) or \
+            not all(pa.types.is_integer(f.type) for f in fields):
+        return descriptor, schema, None, ()
+    return (descriptor, schema, integer_key_layout([f.type for f in fields]),
+            tuple(key.index(name) for name in bucket_key))
