@@ -135,6 +135,8 @@ def hash_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if column.null_count:
         raise InvalidInput("bucket key columns must not contain nulls")
     t = column.type
+    if pa.types.is_uint64(t):  # its 8 bytes as they are (values past 2**63 have no int64 cast)
+        return _hash_longs(column.view(pa.int64()).to_numpy(zero_copy_only=False))
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         return _hash_longs(pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False))
     if pa.types.is_date32(t):

@@ -64,3 +64,21 @@ def test_a_few_integer_keys_hash_as_the_vectorized_path_does():
             many = pa.concat_tables([few] * 3)  # above the scalar limit: the vectorized path
             for keys in (["a"], ["a", "c"]):
                 assert (bucket_ids(many, keys, buckets)[:n] == bucket_ids(few, keys, buckets)).all()
+
+
+def test_uint64_keys_past_int64_are_bucketed_and_stored(tmp_path):
+    """A uint64 bucket key hashes its 8 bytes: a batch with values of 2**63 and more is bucketed as
+    its rows are one by one (the vectorized path used to cast to int64 and fail with ArrowInvalid,
+    so such a table took point writes but refused any larger write)."""
+    from flightstore.store import Store
+
+    keys = pa.array([2**63 + i for i in range(40)] + [2**64 - 1, 0, 7], pa.uint64())
+    one_by_one = [bucket_ids(pa.table({"k": keys.slice(i, 1)}), ["k"], 7)[0] for i in range(len(keys))]
+    assert bucket_ids(pa.table({"k": keys}), ["k"], 7).tolist() == one_by_one
+    with Store(tmp_path / "data", fsync=False) as store:
+        table = store.create_table("u", pa.schema([("k", pa.uint64()), ("v", pa.int64())]),
+                                   primary_key=["k"], options={"bucket.num": 3})
+        table.upsert(pa.table({"k": keys, "v": pa.array(range(len(keys)), pa.int64())}))
+        assert table.scan_table().num_rows == len(keys)
+        assert table.lookup(pa.table({"k": keys.slice(40, 1)})).to_pylist() == [{"k": 2**64 - 1, "v": 40}]
+        assert table.lookup(pa.table({"k": keys})).column("v").to_pylist() == list(range(len(keys)))
