@@ -179,3 +179,34 @@ def test_spark_workers_leave_the_imports_out_of_sparks_per_task_gc(spark):
 
     (row,) = spark.range(1, numPartitions=1).mapInArrow(probe, "frozen long").collect()
     assert row["frozen"] > 10_000
+
+
+def test_not_null_columns_reach_spark_non_nullable_and_a_null_there_fails(spark, server, tables):
+    """A table scan keeps the server's NOT NULL (primary-key and NOT NULL columns): Spark then
+    skips the null test of each of their values in its row conversion. The rows still equal SQL's,
+    nulls of nullable columns included; a changelog read keeps every column nullable; a null
+    that would reach a non-nullable column fails the read instead of reaching Spark as a value."""
+    from flightstore_spark.source import conform_batches
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    conn = tables
+    conn.sql("CREATE TABLE db.nn (k BIGINT, v BIGINT NOT NULL, s STRING, PRIMARY KEY (k) NOT ENFORCED) "
+             "WITH ('bucket.num' = '2')")
+    conn.table("db.nn").upsert({"k": [1, 2, 3], "v": [10, 20, 30], "s": ["a", None, "c"]})
+    df = _load(spark, server, table="db.nn")
+    assert [(f.name, f.nullable) for f in df.schema.fields] == [("k", False), ("v", False), ("s", True)]
+    assert _spark_rows(df) == _rows(conn.sql("SELECT k, v, s FROM db.nn"))
+    narrowed = _load(spark, server, table="db.nn", columns="s,v")
+    assert [(f.name, f.nullable) for f in narrowed.schema.fields] == [("s", True), ("v", False)]
+    assert sorted(r["v"] for r in narrowed.collect()) == [10, 20, 30]
+    changelog = _load(spark, server, table="db.nn", changelog="true")
+    assert all(f.nullable for f in changelog.schema.fields)
+
+    required = StructType([StructField("v", LongType(), False)])
+    with pytest.raises(ValueError, match="'v'"):  # a nullable batch with a null, cast
+        list(conform_batches(iter([pa.record_batch({"v": [1, None]})]), required))
+    declared = pa.schema([pa.field("v", pa.int64(), nullable=False)])
+    with pytest.raises(ValueError, match="'v' is NOT NULL"):  # a batch that claims NOT NULL but holds one
+        list(conform_batches(iter([pa.RecordBatch.from_arrays([pa.array([1, None])], schema=declared)]),
+                             required))
+    assert list(conform_batches(iter([pa.record_batch({"v": [1, 2]})]), required))[0].schema == declared

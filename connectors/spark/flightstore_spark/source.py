@@ -52,20 +52,34 @@ __all__ = ["FlightstoreDataSource", "conform_batches", "group_buckets", "most_pa
            "spark_schema"]
 
 
-def spark_schema(schema: pa.Schema) -> StructType:
-    """The Spark schema of an Arrow schema (every field nullable; tz-naive timestamps -> NTZ)."""
+def spark_schema(schema: pa.Schema, keep_not_null: bool = False) -> StructType:
+    """The Spark schema of an Arrow schema (tz-naive timestamps -> NTZ). Every field is nullable,
+    unless ``keep_not_null``: then a field the server declares NOT NULL stays non-nullable.
+
+    A table scan keeps NOT NULL (primary-key, partition and NOT NULL columns: the server refuses
+    a null there, and ALTER TABLE may only add nullable columns): Spark converts every value of a
+    Python data source's Arrow batches to a row in the JVM, twice (Spark's own projections), and a
+    non-nullable column skips the null test and null bookkeeping of each value there. Other
+    reads (changelog meta columns, pushed queries) keep every field nullable."""
     struct = from_arrow_schema(schema, prefer_timestamp_ntz=True)
-    return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in struct.fields])
+    return StructType([StructField(f.name, f.dataType, not keep_not_null or field.nullable, f.metadata)
+                       for f, field in zip(struct.fields, schema)])
 
 
 def conform_batches(batches: Iterator[pa.RecordBatch], schema: StructType) -> Iterator[pa.RecordBatch]:
-    """Cast server batches to the exact Arrow layout Spark expects for ``schema`` (no row loops)."""
+    """Cast server batches to the exact Arrow layout Spark expects for ``schema`` (no row loops).
+    A null in a non-nullable column fails the read (ValueError naming the column) rather than
+    reaching Spark, which would read it as a value."""
     target = to_arrow_schema(schema, timezone="UTC")
+    required = [i for i, field in enumerate(target) if not field.nullable]
     for batch in batches:
         if not batch.schema.equals(target):
             if batch.schema.names != target.names:
                 batch = batch.select(target.names)
-            batch = batch.cast(target)
+            batch = batch.cast(target)  # ValueError on a null cast to a non-nullable field
+        for i in required:
+            if batch.column(i).null_count:
+                raise ValueError(f"column {target.names[i]!r} is NOT NULL but the read returned a null")
         yield batch
 
 
@@ -119,6 +133,7 @@ class FlightstoreDataSource(DataSource):
             else:
                 arrow = _flight.custom_schema(conn, {"op": "scan", "table": options.table,
                                                      "columns": options.columns})
+                return spark_schema(arrow, keep_not_null=True)
         return spark_schema(arrow)
 
     # Spark asks for the schema before it says whether the read is batch or streaming, so the
