@@ -10,6 +10,8 @@
   sort-merge join, the sink written) vs replaying the same days' changelog through the streaming
   delta join from ``earliest`` into an identical sink (goal >= 3x faster); both sinks are checked
   equal to the batch join.
+
+``BENCH_SPARK_MEASURES=delta_join`` or ``=backfill`` runs one of the two (see :mod:`bench.bench_spark`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from bench.bench_spark import BUCKETS, _spark, timed_query, warm
+from bench.bench_spark import BUCKETS, _spark, timed_query, wanted_measures, warm
 from bench.report import Row
 from flightstore.client import connect
 from flightstore.lake import LakeSettings
@@ -35,6 +37,9 @@ DAYS = 4  # backfill: each day changes every order once
 
 
 def run() -> list[Row]:
+    wanted = wanted_measures()
+    if not {"delta_join", "backfill"} & set(wanted):
+        return []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         store = Store(data)
@@ -45,8 +50,11 @@ def run() -> list[Row]:
         try:
             warm(spark, server.uri, Path(tmp))
             conn = connect(server.uri)
-            rows = _delta_vs_stream_stream(spark, conn, server.uri, Path(tmp))
-            rows += _backfill_vs_replay(spark, conn, server, Path(tmp))
+            rows = []
+            if "delta_join" in wanted:
+                rows += _delta_vs_stream_stream(spark, conn, server.uri, Path(tmp))
+            if "backfill" in wanted:
+                rows += _backfill_vs_replay(spark, conn, server, Path(tmp))
             conn.close()
             return rows
         finally:

@@ -21,13 +21,11 @@ altogether is the lake being unavailable.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFile, ManifestEntryStatus
 from pyiceberg.table import Table as IcebergTable
@@ -37,11 +35,11 @@ from flightstore import memory
 from flightstore.errors import DataLoss, LakeFileMissing, LakeUnavailable
 from flightstore.lake.cache import CacheFill, ReadCache
 from flightstore.lake.catalog import lake_failures
+from flightstore.lake.direct import read_data_files, read_live_rows
 from flightstore.lake.integrity import (
     PARQUET_READ_FORMAT,
     DamagedFile,
     DamageHandler,
-    FileCheck,
     Verification,
     damage_error,
     file_span,
@@ -341,66 +339,3 @@ def _write(fill: CacheFill, batch: pa.RecordBatch) -> bool:
     except (OSError, pa.ArrowException):
         fill.abort()
         return False
-
-
-def read_data_files(files: Sequence[str | Mapping], io_properties: dict[str, str], schema: pa.Schema,
-                    columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-    """``columns`` of lake data files read straight from the warehouse (a Spark executor's lake
-    split): ``files`` are locations, or the server's planned files (``path``, ``bytes`` and
-    ``crc32``, :func:`flightstore.lake.union.plan_split`), each checked before it is decoded
-    (DATA_LOSS naming a damaged one); ``schema`` is the files' Arrow schema
-    (:func:`~flightstore.lake.layout.lake_schema`), ``io_properties`` pyiceberg file-IO
-    properties (S3 endpoint and credentials...)."""
-    io = PyArrowFileIO(dict(io_properties))
-    what = "reading lake data files"
-    locations = [f if isinstance(f, str) else str(f["path"]) for f in files]
-    with missing_files(what):
-        _verify_planned(io, files, what)
-        yield from _parquet_batches(io, locations, pa.schema([schema.field(c) for c in columns]), what)
-
-
-def _verify_planned(io: PyArrowFileIO, files: Sequence[str | Mapping], what: str) -> None:
-    """Check the planned files (size and CRC-32) before any is decoded."""
-    from flightstore.lake.integrity import verify_file
-
-    for planned in files:
-        if isinstance(planned, str) or planned.get("bytes") is None:
-            continue
-        crc = planned.get("crc32")
-        check = None if crc is None else FileCheck(str(planned["path"]), int(planned["bytes"]), int(crc))
-        with lake_failures(what):
-            damaged = verify_file(io, str(planned["path"]), int(planned["bytes"]), check)
-        if damaged is not None:
-            if damaged.problem == "missing":
-                raise FileNotFoundError(damaged.detail)  # expired meanwhile, or lost: the same answer
-            raise damage_error(what, damaged)
-
-
-def read_live_rows(file: str | Mapping, delete_locations: Sequence[str], io_properties: dict[str, str],
-                   schema: pa.Schema, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-    """``columns`` of one lake data file of a primary-key table (a location or a planned file,
-    checked first) without the rows its position delete files (``delete_locations``, as planned
-    for this file) delete: a Spark executor's read of a lake snapshot, straight from the warehouse."""
-    if not delete_locations:
-        yield from read_data_files([file], io_properties, schema, columns)
-        return
-    io = PyArrowFileIO(dict(io_properties))
-    location = file if isinstance(file, str) else str(file["path"])
-    what = f"reading lake data file {location}"
-    with missing_files(what), lake_failures(what):
-        _verify_planned(io, [file], what)
-        deleted = []
-        for delete in delete_locations:
-            with io.new_input(delete).open() as stream:
-                positions = pq.read_table(stream, columns=["file_path", "pos"])
-            deleted.append(positions.filter(pc.equal(positions.column("file_path"), location)).column("pos")
-                           .to_numpy())
-        gone = np.unique(np.concatenate(deleted)) if deleted else np.empty(0, np.int64)
-        fields = pa.schema([schema.field(c) for c in columns])
-        with io.new_input(location).open() as stream:
-            at = 0
-            for batch in pq.ParquetFile(stream).iter_batches(columns=list(columns)):
-                keep = ~np.isin(np.arange(at, at + batch.num_rows, dtype=np.int64), gone, assume_unique=True)
-                at += batch.num_rows
-                if keep.any():
-                    yield batch.filter(pa.array(keep)).cast(fields)

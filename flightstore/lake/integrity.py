@@ -43,7 +43,6 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -59,8 +58,8 @@ from sqlalchemy import BigInteger, Column, MetaData, String, Table, Text, delete
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from flightstore.errors import DataLoss
 from flightstore.lake.catalog import lake_failures
+from flightstore.lake.direct import DamagedFile, FileCheck, check_stream, damage_error
 from flightstore.lake.layout import BUCKET_COLUMN, OFFSET_COLUMN
 
 __all__ = ["PARQUET_READ_FORMAT", "ChecksumStore", "DamageLog", "DamagedFile", "FileCheck", "DamageHandler",
@@ -72,34 +71,6 @@ log = logging.getLogger("flightstore.lake")
 # Arrow's Parquet reader verifying every page checksum it meets (files without them read as before).
 PARQUET_READ_FORMAT = pads.ParquetFileFormat(
     default_fragment_scan_options=pads.ParquetFragmentScanOptions(page_checksum_verification=True))
-_CHUNK = 4 << 20  # bytes read per step of a CRC
-
-
-@dataclass(frozen=True)
-class FileCheck:
-    """What was written to ``path`` (the file's path in its file system, see :func:`_key_path`):
-    ``size`` bytes whose CRC-32 (zlib's, Parquet's page checksum polynomial) is ``crc32``."""
-
-    path: str
-    size: int
-    crc32: int
-
-
-@dataclass(frozen=True)
-class DamagedFile:
-    """A lake file that fails its checks: ``location`` (as the manifest names it), ``problem``
-    (``missing``, ``truncated``, ``size`` or ``checksum``) and what was found."""
-
-    location: str
-    problem: str
-    detail: str
-
-    def describe(self) -> str:
-        return f"lake file {self.location} is {_WORDS[self.problem]} ({self.detail})"
-
-
-_WORDS = {"missing": "missing", "truncated": "truncated", "size": "not the size recorded",
-          "checksum": "corrupt"}
 
 
 def key_path(io: FileIO, location: str) -> str:
@@ -345,25 +316,11 @@ def verify_file(io: FileIO, location: str, recorded_size: int, check: FileCheck 
     """Read ``location`` through and compare its size with ``recorded_size`` (the manifest's) and
     its CRC with ``check`` (None: size only). Raises what the file system raises but a missing
     file (lake failures: the caller's ``lake_failures``)."""
-    crc, size = 0, 0
     try:
         with io.new_input(location).open(seekable=False) as stream:
-            read = getattr(stream, "read_buffer", None) or stream.read
-            while True:
-                chunk = read(_CHUNK)
-                if not chunk:
-                    break
-                crc = zlib.crc32(chunk, crc)
-                size += len(chunk)
+            return check_stream(getattr(stream, "read_buffer", None) or stream.read, location, recorded_size, check)
     except FileNotFoundError as exc:
         return DamagedFile(location, "missing", str(exc).splitlines()[0] if str(exc) else "not found")
-    expected = check.size if check is not None else int(recorded_size)
-    if size != int(recorded_size) or size != expected:
-        problem = "truncated" if size < int(recorded_size) else "size"
-        return DamagedFile(location, problem, f"{size} bytes, {recorded_size} recorded")
-    if check is not None and crc != check.crc32:
-        return DamagedFile(location, "checksum", f"CRC-32 {crc:08x}, {check.crc32:08x} recorded")
-    return None
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -424,13 +381,6 @@ def file_span(lake_table: IcebergTable, data_file: DataFile) -> tuple[int, int] 
     if low_bucket is None or low_bucket != high_bucket or first is None:
         return None
     return (int.from_bytes(low_bucket, "little", signed=True), int.from_bytes(first, "little", signed=True))
-
-
-def damage_error(where: str, damaged: DamagedFile, why: str = "") -> DataLoss:
-    """The DATA_LOSS of a read (of ``where``: "table db.t") that met ``damaged`` (``why``: why
-    the log cannot answer instead)."""
-    log.error("%s: %s%s", where, damaged.describe(), f"; {why}" if why else "")
-    return DataLoss(f"{where}: {damaged.describe()}{'; ' + why if why else ''}")
 
 
 class DamageLog:

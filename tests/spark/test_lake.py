@@ -66,6 +66,13 @@ def test_batch_read_is_lake_splits_plus_log_tails_and_equals_sql(spark, lake_ser
     from flightstore.expressions import Comparison
     pruned.pushed = Comparison("k", "=", key)
     assert len([p for p in pruned.partitions() if "lake" in p.value]) == 1
+    # snapshot.id: the lake snapshot alone, its 3 files in at most `partitions` tasks, each checked
+    from flightstore_spark import _flight
+    snapshot_id = _flight.lake_split(conn, "default.events", lake_only=True)["snapshot_id"]
+    alone = spark.read.format("flightstore").option("uri", lake_server.uri).option("table", "default.events") \
+        .option("snapshot.id", str(snapshot_id)).option("partitions", "2").load()
+    assert alone.rdd.getNumPartitions() == 2
+    assert sorted(alone.select("seq").toArrow().column("seq").to_pylist()) == list(range(600))
     conn.close()
 
 

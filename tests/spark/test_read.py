@@ -110,6 +110,17 @@ def test_partitions_group_contiguous_buckets_per_leader_and_bad_values_fail():
             most_partitions(bad, 2)
 
 
+def test_lake_snapshot_files_are_shared_out_by_rows_in_at_most_the_partitions_asked():
+    from flightstore_spark.source import group_files
+
+    files = [{"path": p, "rows": r} for p, r in (("a", 10), ("b", 70), ("c", 20), ("d", 40), ("e", 5))]
+    groups = group_files(files, 2)
+    assert len(groups) == 2 and sorted(f["path"] for g in groups for f in g) == ["a", "b", "c", "d", "e"]
+    assert sorted(sum(f["rows"] for f in g) for g in groups) == [70, 75]  # shared out by rows
+    assert [[f["path"] for f in g] for g in group_files(files[:2], 8)] == [["b"], ["a"]]
+    assert len(group_files(files, None)) == 5 and group_files([], 2) == []
+
+
 def test_pushed_query_and_filter_translation(spark, server, tables):
     point = _load(spark, server, query="SELECT k, v FROM db.kv WHERE k = 42")
     assert point.rdd.getNumPartitions() == 1 and _spark_rows(point) == [(42, 420)]

@@ -156,18 +156,20 @@ def lake_io(options: Options, planned: dict) -> dict[str, str]:
 
 
 def read_lake_files(files: Sequence[str | dict], io: dict[str, str], schema_hex: str,
-                    columns: Sequence[str], deletes: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+                    columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
     """Lake data files read on an executor straight from the warehouse (no server in the path);
-    files planned by the server (dicts with size and CRC-32) are checked before they are decoded.
-    ``deletes``: the position delete files of the one data file in ``files`` (its deleted rows
-    are dropped)."""
-    from flightstore.lake.read import read_data_files, read_live_rows
+    files planned by the server (dicts with size and CRC-32) are checked before they are decoded,
+    and a planned file naming its position delete files (``deletes``, a primary-key table's lake
+    snapshot) loses the rows they delete. Only pyarrow is imported (:mod:`flightstore.lake.direct`):
+    a fresh Python worker does not pay for pyiceberg."""
+    from flightstore.lake.direct import read_data_files, read_live_rows
     schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schema_hex)))
-    if deletes:
-        (only,) = files
-        yield from read_live_rows(only, deletes, io, schema, columns)
-        return
-    yield from read_data_files(files, io, schema, columns)
+    for planned in files:
+        deletes = planned.get("deletes") if isinstance(planned, Mapping) else None
+        if deletes:
+            yield from read_live_rows(planned, deletes, io, schema, columns)
+        else:
+            yield from read_data_files([planned], io, schema, columns)
 
 
 def read_lake_file_rows(path: str, io: dict[str, str], schema_hex: str, columns: Sequence[str],

@@ -48,8 +48,8 @@ from flightstore import expressions as ex
 from flightstore_spark import _flight
 from flightstore_spark.filters import to_predicate
 
-__all__ = ["FlightstoreDataSource", "conform_batches", "group_buckets", "most_partitions", "prunes_columns",
-           "spark_schema"]
+__all__ = ["FlightstoreDataSource", "conform_batches", "group_buckets", "group_files", "lake_snapshot_splits",
+           "most_partitions", "prunes_columns", "read_lake_split", "spark_schema"]
 
 
 def spark_schema(schema: pa.Schema, keep_not_null: bool = False) -> StructType:
@@ -96,7 +96,7 @@ def read_lake_split(split: dict, schema: StructType) -> Iterator[pa.RecordBatch]
     """One lake split on an executor: its data file's ``columns``, cast to ``schema`` and filtered
     by the pushed filter exactly (Spark does not filter pushed predicates again)."""
     batches = conform_batches(_flight.read_lake_files(split["files"], split["io"], split["schema"],
-                                                      split["columns"], split.get("deletes")), schema)
+                                                      split["columns"]), schema)
     if split.get("filter") is None:
         yield from batches
         return
@@ -197,6 +197,27 @@ def group_buckets(buckets: Sequence[int], most: int | None,
     return groups
 
 
+def group_files(files: Sequence[dict], most: int | None) -> list[list[dict]]:
+    """Planned lake files in at most ``most`` groups of near-equal rows (None: one group per
+    file): the largest file goes to the lightest group, so one task does not read most rows."""
+    count = len(files) if most is None else min(len(files), most)
+    groups: list[list[dict]] = [[] for _ in range(count)]
+    rows = [0] * count
+    for planned in sorted(files, key=lambda f: -int(f.get("rows") or 0)):
+        lightest = rows.index(min(rows))
+        groups[lightest].append(planned)
+        rows[lightest] += int(planned.get("rows") or 0)
+    return groups
+
+
+def lake_snapshot_splits(planned: dict, io: dict[str, str], columns: Sequence[str], filter_json: dict | None,
+                         most: int | None) -> list[dict]:
+    """The lake splits of a planned lake snapshot (``lake_split(..., lake_only=True)``): its data
+    files, each with its position delete files, in at most ``most`` splits (None: one per file)."""
+    return [{"files": group, "io": io, "schema": planned["schema"], "columns": list(columns),
+             "filter": filter_json} for group in group_files(planned["files"], most)]
+
+
 def prunes_columns(reader_class: type = DataSourceReader) -> bool:
     """Whether the installed PySpark hands a Python data source the columns a query needs
     (``DataSourceReader.pruneColumns``, proposed by SPARK-51713; PySpark 4.3 has no such hook, so a
@@ -286,18 +307,17 @@ class FlightstoreReader(DataSourceReader):
                 for uri, group in groups] or [InputPartition({"empty": True})]  # every partition pruned
 
     def _lake_snapshot(self, conn: Any, snapshot_id: int) -> list[InputPartition]:
-        """``snapshot.id``: that lake snapshot alone, one partition per data file read straight
-        from the warehouse (a primary-key table's position deletes applied by the reader)."""
+        """``snapshot.id``: that lake snapshot alone, its data files read straight from the
+        warehouse (a primary-key table's position deletes applied by the reader), in at most
+        ``partitions`` input partitions."""
         planned = _flight.lake_split(conn, self.options.table, self.pushed, snapshot_id, lake_only=True)
         if "files" not in planned:
             raise ValueError(f"table {self.options.table} has no lake: option('snapshot.id') reads a "
                              "datalake-enabled table's lake snapshot")
-        io = _flight.lake_io(self.options, planned)
-        columns = self.schema.fieldNames()
         filter_json = self.pushed.to_dict() if self.pushed is not None else None
-        return [InputPartition({"lake": {"files": [f["path"]], "deletes": f.get("deletes") or None, "io": io,
-                                         "schema": planned["schema"], "columns": columns, "filter": filter_json}})
-                for f in planned["files"]] or [InputPartition({"empty": True})]
+        splits = lake_snapshot_splits(planned, _flight.lake_io(self.options, planned), self.schema.fieldNames(),
+                                      filter_json, self.most_partitions)
+        return [InputPartition({"lake": split}) for split in splits] or [InputPartition({"empty": True})]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         value = partition.value

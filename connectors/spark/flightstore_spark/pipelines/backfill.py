@@ -10,6 +10,16 @@ files, read by the executors straight from the warehouse (a primary-key table's 
 applied on the way), not a replay of the changelog through lookups; that is what makes a day's
 backfill minutes instead of hours.
 
+What a backfill costs beyond the join itself was cut where a profile found it (bench
+``BENCH_SPARK_MEASURES=backfill python -m bench spark``): the driver plans both snapshots (one call
+to the server each) and the executors read them with ``mapInArrow`` in at most one task per core
+(:func:`read_snapshot`), and each task of the join writes its rows to the sink with ``mapInArrow``
+as Arrow batches (:func:`write_sink`). A Python data source read and write would each start
+planner Python workers on the driver (schema, filter pushdown, partitions, writer, commit: a fresh
+process and imports each on a busy machine, seconds before any row moves), and a task per data
+file paid Spark's per-task cost again. The executors import pyarrow only, never pyiceberg
+(:mod:`flightstore.lake.direct`).
+
 Crash safety: before the batch job starts, the snapshots and their offsets are recorded in
 ``<checkpoint>/backfill.json`` (``planned``); once the sink is written the record says
 ``written``. A job killed during the backfill redoes it on restart from the same snapshots (the
@@ -25,9 +35,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow as pa
+
 from flightstore_spark import _flight
 
-__all__ = ["backfill", "plan_snapshots", "read_snapshot"]
+__all__ = ["backfill", "plan_snapshots", "read_snapshot", "write_sink"]
 
 RECORD = "backfill.json"
 
@@ -49,11 +61,52 @@ def plan_snapshots(uri: str, tables: dict[str, str]) -> dict[str, dict]:
     return planned
 
 
-def read_snapshot(spark, uri: str, table: str, snapshot_id: int, columns: Sequence[str]):
-    """A DataFrame of ``columns`` of one lake snapshot of ``table``, read by the executors (one
-    partition per data file)."""
-    return (spark.read.format("flightstore").option("uri", uri).option("table", table)
-            .option("snapshot.id", str(snapshot_id)).option("columns", ",".join(columns)).load())
+def read_snapshot(spark, uri: str, table: str, snapshot_id: int, columns: Sequence[str],
+                  partitions: int | None = None):
+    """A DataFrame of ``columns`` of one lake snapshot of ``table``, planned here (the server's
+    plan of the snapshot: data files, their position delete files, checks) and read by the
+    executors straight from the warehouse in at most ``partitions`` tasks (default: Spark's
+    default parallelism, one task per core), files shared out by rows."""
+    from pyspark.sql.types import StructType
+
+    from flightstore_spark.source import lake_snapshot_splits, read_lake_split, spark_schema
+
+    options = _flight.Options({"uri": uri, "table": table})
+    with options.connect() as conn:
+        planned = _flight.lake_split(conn, table, None, int(snapshot_id), lake_only=True)
+        if "files" not in planned:
+            raise ValueError(f"table {table} is not datalake-enabled: no lake snapshot to read")
+        arrow = _flight.custom_schema(conn, {"op": "scan", "table": table, "columns": list(columns)})
+    schema: StructType = spark_schema(arrow)
+    most = partitions or int(spark.sparkContext.defaultParallelism)
+    splits = lake_snapshot_splits(planned, _flight.lake_io(options, planned), list(columns), None, most)
+    if not splits:
+        return spark.createDataFrame([], schema)
+
+    def read(batches):  # one input row per task: the index of its split
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from read_lake_split(splits[index], schema)
+
+    return spark.range(0, len(splits), 1, len(splits)).mapInArrow(read, schema)
+
+
+def write_sink(joined, uri: str, sink: str) -> int:
+    """Upsert the rows of ``joined`` into ``sink``, each task its partition as Arrow batches
+    (chunks of :data:`~flightstore_spark.writer.CHUNK_ROWS` per DoPut, the batch writer's own
+    ``write``); returns the rows written."""
+    from flightstore_spark.writer import FlightstoreWriter
+
+    writer = FlightstoreWriter({"uri": uri, "table": sink}, joined.schema, False)
+
+    def write(batches):
+        message = writer.write(batches)
+        yield pa.RecordBatch.from_pydict({"rows": [message.rows]}, schema=WRITTEN)
+
+    return sum(row["rows"] for row in joined.mapInArrow(write, "rows long").collect())
+
+
+WRITTEN = pa.schema([("rows", pa.int64())])
 
 
 def _write_record(path: Path, record: dict) -> None:
@@ -95,8 +148,7 @@ def backfill(spark, uri: str, left: str, right: str, key: Sequence[str], sink: s
         right_df = read_snapshot(spark, uri, right, record["right"]["snapshot_id"],
                                  join.key + join.right_columns)
         joined = left_df.join(right_df.hint("merge"), on=list(join.key), how=join.join_type)
-        (joined.select(*join.left_columns, *join.right_columns).write.format("flightstore")
-         .option("uri", uri).option("table", sink).mode("append").save())
+        write_sink(joined.select(*join.left_columns, *join.right_columns), uri, sink)
         record["state"] = "written"
         _write_record(path, record)
     return {side: {int(b): int(o) for b, o in record[side]["offsets"].items()} for side in ("left", "right")}
