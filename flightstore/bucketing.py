@@ -176,14 +176,10 @@ def bucket_ids(data: pa.Table | pa.RecordBatch, key_columns: Sequence[str], num_
 def _small_integer_bucket_ids(data: pa.Table | pa.RecordBatch, key_columns: Sequence[str],
                               num_buckets: int) -> np.ndarray:
     """:func:`bucket_ids` of a few rows of integer keys (point lookups) in plain Python."""
-    combined = [0] * data.num_rows
-    for index, name in enumerate(key_columns):
-        values = data.column(name).to_pylist()
-        if None in values:
-            raise InvalidInput("bucket key columns must not contain nulls")
-        hashes = [_hash_long_int(v) for v in values]
-        combined = hashes if index == 0 else [(c * 31 + h) & _M32 for c, h in zip(combined, hashes)]
-    return np.array([(h & 0x7FFFFFFF) % num_buckets for h in combined], dtype=np.int32)
+    columns = [data.column(name).to_pylist() for name in key_columns]
+    if any(None in values for values in columns):
+        raise InvalidInput("bucket key columns must not contain nulls")
+    return np.array([integer_bucket(row, num_buckets) for row in zip(*columns)], dtype=np.int32)
 
 
 def integer_bucket(values: Sequence[int], num_buckets: int) -> int:

@@ -145,18 +145,9 @@ def _key_matrix(arr: pa.Array, name: str) -> np.ndarray:
     return matrix
 
 
-def _integer_key(arr: pa.Array) -> bytes:
-    """:func:`_key_matrix` of a one-value integer column, in plain Python: big-endian bytes with
-    the sign bit flipped for signed types."""
-    width = arr.type.bit_width // 8
-    value = arr[0].as_py()
-    if _is_signed(arr.type):
-        value += 1 << (8 * width - 1)
-    return value.to_bytes(width, "big")
-
-
 def integer_key_layout(types: Sequence[pa.DataType]) -> tuple[tuple[int, int], ...]:
-    """For key columns of integer ``types``: each one's (byte width, bias) for :func:`integer_key`."""
+    """For key columns of integer ``types``: each one's (byte width, bias) for :func:`integer_key`
+    (:func:`_key_matrix` in plain Python: big-endian bytes, the sign bit flipped for signed types)."""
     return tuple((t.bit_width // 8, (1 << (t.bit_width - 1)) if _is_signed(t) else 0) for t in types)
 
 
@@ -191,7 +182,7 @@ def encode_keys(data: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> list
     if columns and data.num_rows == 1:  # a point lookup's key of integers: no checks beyond its own
         arrays = [_column(data, name, InvalidInput) for name in columns]
         if all(pa.types.is_integer(arr.type) and not arr.null_count for arr in arrays):
-            return [b"".join(map(_integer_key, arrays))]
+            return [integer_key([arr[0].as_py() for arr in arrays], integer_key_layout([arr.type for arr in arrays]))]
     arrays = _key_arrays(data, columns)
     return _join_keys(arrays, columns, data.num_rows).to_pylist()
 
