@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 from flightstore import memory
 from flightstore.errors import DataLoss, LakeFileMissing, LakeUnavailable
 
-__all__ = ["DamagedFile", "FileCheck", "check_stream", "damage_error", "read_data_files", "read_live_rows"]
+__all__ = ["DamagedFile", "FileCheck", "check_stream", "damage_error", "missing_file_error", "read_data_files",
+           "read_live_rows"]
 
 log = logging.getLogger("flightstore.lake")
 
@@ -94,6 +95,13 @@ def damage_error(where: str, damaged: DamagedFile, why: str = "") -> DataLoss:
     return DataLoss(f"{where}: {damaged.describe()}{'; ' + why if why else ''}")
 
 
+def missing_file_error(what: str, cause: object, which: str = "the snapshot") -> LakeFileMissing:
+    """A lake file of ``which`` snapshot, the one a read was planned on, is gone (``cause``)."""
+    return LakeFileMissing(
+        f"{what}: a lake file is gone ({cause}): {which} the read was planned on was expired "
+        "meanwhile (table.datalake.snapshot.retention) or the warehouse lost it; run the read again")
+
+
 @contextlib.contextmanager
 def _failures(what: str) -> Iterator[None]:
     """A missing file is LakeFileMissing (its snapshot was expired meanwhile or the warehouse lost
@@ -101,9 +109,7 @@ def _failures(what: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError as exc:
-        raise LakeFileMissing(f"{what}: a lake file is gone ({exc}): the snapshot the read was planned on "
-                              "was expired meanwhile (table.datalake.snapshot.retention) or the warehouse "
-                              "lost it; run the read again") from exc
+        raise missing_file_error(what, exc) from exc
     except pa.ArrowException as exc:
         if "checksum" in str(exc).lower():  # a page that no longer matches its CRC
             raise DataLoss(f"{what}: a page fails its checksum ({exc})") from exc
@@ -162,6 +168,16 @@ def _decode(warehouse: _Warehouse, location: str, fields: pa.Schema) -> Iterator
             yield batch if batch.schema.equals(fields) else batch.select(fields.names).cast(fields)
 
 
+def _guarded(batches: Iterator[pa.RecordBatch], what: str) -> Iterator[pa.RecordBatch]:
+    """``batches``, each one's decoding under :func:`_failures` (not the caller's work on it)."""
+    while True:
+        with _failures(what):
+            batch = next(batches, None)
+        if batch is None:
+            return
+        yield batch
+
+
 def read_data_files(files: Sequence[str | Mapping], io_properties: Mapping[str, str], schema: pa.Schema,
                     columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
     """``columns`` of lake data files read straight from the warehouse (a Spark executor's lake
@@ -177,13 +193,7 @@ def read_data_files(files: Sequence[str | Mapping], io_properties: Mapping[str, 
         what = f"reading lake data file {location}"
         with _failures(what):
             _verify_planned(warehouse, planned, what)
-        decoded = _decode(warehouse, location, fields)
-        while True:
-            with _failures(what):
-                batch = next(decoded, None)
-            if batch is None:
-                break
-            yield batch
+        yield from _guarded(_decode(warehouse, location, fields), what)
 
 
 def read_live_rows(file: str | Mapping, delete_locations: Sequence[str], io_properties: Mapping[str, str],
@@ -209,11 +219,7 @@ def read_live_rows(file: str | Mapping, delete_locations: Sequence[str], io_prop
         gone = np.unique(np.concatenate(deleted)) if deleted else np.empty(0, np.int64)
         decoded = _decode(warehouse, location, fields)
     at = 0
-    while True:
-        with _failures(what):
-            batch = next(decoded, None)
-        if batch is None:
-            return
+    for batch in _guarded(decoded, what):
         keep = ~np.isin(np.arange(at, at + batch.num_rows, dtype=np.int64), gone, assume_unique=True)
         at += batch.num_rows
         if keep.all():

@@ -35,7 +35,7 @@ from flightstore import memory
 from flightstore.errors import DataLoss, LakeFileMissing, LakeUnavailable
 from flightstore.lake.cache import CacheFill, ReadCache
 from flightstore.lake.catalog import lake_failures
-from flightstore.lake.direct import read_data_files, read_live_rows
+from flightstore.lake.direct import missing_file_error, read_data_files, read_live_rows
 from flightstore.lake.integrity import (
     PARQUET_READ_FORMAT,
     DamagedFile,
@@ -77,9 +77,7 @@ def _expired(lake_table: IcebergTable, snapshot: Snapshot | None) -> bool:
 
 def _expired_error(what: str, snapshot: Snapshot | None, cause: object) -> LakeFileMissing:
     which = f"snapshot {snapshot.snapshot_id}" if snapshot is not None else "the snapshot"
-    return LakeFileMissing(
-        f"{what}: a lake file is gone ({cause}): {which} the read was planned on was expired "
-        "meanwhile (table.datalake.snapshot.retention) or the warehouse lost it; run the read again")
+    return missing_file_error(what, cause, which)
 
 
 @contextlib.contextmanager
