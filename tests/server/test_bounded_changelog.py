@@ -120,7 +120,7 @@ def test_steady_updates_keep_disk_bounded_and_survive_kill_minus_nine(tmp_path):
     # ---- a steady load: disk use does not grow with the number of updates ----------------------
     rounds(150)
     first = settled_usage()
-    rounds(600)
+    rounds(300)
     second = settled_usage()
     assert all(offset > 0 for offset in second["start_offsets"].values()), second
     written = sum(second["end_offsets"].values())
