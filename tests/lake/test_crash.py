@@ -8,12 +8,8 @@ random moments tied to the server's progress.
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -26,10 +22,10 @@ from flightstore.lake import LakeCatalog, LakeSettings, LakeTierer, read_lake
 from flightstore.lake.offsets import committed_offsets, tiering_snapshots
 from flightstore.lake.tiering import PHASES
 from flightstore.store import Store
+from tests.forked_server import ForkedServer
+from tests.lake import tier_child
 from tests.lake.conftest import EVENTS, create_events, events
 from tests.waiting import wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lake_state(data_dir: Path, options: dict | None = None) -> tuple[list[int], dict[int, int], dict]:
@@ -102,53 +98,26 @@ def _kill_at_every_point(data_dir: Path, rng: random.Random, options: dict) -> N
         files_before = _parquet_files(data_dir, options)
         committed_before = _lake_state(data_dir, options)[1]
         kill_round = rng.randint(1, 2)
-        child = subprocess.run(
-            [sys.executable, "-m", "tests.lake.tier_child", str(data_dir), str(rng.randint(50, 600)),
-             str(kill_round), phase, json.dumps(options)], cwd=ROOT, check=False, capture_output=True, text=True,
-            timeout=300)
-        if child.returncode == 0:  # the backlog took fewer rounds than the kill round
-            assert child.stdout.startswith("done")
+        code, report = tier_child.tier(str(data_dir), str(rng.randint(50, 600)), kill_round, phase, options)
+        if code == 0:  # the backlog took fewer rounds than the kill round
+            assert report.startswith("done")
         else:
-            assert child.returncode == -signal.SIGKILL, child.stderr
+            assert code == -signal.SIGKILL, report
             committed_after = _lake_state(data_dir, options)[1]
             if phase == "after-write":  # data files were written, the commit never happened
                 assert _parquet_files(data_dir, options) > files_before
             if phase == "after-commit":
                 assert committed_after != committed_before
         _assert_consistent(data_dir, options)
-    finished = subprocess.run([sys.executable, "-m", "tests.lake.tier_child", str(data_dir), "1000000",
-                               "0", "none", json.dumps(options)], cwd=ROOT, check=False, capture_output=True, text=True,
-                              timeout=300)
-    assert finished.returncode == 0, finished.stderr
+    code, report = tier_child.tier(str(data_dir), "1000000", 0, "none", options)
+    assert code == 0, report
     assert _assert_consistent(data_dir, options) == list(range(written))
 
 
-class ServerProcess:
-    """``flightstore serve`` in a child process on a free port, tiering by itself."""
-
-    def __init__(self, data_dir: Path, options: dict[str, str]) -> None:
-        args = [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0"]
-        for key, value in options.items():
-            args += ["--option", f"{key}={value}"]
-        self.process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
-        self.uri = None
-        for line in self.process.stdout:
-            if "serving" in line:
-                self.uri = line.split(" at ")[-1].strip()
-                break
-        assert self.uri, f"server did not start: {self.process.stderr.read()}"
-        self.log: list[str] = []
-        self._drain = threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True)
-        self._drain.start()
-
-    def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=60)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=120)
+def tiering_server(data_dir: Path, options: dict[str, str]) -> ForkedServer:
+    """``flightstore serve`` with ``options``, tiering by itself (forked from a fork server that
+    imported flightstore once: five starts per test)."""
+    return ForkedServer(data_dir, *[arg for key, value in options.items() for arg in ("--option", f"{key}={value}")])
 
 
 @pytest.mark.slow
@@ -159,7 +128,7 @@ def test_kill_minus_nine_of_a_tiering_server_loses_and_doubles_nothing(tmp_path,
     options = {"datalake.tiering.max-round-rows": "20000"}
     if warehouse == "s3":
         options.update(request.getfixturevalue("s3_options"))
-    server = ServerProcess(data_dir, options)
+    server = tiering_server(data_dir, options)
     with flightstore.connect(server.uri, timeout=60) as conn:
         conn.sql("CREATE TABLE events (k BIGINT, seq BIGINT, s STRING, ts TIMESTAMP(3)) WITH "
                  "('bucket.num' = '3', 'bucket.key' = 'k', 'table.datalake.enabled' = 'true', "
@@ -179,7 +148,7 @@ def test_kill_minus_nine_of_a_tiering_server_loses_and_doubles_nothing(tmp_path,
         threading.Event().wait(rng.uniform(0, 0.3))
         server.kill()
         _assert_consistent(data_dir, options)
-        server = ServerProcess(data_dir, options)
+        server = tiering_server(data_dir, options)
     wait_until(lambda: _lake_state(data_dir, options)[0] == list(range(acked)),
                "every written row in the lake", timeout=180)
     _assert_consistent(data_dir, options)
@@ -239,11 +208,8 @@ def test_kill_during_primary_key_rounds_loses_and_doubles_nothing(tmp_path, seed
             if rng.random() < 0.5:
                 table.snapshot(force=True)
         committed_before = _pk_lake_matches_the_kv(data_dir, options)
-        child = subprocess.run(
-            [sys.executable, "-m", "tests.lake.tier_child", str(data_dir), str(rng.randint(50, 400)),
-             "1", phase, json.dumps(options), "default.pk"], cwd=ROOT, check=False,
-            capture_output=True, text=True, timeout=300)
-        assert child.returncode == -signal.SIGKILL, child.stderr
+        code, report = tier_child.tier(str(data_dir), str(rng.randint(50, 400)), 1, phase, options, "default.pk")
+        assert code == -signal.SIGKILL, report
         committed_after = _pk_lake_matches_the_kv(data_dir, options)
         assert (committed_after != committed_before) == (phase == "after-commit")
     with Store(data_dir) as store:  # the last round in this process: the lake catches up exactly
