@@ -6,9 +6,6 @@ fold of every acknowledged write."""
 from __future__ import annotations
 
 import random
-import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +14,7 @@ import pytest
 from pyarrow import flight
 
 import flightstore
+from tests.forked_server import ForkedServer
 
 pytestmark = pytest.mark.slow
 
@@ -49,25 +47,10 @@ def fold(last: int) -> dict[int, int]:
     return state
 
 
-class Server:
-    """`python -m flightstore serve` on a free port, killed with SIGKILL or stopped."""
-
-    def __init__(self, data_dir: Path) -> None:
-        command = [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0",
-                   "--no-fsync"]  # kill -9 keeps the page cache: what is written survives without fsync
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.process.stdout.readline()
-        match = re.search(r"grpc://127\.0\.0\.1:\d+", line)
-        assert match, f"the server did not start: {line!r}"
-        self.uri = match.group(0)
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
+def start_server(data_dir: Path) -> ForkedServer:
+    """The real ``serve`` command, forked from a fork server that imported flightstore once (six
+    starts here); ``--no-fsync``: kill -9 keeps the page cache, so what is written survives."""
+    return ForkedServer(data_dir, "--no-fsync")
 
 
 class Writer:
@@ -94,7 +77,7 @@ class Writer:
 def test_steady_updates_keep_disk_bounded_and_survive_kill_minus_nine(tmp_path):
     data_dir = tmp_path / "data"
     rng = random.Random(7)
-    server = Server(data_dir)
+    server = start_server(data_dir)
     writer = Writer(server.uri)
     writer.conn.sql(f"CREATE TABLE {TABLE} (k BIGINT, seq BIGINT, pad STRING, PRIMARY KEY (k) NOT ENFORCED) "
                     "WITH ('bucket.num' = '2', 'table.log.ttl' = '1ms', 'table.log.segment.bytes' = '16384', "
@@ -151,8 +134,8 @@ def test_steady_updates_keep_disk_bounded_and_survive_kill_minus_nine(tmp_path):
                 killer.start()
         killer.join(timeout=30)
         writer.close()
-        server.process.wait(timeout=30)
-        server = Server(data_dir)
+        server.process.join(timeout=30)
+        server = start_server(data_dir)
         writer = Writer(server.uri)
         # The batch in flight when the server died is retried: applied once either way.
         writer.send(sequence)
@@ -170,9 +153,9 @@ def test_steady_updates_keep_disk_bounded_and_survive_kill_minus_nine(tmp_path):
         sequence += 1
     killer.join(timeout=30)
     writer.close()
-    server.process.wait(timeout=30)
+    server.process.join(timeout=30)
 
-    server = Server(data_dir)
+    server = start_server(data_dir)
     try:
         with flightstore.connect(server.uri, timeout=CALL_TIMEOUT_S) as conn:
             table = conn.table(TABLE)
