@@ -50,6 +50,29 @@ def test_last_row_replaces_and_emits_update_pairs(store):
     assert table.row_count() == 0
 
 
+
+def test_a_write_into_an_empty_bucket_reads_no_stored_row_and_a_later_one_does(store):
+    """An empty bucket (a fresh table, or one emptied by deletes) answers "not found" for every
+    key without a RocksDB multi-get (the bulk load's and the lake backfill's sink write); the
+    changelog and rows are the same as the general path's."""
+    table = store.create_table("t", SCHEMA, primary_key=["k"], options={"bucket.num": "1"})
+    kv = table.kvs[0]
+    reads = []
+    general = kv._multi_get
+    kv._multi_get = lambda keys, columns=None: reads.append(len(keys)) or general(keys, columns)
+    table.upsert(rows((1, "a", 1), (2, "b", 1), (1, "c", 1)))
+    assert reads == []  # the bucket was empty
+    table.upsert(rows((2, "d", 1), (3, "e", 1)))
+    assert reads == [2]  # it holds rows now: both keys looked up, 2 found
+    table.delete(rows((1, None, None), (2, None, None), (3, None, None)))
+    assert table.row_count() == 0
+    reads.clear()
+    table.upsert(rows((3, "f", 1)))
+    assert reads == []
+    assert changes(table) == [("+I", 1, "c"), ("+I", 2, "b"), ("-U", 2, "b"), ("+U", 2, "d"), ("+I", 3, "e"),
+                              ("-D", 1, "c"), ("-D", 2, "d"), ("-D", 3, "e"), ("+I", 3, "f")]
+    assert table.lookup({"k": [1, 2, 3]}).to_pylist() == [{"k": 3, "v": "f", "ver": 1}]
+
 def test_wal_image_omits_update_before(store):
     table = store.create_table("t", SCHEMA, primary_key=["k"], options={"table.changelog.image": "WAL"})
     table.upsert(rows((1, "a", 1)))
