@@ -43,21 +43,22 @@ from flightstore.wire.lookups import KEY_INDEX_COLUMN, HandleSpec
 
 __all__ = ["Lookuper"]
 
+_SCALARS = frozenset((int, str, float, bytes, bool))  # key types that are one value (the common case)
+
 
 class _Batch:
     """One request's worth of lookups: distinct keys, and the futures waiting on each."""
 
     def __init__(self, items: list[tuple[tuple, Future]]) -> None:
-        self.keys: list[tuple] = []
-        self.waiting: list[list[Future]] = []
-        where: dict[tuple, int] = {}
-        for key, future in items:
-            at = where.get(key)
-            if at is None:
-                at = where[key] = len(self.keys)
-                self.keys.append(key)
-                self.waiting.append([])
-            self.waiting[at].append(future)
+        keys = [key for key, _ in items]
+        if len(set(keys)) == len(keys):  # the common case: no key twice
+            self.keys: list[tuple] = keys
+            self.waiting: list[list[Future]] = [[future] for _, future in items]
+        else:
+            where: dict[tuple, list[Future]] = {}
+            for key, future in items:
+                where.setdefault(key, []).append(future)
+            self.keys, self.waiting = list(where), list(where.values())
         self.attempts = 0
         self.deadline: float | None = None
         self.reroute_until: float | None = None  # a routed share: routed again until then
@@ -107,6 +108,8 @@ class Lookuper:
         self._queue: collections.deque[tuple[tuple, Future]] = collections.deque()
         self._inflight: dict[int, _Batch] = {}
         self._retrying = 0  # batches between a broken stream and their second sending
+        self._filling_since = 0.0  # when the queued batch's first key came
+        self._room_waiters = 0  # threads waiting for room among the in-flight requests
         self._ids = 0
         self._cond = threading.Condition()
         self._closed = False
@@ -121,7 +124,18 @@ class Lookuper:
         with self._cond:
             while len(self._queue) >= self.queue_size and not self._closed:
                 self._cond.wait()
-            self._enqueue(key, future)
+            self._enqueue(key, future, send_full=False)
+            # A full batch with room in flight leaves from here, the caller's thread: no hand-off to
+            # the sender thread (whose wake-up costs as much as the batch's Python work).
+            full = len(self._queue) >= self.max_batch_size
+            if full and len(self._inflight) < self.max_inflight:
+                items = self._take()
+            else:
+                items = None
+                if full:
+                    self._cond.notify_all()  # the sender sends it when a request is answered
+        if items:
+            self._send(_Batch(items))
         return future
 
     async def lookup(self, key: Any) -> pa.Table:
@@ -137,14 +151,25 @@ class Lookuper:
             future = await asyncio.get_running_loop().run_in_executor(None, self.lookup_async, key)
         return await asyncio.wrap_future(future)
 
-    def _enqueue(self, key: tuple, future: Future) -> None:
+    def _enqueue(self, key: tuple, future: Future, send_full: bool = True) -> None:
+        """Queue one lookup (under the lock); a first key starts the batch's timeout in the sender
+        thread, a full batch wakes it (unless ``send_full`` is False: the caller sends it)."""
         if self._closed:
             raise RuntimeError("this lookuper is closed")
-        self._queue.append((key, future))
-        if len(self._queue) == 1 or len(self._queue) >= self.max_batch_size:
+        queue = self._queue
+        queue.append((key, future))
+        if len(queue) == 1:
+            self._filling_since = time.monotonic()
+            self._cond.notify_all()
+        elif send_full and len(queue) >= self.max_batch_size:
             self._cond.notify_all()
 
     def _key(self, key: Any) -> tuple:
+        kind = type(key)
+        if kind is tuple:
+            return key
+        if kind in _SCALARS:
+            return (key,)
         if isinstance(key, Mapping):
             return tuple(key[name] for name in self._key_names)
         if isinstance(key, (tuple, list)):
@@ -194,24 +219,43 @@ class Lookuper:
     def _drain(self) -> list[tuple[tuple, Future]] | None:
         """Fluss's drain (under the lock): wait for a first lookup, then up to ``batch-timeout``
         for the batch to fill, and for room among the in-flight requests. None: closed and empty."""
-        while not self._queue:
-            if self._closed:
-                return None
-            self._expire()
-            self._cond.wait(self._wait_s())
-        started = time.monotonic()
-        while len(self._queue) < self.max_batch_size and not self._closed:
-            left = self.batch_timeout_s - (time.monotonic() - started)
-            if left <= 0:
-                break
-            self._cond.wait(left)
-        while len(self._inflight) >= self.max_inflight:
-            self._expire()
-            self._cond.wait(self._wait_s())
-        take = min(len(self._queue), self.max_batch_size)
-        items = [self._queue.popleft() for _ in range(take)]
-        self._cond.notify_all()  # room in the queue
+        while True:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._expire()
+                self._cond.wait(self._wait_s())
+            # A caller may send the batch meanwhile (lookup_async, when it fills): then wait again.
+            while self._queue and len(self._queue) < self.max_batch_size and not self._closed:
+                left = self._filling_since + self.batch_timeout_s - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._queue:
+                self._wait_for_room()
+                items = self._take()
+                if items:
+                    return items
+
+    def _take(self) -> list[tuple[tuple, Future]]:
+        """The next batch off the queue (under the lock); the keys left start a new batch."""
+        queue = self._queue
+        was_full = len(queue) >= self.queue_size
+        items = [queue.popleft() for _ in range(min(len(queue), self.max_batch_size))]
+        self._filling_since = time.monotonic()
+        if was_full:
+            self._cond.notify_all()  # room in the queue for blocked producers
         return items
+
+    def _wait_for_room(self) -> None:
+        """Wait (under the lock) until fewer than ``max-inflight-requests`` requests are in flight."""
+        self._room_waiters += 1
+        try:
+            while len(self._inflight) >= self.max_inflight:
+                self._expire()
+                self._cond.wait(self._wait_s())
+        finally:
+            self._room_waiters -= 1
 
     def _wait_s(self) -> float | None:
         """How long the sender may sleep: until the oldest request's deadline (None: no timeout)."""
@@ -297,9 +341,7 @@ class Lookuper:
         except Exception as exc:  # noqa: BLE001 - the handle was refused, or the keys do not fit
             return batch.fail(exc)
         with self._cond:
-            while len(self._inflight) >= self.max_inflight:  # a batch split over leaders: room for each
-                self._expire()
-                self._cond.wait(self._wait_s())
+            self._wait_for_room()  # a batch split over leaders: room for each
             self._ids += 1
             request_id = self._ids
             batch.deadline = None if self._timeout is None else time.monotonic() + self._timeout
@@ -334,7 +376,8 @@ class Lookuper:
         with self._cond:
             if self._inflight.pop(request_id, None) is None:
                 return  # failed already (its timeout passed)
-            self._cond.notify_all()
+            if self._room_waiters or self._closed:
+                self._cond.notify_all()  # room in flight (the sender waits for none otherwise)
         error = done.exception()
         if isinstance(error, StreamBroken):
             return self._broken(batch, error)
@@ -347,13 +390,20 @@ class Lookuper:
         rows: pa.Table = done.result()
         positions = rows.column(KEY_INDEX_COLUMN).to_numpy()
         rows = rows.drop_columns([KEY_INDEX_COLUMN])
-        if len(positions) > 1 and (np.diff(positions) < 0).any():  # rows answer in key order; if not:
-            order = np.argsort(positions, kind="stable")
-            rows, positions = rows.take(pa.array(order)), positions[order]
-        counts = np.bincount(positions, minlength=len(batch.keys))
-        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        for at, futures in enumerate(batch.waiting):
-            found = rows.slice(int(starts[at]), int(counts[at]))
+        waiting = batch.waiting
+        if len(positions) == len(waiting) and (positions == np.arange(len(waiting))).all():
+            answers = [rows.slice(at, 1) for at in range(len(waiting))]  # each key found once
+        else:
+            if len(positions) > 1 and (np.diff(positions) < 0).any():  # rows answer in key order; if not:
+                order = np.argsort(positions, kind="stable")
+                rows, positions = rows.take(pa.array(order)), positions[order]
+            counts = np.bincount(positions, minlength=len(waiting)).tolist()
+            empty = rows.slice(0, 0)  # every missing key answers this one empty table
+            answers, start = [], 0
+            for count in counts:
+                answers.append(rows.slice(start, count) if count else empty)
+                start += count
+        for futures, found in zip(waiting, answers):
             for future in futures:
                 future.set_result(found)
 
