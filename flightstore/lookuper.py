@@ -110,6 +110,7 @@ class Lookuper:
         self._retrying = 0  # batches between a broken stream and their second sending
         self._filling_since = 0.0  # when the queued batch's first key came
         self._room_waiters = 0  # threads waiting for room among the in-flight requests
+        self._sending = 0  # batches taken off the queue, not yet in flight (each holds a place)
         self._ids = 0
         self._cond = threading.Condition()
         self._closed = False
@@ -128,7 +129,7 @@ class Lookuper:
             # A full batch with room in flight leaves from here, the caller's thread: no hand-off to
             # the sender thread (whose wake-up costs as much as the batch's Python work).
             full = len(self._queue) >= self.max_batch_size
-            if full and len(self._inflight) < self.max_inflight:
+            if full and len(self._inflight) + self._sending < self.max_inflight:
                 items = self._take()
             else:
                 items = None
@@ -212,7 +213,7 @@ class Lookuper:
             if items:
                 self._send(_Batch(items))
         with self._cond:  # closed: wait for the answers still in flight
-            while self._inflight or self._retrying:
+            while self._inflight or self._retrying or self._sending:
                 self._expire()
                 self._cond.wait(self._wait_s())
 
@@ -232,7 +233,7 @@ class Lookuper:
                     break
                 self._cond.wait(left)
             if self._queue:
-                self._wait_for_room()
+                self._wait_for_room(taking=True)
                 items = self._take()
                 if items:
                     return items
@@ -243,15 +244,17 @@ class Lookuper:
         was_full = len(queue) >= self.queue_size
         items = [queue.popleft() for _ in range(min(len(queue), self.max_batch_size))]
         self._filling_since = time.monotonic()
+        self._sending += 1  # released by _send: at most max-inflight batches out of the queue
         if was_full:
             self._cond.notify_all()  # room in the queue for blocked producers
         return items
 
-    def _wait_for_room(self) -> None:
-        """Wait (under the lock) until fewer than ``max-inflight-requests`` requests are in flight."""
+    def _wait_for_room(self, taking: bool = False) -> None:
+        """Wait (under the lock) until fewer than ``max-inflight-requests`` requests are in flight
+        (``taking``: counting the batches taken to be sent, before one more is taken)."""
         self._room_waiters += 1
         try:
-            while len(self._inflight) >= self.max_inflight:
+            while len(self._inflight) + (self._sending if taking else 0) >= self.max_inflight:
                 self._expire()
                 self._cond.wait(self._wait_s())
         finally:
@@ -288,10 +291,14 @@ class Lookuper:
             for share, leader, keys in shares:
                 self._send_one(share, leader, keys)
         finally:
-            if retried:
-                with self._cond:
+            with self._cond:
+                if retried:
                     self._retrying -= 1
                     self._cond.notify_all()
+                else:  # a batch taken off the queue: its place is now in flight (or it failed)
+                    self._sending -= 1
+                    if self._room_waiters or self._closed:
+                        self._cond.notify_all()
 
     def _route(self, batch: _Batch) -> list[tuple[_Batch, str | None, pa.RecordBatch | None]]:
         """``batch`` split by its keys' leaders: each share with its leader's URI (and its keys);
@@ -438,7 +445,8 @@ def _keys_of(keys: list[tuple], key_schema: pa.Schema) -> pa.RecordBatch:
     """Key tuples as a batch of ``key_schema`` (ValueError / ArrowException when one does not fit)."""
     if any(len(key) != len(key_schema) for key in keys):
         raise ValueError(f"a key has the {len(key_schema)} values of {key_schema.names}")
-    arrays = [pa.array(values, field.type) for values, field in zip(zip(*keys), key_schema)]
+    # pa.array converts a list four times faster than the tuple zip gives
+    arrays = [pa.array(list(values), field.type) for values, field in zip(zip(*keys), key_schema)]
     if any(array.null_count for array in arrays):
         raise ValueError("a key value is null")
     return pa.RecordBatch.from_arrays(arrays, schema=key_schema)
