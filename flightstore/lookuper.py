@@ -1,9 +1,10 @@
 """Batched asynchronous lookups, Apache Fluss's client model: ``table.lookuper()``.
 
 ``lookup_async(key)`` queues one key and returns a :class:`concurrent.futures.Future` of its rows;
-``await lookup(key)`` is the asyncio flavour. A sender thread drains the queue as Fluss's
-``LookupQueue.drain`` does: a batch is sent when it holds ``client.lookup.max-batch-size`` keys or
-when ``client.lookup.batch-timeout`` has passed since it began to fill, as one request (keys
+``await lookup(key)`` is the asyncio flavour. As Fluss's ``LookupQueue.drain`` does, a batch is
+sent when it holds ``client.lookup.max-batch-size`` keys (from the thread of the ``lookup_async``
+that filled it, when a request may be sent at once: no hand-off per batch) or, by a sender thread,
+when ``client.lookup.batch-timeout`` has passed since its first key came, as one request (keys
 deduplicated) on the connection's lookup stream (:mod:`flightstore.lookup_stream`). In a cluster
 (or with ``serve --workers``) a batch is split by its keys' bucket leaders, and each leader's share
 is one request on that leader's stream, with a ``routed`` handle (:mod:`flightstore.routed_lookups`):
