@@ -99,7 +99,8 @@ def _start_workers(data_dir: Path, rows) -> tuple[subprocess.Popen, str]:
 
 # ---- one client process ------------------------------------------------------------------------------
 def _client(kind: str, uri: str, seed: int, start_at: float, seconds: float, out) -> None:
-    """Look up random keys from ``start_at`` for ``seconds``; put (lookups, seconds, latencies)."""
+    """Look up random keys from ``start_at`` for ``seconds``; put (lookups, seconds, latencies,
+    this process's CPU seconds meanwhile)."""
     keys = np.random.default_rng(seed).integers(0, ROWS, 2_000_000).tolist()
     if kind == "pg":
         import psycopg
@@ -123,6 +124,7 @@ def _client(kind: str, uri: str, seed: int, start_at: float, seconds: float, out
     while time.time() < start_at:
         time.sleep(0.001)
     latencies = []
+    cpu = time.process_time()
     started = time.perf_counter()
     done = 0
     while time.perf_counter() - started < seconds:
@@ -131,7 +133,7 @@ def _client(kind: str, uri: str, seed: int, start_at: float, seconds: float, out
             raise AssertionError(f"{kind}: lookup of {keys[done]} did not find its row")
         latencies.append(time.perf_counter() - begin)
         done += 1
-    out.put((done, time.perf_counter() - started, np.array(latencies)))
+    out.put((done, time.perf_counter() - started, np.array(latencies), time.process_time() - cpu))
     conn.close()
 
 
@@ -144,6 +146,7 @@ def _batched(table, keys: list[int], start_at: float, seconds: float) -> tuple:
         while time.time() < start_at:
             time.sleep(0.001)
         window: collections.deque = collections.deque()
+        cpu = time.process_time()  # every thread of the process: the lookuper's, gRPC's
         started = time.perf_counter()
         done = 0
         at = 0
@@ -155,14 +158,16 @@ def _batched(table, keys: list[int], start_at: float, seconds: float) -> tuple:
                 raise AssertionError("batched: a key did not find its row")
             done += 1
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
         for future in window:
             future.result()
     table.connection.close()
-    return done, elapsed, np.array([])
+    return done, elapsed, np.array([]), cpu
 
 
-def _load(kind: str, uri: str, server_pid: int | None) -> tuple[float, np.ndarray, float]:
-    """(lookups/s, latencies, server CPU ms per lookup or nan) of :data:`CLIENTS` processes."""
+def _load(kind: str, uri: str, server_pid: int | None) -> tuple[float, np.ndarray, float, float]:
+    """(lookups/s, latencies, server CPU ms per lookup or nan, client CPU ms per lookup) of
+    :data:`CLIENTS` processes."""
     context = multiprocessing.get_context("spawn")  # no gRPC or libpq state forked
     out = context.Queue()
     start_at = time.time() + 6.0  # every process connected and warm by then
@@ -181,7 +186,8 @@ def _load(kind: str, uri: str, server_pid: int | None) -> tuple[float, np.ndarra
             raise RuntimeError(f"bench_lookups: a {kind} client failed (exit {process.exitcode})")
     total = sum(r[0] for r in results)
     rate = total / max(r[1] for r in results)
-    return rate, np.concatenate([r[2] for r in results]), cpu / total * 1e3
+    client_cpu = sum(r[3] for r in results)
+    return rate, np.concatenate([r[2] for r in results]), cpu / total * 1e3, client_cpu / total * 1e3
 
 
 # ---- ADBC latency vs the canned floor ---------------------------------------------------------------
@@ -231,8 +237,8 @@ def run() -> list[Row]:
             for round_ in range(ROUNDS):
                 for kind, target in (("pg", pg_uri), ("ours", uri), ("batched", uri), ("workers", workers_uri)):
                     measured = _load(kind, target, process.pid if kind in ("ours", "batched") else None)
-                    print(f"bench_lookups: round {round_ + 1} {kind}: {measured[0]:,.0f}/s",
-                          file=sys.stderr, flush=True)
+                    print(f"bench_lookups: round {round_ + 1} {kind}: {measured[0]:,.0f}/s, CPU per lookup: "
+                          f"server {measured[2]:.3f} ms, clients {measured[3]:.3f} ms", file=sys.stderr, flush=True)
                     if kind not in best or measured[0] > best[kind][0]:
                         best[kind] = measured
             adbc_ours, adbc_floor = _adbc_p50(uri)
@@ -242,9 +248,9 @@ def run() -> list[Row]:
     finally:
         _stop_postgres(root)
         shutil.rmtree(root, ignore_errors=True)
-    pg_rate, pg_latency, _ = best["pg"]
-    ours_rate, ours_latency, ours_cpu = best["ours"]
-    batched_rate, _, batched_cpu = best["batched"]
+    pg_rate, pg_latency, _, pg_client_cpu = best["pg"]
+    ours_rate, ours_latency, ours_cpu, _ = best["ours"]
+    batched_rate, _, batched_cpu, batched_client_cpu = best["batched"]
     pg_name = f"PostgreSQL (Debian) via psycopg, prepared, {CLIENTS} processes"
     return [
         Row(f"single-key lookups/s, Python client, {CLIENTS} processes", ours_rate, pg_rate, "lookups/s",
@@ -259,6 +265,8 @@ def run() -> list[Row]:
             float(np.percentile(pg_latency, 99)) * 1e3, "ms", pg_name, higher_is_better=False),
         Row("  server CPU per key: batched vs single-key lookups", batched_cpu, ours_cpu, "ms CPU",
             "same server, single-key lookups under load", higher_is_better=False),
+        Row("  client CPU per key: batched lookuper vs psycopg per lookup", batched_client_cpu, pg_client_cpu,
+            "ms CPU", "PostgreSQL's client processes, same load", higher_is_better=False),
         Row("ADBC prepared lookup p50 (no load)", adbc_ours, adbc_floor, "ms",
             "same driver, canned-reply Flight SQL server (floor)", higher_is_better=False, goal=">=0.91x"),
     ]
