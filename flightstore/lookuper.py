@@ -123,6 +123,13 @@ class Lookuper:
         """Queue ``key``; its future answers the key's rows. Blocks while the queue is full."""
         key = self._key(key)
         future: Future = Future()
+        try:
+            hash(key)  # a batch asks each distinct key once: a key must be a value, not a container
+        except TypeError as exc:
+            future.set_exception(pa.ArrowInvalid(
+                f"lookup key {key!r} of {self.spec.table} does not fit its key columns {list(self._key_names)}: "
+                f"{exc}"))
+            return future
         with self._cond:
             while len(self._queue) >= self.queue_size and not self._closed:
                 self._cond.wait()
@@ -145,6 +152,13 @@ class Lookuper:
         event loop."""
         key = self._key(key)
         future: Future = Future()
+        try:
+            hash(key)  # a batch asks each distinct key once: a key must be a value, not a container
+        except TypeError as exc:
+            future.set_exception(pa.ArrowInvalid(
+                f"lookup key {key!r} of {self.spec.table} does not fit its key columns {list(self._key_names)}: "
+                f"{exc}"))
+            return future
         with self._cond:
             queued = len(self._queue) < self.queue_size or self._closed
             if queued:

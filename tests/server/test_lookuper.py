@@ -176,3 +176,13 @@ def test_a_key_that_does_not_fit_fails_alone(kv):
             null.result(TIMEOUT)
     with pytest.raises(RuntimeError, match="closed"):
         lk.lookup_async(1)
+
+
+def test_an_unhashable_key_fails_alone_and_the_lookuper_still_closes(kv):
+    with kv.lookuper(options={"client.lookup.max-batch-size": 2}) as lk:
+        futures = [lk.lookup_async(4), lk.lookup_async({"id": [5, 6]}), lk.lookup_async(5)]
+        assert futures[0].result(TIMEOUT).to_pylist() == [{"id": 4, "v": "v4"}]
+        assert futures[2].result(TIMEOUT).to_pylist() == [{"id": 5, "v": "v5"}]
+        with pytest.raises(pa.ArrowInvalid, match="does not fit"):
+            futures[1].result(TIMEOUT)
+    assert not lk._sender.is_alive()  # close() returned: nothing was left in flight
