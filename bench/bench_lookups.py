@@ -14,6 +14,9 @@ round, in :data:`ROUNDS` interleaved rounds (each figure: its best round):
   leading half of the buckets; the client sends each key to its bucket's worker): lookups/s.
 * flightstore's batched lookuper, :data:`IN_FLIGHT` keys in flight per process: keys/s (goal >= 2x
   PostgreSQL's single-key lookups/s).
+* the same single-key lookups against ``bench/canned_lookups.py``, a lookup-stream server that
+  answers every lookup with a ready row (no storage): the floor of the Python client and the
+  pyarrow.flight transport on this machine, and the server CPU per lookup beside ours.
 * ADBC prepared lookup p50 (one client, no load) vs the same driver against
   ``bench/canned_flightsql.py``, a Flight SQL server answering from canned replies (goal <= 1.1x).
 
@@ -229,14 +232,20 @@ def run() -> list[Row]:
         rows = _mixed(ROWS, seed=3)
         with Store(root / "data") as store:  # built embedded; the server then opens the same data dir
             store.create_table("kv", rows.schema, primary_key=["id"], options={"bucket.num": 4}).upsert(rows)
+        with Store(root / "data-floor") as store:  # the canned server answers one ready row
+            store.create_table("kv", rows.schema, primary_key=["id"], options={"bucket.num": 4}).upsert(
+                rows.slice(0, 1))
         process, uri = _start_server(["-m", "flightstore", "serve", "--data-dir", str(root / "data"),
                                       "--host", "127.0.0.1", "--port", "0", "--no-fsync"], "flightstore serving")
         workers, workers_uri = _start_workers(root / "data-workers", rows)
+        floor, floor_uri = _start_server(["-m", "bench.canned_lookups", str(root / "data-floor")], "canned")
         try:
             best: dict[str, tuple] = {}
+            pids = {"ours": process.pid, "batched": process.pid, "floor": floor.pid}
             for round_ in range(ROUNDS):
-                for kind, target in (("pg", pg_uri), ("ours", uri), ("batched", uri), ("workers", workers_uri)):
-                    measured = _load(kind, target, process.pid if kind in ("ours", "batched") else None)
+                for kind, target in (("pg", pg_uri), ("ours", uri), ("batched", uri), ("workers", workers_uri),
+                                     ("floor", floor_uri)):
+                    measured = _load(kind, target, pids.get(kind))
                     print(f"bench_lookups: round {round_ + 1} {kind}: {measured[0]:,.0f}/s, CPU per lookup: "
                           f"server {measured[2]:.3f} ms, clients {measured[3]:.3f} ms", file=sys.stderr, flush=True)
                     if kind not in best or measured[0] > best[kind][0]:
@@ -245,6 +254,7 @@ def run() -> list[Row]:
         finally:
             _stop_server(process)
             _stop_server(workers)
+            _stop_server(floor)
     finally:
         _stop_postgres(root)
         shutil.rmtree(root, ignore_errors=True)
@@ -263,6 +273,10 @@ def run() -> list[Row]:
             float(np.percentile(pg_latency, 50)) * 1e3, "ms", pg_name, higher_is_better=False),
         Row("single-key lookup p99 under that load", float(np.percentile(ours_latency, 99)) * 1e3,
             float(np.percentile(pg_latency, 99)) * 1e3, "ms", pg_name, higher_is_better=False),
+        Row("  single-key lookups/s vs the canned lookup server (client + transport floor)", ours_rate,
+            best["floor"][0], "lookups/s", "same clients, bench/canned_lookups.py"),
+        Row("  server CPU per single-key lookup vs the canned lookup server", ours_cpu, best["floor"][2],
+            "ms CPU", "same load, bench/canned_lookups.py", higher_is_better=False),
         Row("  server CPU per key: batched vs single-key lookups", batched_cpu, ours_cpu, "ms CPU",
             "same server, single-key lookups under load", higher_is_better=False),
         Row("  client CPU per key: batched lookuper vs psycopg per lookup", batched_client_cpu, pg_client_cpu,
