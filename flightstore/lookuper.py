@@ -122,14 +122,10 @@ class Lookuper:
     def lookup_async(self, key: Any) -> Future:
         """Queue ``key``; its future answers the key's rows. Blocks while the queue is full."""
         key = self._key(key)
+        unfit = self._unfit(key)
+        if unfit is not None:
+            return unfit
         future: Future = Future()
-        try:
-            hash(key)  # a batch asks each distinct key once: a key must be a value, not a container
-        except TypeError as exc:
-            future.set_exception(pa.ArrowInvalid(
-                f"lookup key {key!r} of {self.spec.table} does not fit its key columns {list(self._key_names)}: "
-                f"{exc}"))
-            return future
         with self._cond:
             while len(self._queue) >= self.queue_size and not self._closed:
                 self._cond.wait()
@@ -151,14 +147,10 @@ class Lookuper:
         """The asyncio flavour of :meth:`lookup_async`: waits for queue room without blocking the
         event loop."""
         key = self._key(key)
+        unfit = self._unfit(key)
+        if unfit is not None:
+            return await asyncio.wrap_future(unfit)
         future: Future = Future()
-        try:
-            hash(key)  # a batch asks each distinct key once: a key must be a value, not a container
-        except TypeError as exc:
-            future.set_exception(pa.ArrowInvalid(
-                f"lookup key {key!r} of {self.spec.table} does not fit its key columns {list(self._key_names)}: "
-                f"{exc}"))
-            return future
         with self._cond:
             queued = len(self._queue) < self.queue_size or self._closed
             if queued:
@@ -166,6 +158,19 @@ class Lookuper:
         if not queued:  # full: wait for room in a worker thread, not in the event loop
             future = await asyncio.get_running_loop().run_in_executor(None, self.lookup_async, key)
         return await asyncio.wrap_future(future)
+
+    def _unfit(self, key: tuple) -> Future | None:
+        """A failed future for a key that cannot be asked (a container where a value goes: a batch
+        asks each distinct key once, by hash), as a key that does not fit fails; None for a key."""
+        try:
+            hash(key)
+        except TypeError as exc:
+            future: Future = Future()
+            future.set_exception(pa.ArrowInvalid(
+                f"lookup key {key!r} of {self.spec.table} does not fit its key columns {list(self._key_names)}: "
+                f"{exc}"))
+            return future
+        return None
 
     def _enqueue(self, key: tuple, future: Future, send_full: bool = True) -> None:
         """Queue one lookup (under the lock); a first key starts the batch's timeout in the sender

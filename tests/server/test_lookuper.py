@@ -185,4 +185,6 @@ def test_an_unhashable_key_fails_alone_and_the_lookuper_still_closes(kv):
         assert futures[2].result(TIMEOUT).to_pylist() == [{"id": 5, "v": "v5"}]
         with pytest.raises(pa.ArrowInvalid, match="does not fit"):
             futures[1].result(TIMEOUT)
+        with pytest.raises(pa.ArrowInvalid, match="does not fit"):
+            asyncio.run(asyncio.wait_for(lk.lookup({"id": [7]}), TIMEOUT))
     assert not lk._sender.is_alive()  # close() returned: nothing was left in flight
