@@ -13,7 +13,8 @@ round, in :data:`ROUNDS` interleaved rounds (each figure: its best round):
 * the same single-key lookups against ``serve --workers 2`` (a server process per core, each
   leading half of the buckets; the client sends each key to its bucket's worker): lookups/s.
 * flightstore's batched lookuper, :data:`IN_FLIGHT` keys in flight per process: keys/s (goal >= 2x
-  PostgreSQL's single-key lookups/s).
+  PostgreSQL's single-key lookups/s); and deep, :data:`DEEP_IN_FLIGHT` keys in flight per process
+  in batches of 128 (Fluss's default ``client.lookup.max-batch-size``).
 * the same single-key lookups against ``bench/canned_lookups.py``, a lookup-stream server that
   answers every lookup with a ready row (no storage): the floor of the Python client and the
   pyarrow.flight transport on this machine, and the server CPU per lookup beside ours.
@@ -48,8 +49,10 @@ CLIENTS = 8
 SECONDS = 8.0
 ROUNDS = 2
 IN_FLIGHT = 64  # keys in flight per process with the batched lookuper
+DEEP_IN_FLIGHT = 512  # ... and in its deep configuration, with Fluss's default batch size
 WORKERS = 2  # server processes of ``serve --workers`` (this machine's cores)
 LOOKUPER_OPTIONS = {"client.lookup.max-batch-size": 32, "client.lookup.batch-timeout": "5ms"}
+DEEP_OPTIONS = {"client.lookup.max-batch-size": 128, "client.lookup.batch-timeout": "5ms"}
 ADBC_LOOKUPS = 1_000
 ADBC_ROUNDS = 4
 PG_COLUMNS = ("id bigint primary key, user_id bigint, amount double precision, score real, qty integer, "
@@ -121,7 +124,9 @@ def _client(kind: str, uri: str, seed: int, start_at: float, seconds: float, out
         def one(key: int) -> int:
             return table.lookup({"id": [key]}).num_rows
     if kind == "batched":
-        return out.put(_batched(table, keys, start_at, seconds))
+        return out.put(_batched(table, keys, start_at, seconds, IN_FLIGHT, LOOKUPER_OPTIONS))
+    if kind == "deep":
+        return out.put(_batched(table, keys, start_at, seconds, DEEP_IN_FLIGHT, DEEP_OPTIONS))
     for key in keys[:200]:
         one(key)
     while time.time() < start_at:
@@ -140,11 +145,11 @@ def _client(kind: str, uri: str, seed: int, start_at: float, seconds: float, out
     conn.close()
 
 
-def _batched(table, keys: list[int], start_at: float, seconds: float) -> tuple:
-    """Keep :data:`IN_FLIGHT` keys in flight on one lookuper; count the keys answered."""
+def _batched(table, keys: list[int], start_at: float, seconds: float, in_flight: int, options: dict) -> tuple:
+    """Keep ``in_flight`` keys in flight on one lookuper; count the keys answered."""
     import collections
-    with table.lookuper(options=LOOKUPER_OPTIONS) as lookuper:
-        for future in [lookuper.lookup_async(k) for k in keys[:IN_FLIGHT]]:
+    with table.lookuper(options=options) as lookuper:
+        for future in [lookuper.lookup_async(k) for k in keys[:in_flight]]:
             future.result()
         while time.time() < start_at:
             time.sleep(0.001)
@@ -154,7 +159,7 @@ def _batched(table, keys: list[int], start_at: float, seconds: float) -> tuple:
         done = 0
         at = 0
         while time.perf_counter() - started < seconds:
-            while len(window) < IN_FLIGHT:
+            while len(window) < in_flight:
                 window.append(lookuper.lookup_async(keys[at]))
                 at += 1
             if window.popleft().result().num_rows != 1:
@@ -241,10 +246,10 @@ def run() -> list[Row]:
         floor, floor_uri = _start_server(["-m", "bench.canned_lookups", str(root / "data-floor")], "canned")
         try:
             best: dict[str, tuple] = {}
-            pids = {"ours": process.pid, "batched": process.pid, "floor": floor.pid}
+            pids = {"ours": process.pid, "batched": process.pid, "deep": process.pid, "floor": floor.pid}
             for round_ in range(ROUNDS):
-                for kind, target in (("pg", pg_uri), ("ours", uri), ("batched", uri), ("workers", workers_uri),
-                                     ("floor", floor_uri)):
+                for kind, target in (("pg", pg_uri), ("ours", uri), ("batched", uri), ("deep", uri),
+                                     ("workers", workers_uri), ("floor", floor_uri)):
                     measured = _load(kind, target, pids.get(kind))
                     print(f"bench_lookups: round {round_ + 1} {kind}: {measured[0]:,.0f}/s, CPU per lookup: "
                           f"server {measured[2]:.3f} ms, clients {measured[3]:.3f} ms", file=sys.stderr, flush=True)
@@ -277,6 +282,8 @@ def run() -> list[Row]:
             best["floor"][0], "lookups/s", "same clients, bench/canned_lookups.py"),
         Row("  server CPU per single-key lookup vs the canned lookup server", ours_cpu, best["floor"][2],
             "ms CPU", "same load, bench/canned_lookups.py", higher_is_better=False),
+        Row(f"keys/s, batched lookuper ({DEEP_IN_FLIGHT} in flight per process, batches of 128)", best["deep"][0],
+            pg_rate, "keys/s", "PostgreSQL single-key lookups/s", goal=">=2x"),
         Row("  server CPU per key: batched vs single-key lookups", batched_cpu, ours_cpu, "ms CPU",
             "same server, single-key lookups under load", higher_is_better=False),
         Row("  client CPU per key: batched lookuper vs psycopg per lookup", batched_client_cpu, pg_client_cpu,
