@@ -18,11 +18,11 @@ from pathlib import Path
 from tests.waiting import wait_until
 
 # Imported once by the fork server: the server, the lake's tiering and the test helpers whose
-# functions the children run. A pytest process has one fork server, started with the preload set
-# first (tests/kv/test_aggregation_exactly_once.py sets its own): a module missing from it is
-# imported by each child instead, which costs time, not correctness.
+# functions the children run (of every test that forks: a pytest process has one fork server,
+# started with the preload list set first, so every test sets this one through fork_context).
 PRELOAD = ["flightstore.cli", "flightstore.client", "flightstore.server.service", "flightstore.store",
-           "flightstore.lake.tierer", "tests.forked_server", "tests.lake.tier_child"]
+           "flightstore.lake.tierer", "tests.forked_server", "tests.lake.tier_child", "tests.kv.crash_writer",
+           "tests.kv.agg_writer"]
 
 
 def fork_context() -> multiprocessing.context.ForkServerContext:

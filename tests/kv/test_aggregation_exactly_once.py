@@ -3,7 +3,6 @@ while the server is killed -9 and restarted, and column ownership."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import signal
@@ -31,6 +30,7 @@ from flightstore.kv.ownership import (
     release_columns,
 )
 from flightstore.store import Store
+from tests.forked_server import fork_context
 from tests.kv import agg_writer, crash_writer
 from tests.kv.fold import fold_changelog, kv_contents
 from tests.waiting import wait_until
@@ -135,9 +135,7 @@ def test_client_writers_apply_every_acknowledged_batch_once_across_server_kills(
     """Issue 20 item 3: 8 writer processes (writer ids) write an aggregation table and a
     multi-bucket log table while the server is killed -9 and restarted 6 times; every batch
     acknowledged is applied exactly once (sums exact, each event id and log row once)."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["flightstore.cli", "flightstore.client", "flightstore.server.service",
-                                "tests.kv.crash_writer", "tests.kv.agg_writer"])
+    ctx = fork_context()
     data_dir, port, rng = str(tmp_path / "data"), _free_port(), random.Random(20)
     uri = f"grpc://127.0.0.1:{port}"
     server = ctx.Process(target=crash_writer.serve_process, args=(data_dir, port), daemon=True)
