@@ -1,6 +1,8 @@
 """Batched asynchronous lookups, Apache Fluss's client model: ``table.lookuper()``.
 
-``lookup_async(key)`` queues one key and returns a :class:`concurrent.futures.Future` of its rows;
+``lookup_async(key)`` queues one key and returns a :class:`concurrent.futures.Future` of its rows
+(a :class:`~flightstore.batch_futures.BatchFuture`: the futures of a lookuper share one condition,
+and an answered request completes all of its futures under one lock, with one notification);
 ``await lookup(key)`` is the asyncio flavour. As Fluss's ``LookupQueue.drain`` does, a batch is
 sent when it holds ``client.lookup.max-batch-size`` keys (from the thread of the ``lookup_async``
 that filled it, when a request may be sent at once: no hand-off per batch) or, by a sender thread,
@@ -37,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 from pyarrow import flight
 
+from flightstore.batch_futures import BatchFuture, complete, fail
 from flightstore.config import validate_client_options
 from flightstore.lookup_stream import ATTEMPTS, RETRY_PAUSE_S, StaleHandle, StreamBroken, unanswered
 from flightstore.routed_lookups import FIRST_PAUSE_S, MAX_PAUSE_S, RETRY_S, split_by_leader
@@ -50,7 +53,8 @@ _SCALARS = frozenset((int, str, float, bytes, bool))  # key types that are one v
 class _Batch:
     """One request's worth of lookups: distinct keys, and the futures waiting on each."""
 
-    def __init__(self, items: list[tuple[tuple, Future]]) -> None:
+    def __init__(self, items: list[tuple[tuple, Future]], answers: threading.Condition) -> None:
+        self.answers = answers  # the condition of the batch's futures (batch_futures)
         keys = [key for key, _ in items]
         if len(set(keys)) == len(keys):  # the common case: no key twice
             self.keys: list[tuple] = keys
@@ -68,16 +72,13 @@ class _Batch:
 
     def share(self, positions: np.ndarray) -> _Batch:
         """The batch of the keys at ``positions`` (a leader's share), with their futures."""
-        part = _Batch([])
+        part = _Batch([], self.answers)
         part.keys = [self.keys[at] for at in positions.tolist()]
         part.waiting = [self.waiting[at] for at in positions.tolist()]
         return part
 
     def fail(self, error: BaseException) -> None:
-        for futures in self.waiting:
-            for future in futures:
-                if not future.done():
-                    future.set_exception(error)
+        fail(self.answers, (future for futures in self.waiting for future in futures), error)
 
 
 class Lookuper:
@@ -114,6 +115,8 @@ class Lookuper:
         self._sending = 0  # batches taken off the queue, not yet in flight (each holds a place)
         self._ids = 0
         self._cond = threading.Condition()
+        # The futures' condition (batch_futures): an answered batch completes its futures at once.
+        self._answers = threading.Condition()
         self._closed = False
         self._sender = threading.Thread(target=self._run, name="flightstore-lookuper", daemon=True)
         self._sender.start()
@@ -125,7 +128,7 @@ class Lookuper:
         unfit = self._unfit(key)
         if unfit is not None:
             return unfit
-        future: Future = Future()
+        future = BatchFuture(self._answers)
         with self._cond:
             while len(self._queue) >= self.queue_size and not self._closed:
                 self._cond.wait()
@@ -140,7 +143,7 @@ class Lookuper:
                 if full:
                     self._cond.notify_all()  # the sender sends it when a request is answered
         if items:
-            self._send(_Batch(items))
+            self._send(_Batch(items, self._answers))
         return future
 
     async def lookup(self, key: Any) -> pa.Table:
@@ -150,7 +153,7 @@ class Lookuper:
         unfit = self._unfit(key)
         if unfit is not None:
             return await asyncio.wrap_future(unfit)
-        future: Future = Future()
+        future = BatchFuture(self._answers)
         with self._cond:
             queued = len(self._queue) < self.queue_size or self._closed
             if queued:
@@ -231,7 +234,7 @@ class Lookuper:
                 if items is None:
                     break
             if items:
-                self._send(_Batch(items))
+                self._send(_Batch(items, self._answers))
         with self._cond:  # closed: wait for the answers still in flight
             while self._inflight or self._retrying or self._sending:
                 self._expire()
@@ -392,8 +395,7 @@ class Lookuper:
             except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
                 error = pa.ArrowInvalid(f"lookup key {key!r} of {self.spec.table} does not fit its key "
                                         f"columns {key_schema.names}: {exc}")
-                for future in batch.waiting[at]:
-                    future.set_exception(error)
+                fail(self._answers, batch.waiting[at], error)
         batch.keys = [batch.keys[at] for at in good]
         batch.waiting = [batch.waiting[at] for at in good]
         return _keys_of(batch.keys, key_schema) if good else None
@@ -430,9 +432,8 @@ class Lookuper:
             for count in counts:
                 answers.append(rows.slice(start, count) if count else empty)
                 start += count
-        for futures, found in zip(waiting, answers):
-            for future in futures:
-                future.set_result(found)
+        complete(self._answers, ((future, found) for futures, found in zip(waiting, answers)
+                                 for future in futures))
 
     def _broken(self, batch: _Batch, broken: StreamBroken) -> None:
         if batch.reroute_until is not None:  # a leader's stream: the leader may have moved
