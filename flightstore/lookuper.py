@@ -3,9 +3,10 @@
 ``lookup_async(key)`` queues one key and returns a :class:`concurrent.futures.Future` of its rows
 as a ``pyarrow.RecordBatch`` (a :class:`~flightstore.batch_futures.BatchFuture`: the futures of a
 lookuper share one condition, and an answered request completes all of its futures under one
-lock, with one notification); ``await lookup(key)`` is the asyncio flavour. As Fluss's ``LookupQueue.drain`` does, a batch is
-sent when it holds ``client.lookup.max-batch-size`` keys (from the thread of the ``lookup_async``
-that filled it, when a request may be sent at once: no hand-off per batch) or, by a sender thread,
+lock, with one notification); ``await lookup(key)`` is the asyncio flavour.
+
+As Fluss's ``LookupQueue.drain`` does, a batch is sent when it holds
+``client.lookup.max-batch-size`` keys (from the thread of the ``lookup_async`` that filled it, when a request may be sent at once: no hand-off per batch) or, by a sender thread,
 when ``client.lookup.batch-timeout`` has passed since its first key came, as one request (keys
 deduplicated) on the connection's lookup stream (:mod:`flightstore.lookup_stream`). In a cluster
 (or with ``serve --workers``) a batch is split by its keys' bucket leaders, and each leader's share
