@@ -6,18 +6,19 @@ lookuper share one condition, and an answered request completes all of its futur
 lock, with one notification); ``await lookup(key)`` is the asyncio flavour.
 
 As Fluss's ``LookupQueue.drain`` does, a batch is sent when it holds
-``client.lookup.max-batch-size`` keys (from the thread of the ``lookup_async`` that filled it, when a request may be sent at once: no hand-off per batch) or, by a sender thread,
-when ``client.lookup.batch-timeout`` has passed since its first key came, as one request (keys
+``client.lookup.max-batch-size`` keys (from the thread of the ``lookup_async`` that filled it, when
+a request may be sent at once: no hand-off per batch) or, by a sender thread, when
+``client.lookup.batch-timeout`` has passed since its first key came, as one request (keys
 deduplicated) on the connection's lookup stream (:mod:`flightstore.lookup_stream`). In a cluster
 (or with ``serve --workers``) a batch is split by its keys' bucket leaders, and each leader's share
-is one request on that leader's stream, with a ``routed`` handle (:mod:`flightstore.routed_lookups`):
-a leader answers only for its own buckets; when one answers NOT_LEADER or cannot be reached, the
-share is routed again on fresh locations, for up to ``routed_lookups.RETRY_S``. At most
-``client.lookup.max-inflight-requests`` requests are unanswered at once, and at most
-``client.lookup.queue-size`` keys wait in the queue: past that ``lookup_async`` blocks (the asyncio
-flavour waits without blocking its loop), so a producer faster than the server, or a consumer whose
-callbacks are slow, holds memory for at most ``queue-size + max-inflight-requests *
-max-batch-size`` keys.
+is one request on that leader's stream, with a ``routed`` handle
+(:mod:`flightstore.routed_lookups`): a leader answers only for its own buckets; when one answers
+NOT_LEADER or cannot be reached, the share is routed again on fresh locations, for up to
+``routed_lookups.RETRY_S``. At most ``client.lookup.max-inflight-requests`` requests are unanswered
+at once, and at most ``client.lookup.queue-size`` keys wait in the queue: past that
+``lookup_async`` blocks (the asyncio flavour waits without blocking its loop), so a producer faster
+than the server, or a consumer whose callbacks are slow, holds memory for at most ``queue-size +
+max-inflight-requests * max-batch-size`` keys.
 
 Every future completes or fails: a request whose stream broke is sent once more on a new stream,
 then its futures fail with ``FlightUnavailableError``; with a connection ``timeout`` a request
