@@ -30,9 +30,8 @@ from pyarrow import flight
 from flightstore.acl import Operation, Permission
 from flightstore.catalog import DEFAULT_DATABASE
 from flightstore.errors import DatabaseNotFound, InvalidInput, NotLeader, TableNotFound, Unavailable, Unsupported
-from flightstore.kv.encoding import encode_key_array
 from flightstore.schema import TablePath
-from flightstore.server.coalesce import LookupCoalescer
+from flightstore.server.coalesce import LookupCoalescer, matchable_keys
 from flightstore.server.messages import MAX_BATCH_BYTES, MAX_BATCH_ROWS, rechunk
 from flightstore.server.rpc import _CALLER, _translate
 from flightstore.sql.privileges import table_resource
@@ -296,8 +295,6 @@ class ServedLookupStream:
 
 def _positions(found: pa.Table, keys: pa.Table, key_columns: tuple[str, ...]) -> pa.Array:
     """For each row of ``found``, the index of its key in ``keys`` (distinct keys: the client asks
-    each key once). A key of one integer column is matched as it is (encoding both sides for the
-    general case cost ~1 us per key of a 128-key lookup)."""
-    if len(key_columns) == 1 and pa.types.is_integer(keys.schema.field(key_columns[0]).type):
-        return pc.index_in(found.column(key_columns[0]), value_set=keys.column(key_columns[0]))
-    return pc.index_in(encode_key_array(found, key_columns), value_set=encode_key_array(keys, key_columns))
+    each key once), matched on :func:`~.coalesce.matchable_keys` (no encoding for a key of one
+    integer column: encoding both sides cost ~1 us per key of a 128-key lookup)."""
+    return pc.index_in(matchable_keys(found, key_columns), value_set=matchable_keys(keys, key_columns))
