@@ -5,7 +5,9 @@ A :class:`concurrent.futures.Future` makes a ``threading.Condition`` of its own 
 the lookup's share of the server's work. A :class:`BatchFuture` is a real ``Future`` (``wait``,
 ``as_completed``, ``add_done_callback``, ``cancel`` and ``asyncio.wrap_future`` work on it) whose
 condition is shared by the futures of one owner, and :func:`complete` / :func:`fail` finish many of
-them under that lock once, with one ``notify_all``. Because one notification may wake a thread
+them under that lock once, with one ``notify_all`` (a future with done callbacks ends such a run:
+its callbacks run before the futures after it are finished, as with ``set_result`` one by one).
+Because one notification may wake a thread
 waiting on another future of the owner, :meth:`BatchFuture.result` and
 :meth:`BatchFuture.exception` wait in a loop until their own future is done or their timeout has
 passed (the stock methods wait once); a done future answers without taking the lock.
@@ -62,9 +64,9 @@ class BatchFuture(Future):
 
 
 def complete(condition: threading.Condition, answers: Iterable[tuple[BatchFuture, Any]]) -> None:
-    """Set each future's result (futures of ``condition``): one lock, one notification, then the
-    done callbacks in this thread, as ``set_result`` runs them. A future already done (cancelled,
-    failed by a timeout) is left as it is."""
+    """Set each future's result (futures of ``condition``), in order: one lock and one notification
+    per run of futures without done callbacks; callbacks run in this thread, as ``set_result``
+    runs them. A future already done (cancelled, failed by a timeout) is left as it is."""
     _finish(condition, answers, exception=False)
 
 
@@ -74,23 +76,32 @@ def fail(condition: threading.Condition, futures: Iterable[BatchFuture], error: 
 
 
 def _finish(condition: threading.Condition, outcomes: Iterable[tuple[BatchFuture, Any]], exception: bool) -> None:
-    called = []
-    with condition:
-        for future, value in outcomes:
-            if future._state not in _UNDONE:
-                continue
-            if exception:
-                future._exception = value
-            else:
-                future._result = value
-            future._state = FINISHED
-            for waiter in future._waiters:  # concurrent.futures.wait / as_completed
+    """Finish the futures in order, under one lock for each run of futures without done callbacks;
+    a future with callbacks ends its run, and its callbacks run (outside the lock) before the next
+    future is finished, as ``set_result`` one by one does: a slow callback holds back the futures
+    after it (a caller adding a callback to one of those does not find it done and run the
+    callback in its own thread)."""
+    outcomes = iter(outcomes)
+    while True:
+        called = None
+        with condition:
+            for future, value in outcomes:
+                if future._state not in _UNDONE:
+                    continue
                 if exception:
-                    waiter.add_exception(future)
+                    future._exception = value
                 else:
-                    waiter.add_result(future)
-            if future._done_callbacks:
-                called.append(future)
-        condition.notify_all()
-    for future in called:
-        future._invoke_callbacks()
+                    future._result = value
+                future._state = FINISHED
+                for waiter in future._waiters:  # concurrent.futures.wait / as_completed
+                    if exception:
+                        waiter.add_exception(future)
+                    else:
+                        waiter.add_result(future)
+                if future._done_callbacks:
+                    called = future
+                    break
+            condition.notify_all()
+        if called is None:
+            return
+        called._invoke_callbacks()

@@ -64,3 +64,14 @@ def test_wait_as_completed_callbacks_and_asyncio():
     assert sorted(f.result() for f in concurrent.futures.as_completed(futures, timeout=TIMEOUT)) == [0, 1, 2, 3]
     assert called == [0]
     assert asyncio.run(awaited()) == 3
+
+
+def test_a_callback_runs_before_the_futures_after_it_are_done():
+    """As set_result one by one: a slow callback holds back the later futures of the batch (so a
+    caller adding a callback to one of them does not run it in its own thread)."""
+    condition = threading.Condition()
+    first, second = BatchFuture(condition), BatchFuture(condition)
+    seen = []
+    first.add_done_callback(lambda f: seen.append((f.result(), second.done())))
+    complete(condition, [(first, 1), (second, 2)])
+    assert seen == [(1, False)] and second.result(0) == 2
