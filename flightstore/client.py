@@ -717,7 +717,8 @@ class TableClient:
     def lookuper(self, *, columns: Sequence[str] | None = None, prefix: Sequence[str] | None = None,
                  options: Mapping[str, Any] | None = None) -> Lookuper:
         """Batched asynchronous lookups of this table (Fluss's ``Lookuper``): ``lookup_async(key)``
-        returns a Future, ``await lookup(key)`` is the asyncio flavour; concurrent keys travel
+        returns a Future of the key's rows as a ``pyarrow.RecordBatch``, ``await lookup(key)`` is
+        the asyncio flavour; concurrent keys travel
         together, bounded by the ``client.lookup.*`` ``options`` (:mod:`flightstore.lookuper`).
         ``prefix``: leading primary-key columns, for prefix lookups. Close it (or use ``with``)."""
         return Lookuper(self, columns=columns, prefix=prefix, options=options)

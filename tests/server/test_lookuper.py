@@ -43,6 +43,7 @@ def test_concurrent_keys_travel_together(kv):
         futures = [lk.lookup_async(k % 10) for k in range(64)]
         answers = [f.result(TIMEOUT) for f in futures]
     assert [a.to_pylist() for a in answers] == [[{"id": k % 10, "v": f"v{k % 10}"}] for k in range(64)]
+    assert all(type(a) is pa.RecordBatch for a in answers)  # the documented answer type
     assert sent == [10, 10, 10, 10], sent  # full batches leave at once (no 10 s wait), deduplicated
 
 

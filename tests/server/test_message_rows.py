@@ -45,6 +45,11 @@ def test_every_result_path_cuts_messages_at_max_batch_rows(capped) -> None:
             sizes = _sizes(batches)
             assert sum(sizes) == ROWS, what
             assert max(sizes) <= CAP, f"{what}: messages of {max(sizes)} rows"
+        # the lookuper's request of every key is answered in messages of CAP rows: each key still
+        # gets exactly its row (from one batch combined of the messages)
+        with pk.lookuper(options={"client.lookup.max-batch-size": ROWS, "client.lookup.batch-timeout": "10s"}) as lk:
+            futures = [lk.lookup_async(k) for k in range(ROWS)]
+            assert [f.result(60).to_pylist() for f in futures] == [[{"k": k, "v": f"v{k % 7}"}] for k in range(ROWS)]
 
 
 def test_without_the_option_the_same_answer_is_one_message(server) -> None:
