@@ -59,9 +59,11 @@ class ForkedServerProcess:
     printed its :attr:`uri`; ``pid``, ``alive``, ``kill``, ``stop``); its output and errors are
     appended to ``log``, so a restart on the same log keeps the earlier runs' lines."""
 
-    def __init__(self, args: Sequence[str], *, log: Path) -> None:
+    def __init__(self, args: Sequence[str], *, log: Path, cwd: Path | None = None) -> None:
+        """``cwd``: the server's working directory (default: the test's at start)."""
         self.args = list(args)
         self.log = Path(log)
+        self.cwd = cwd
         self.uri: str | None = None
         self.process: multiprocessing.process.BaseProcess | None = None
         self._offset = 0
@@ -86,7 +88,7 @@ class ForkedServerProcess:
         self.uri = None
         self._offset = self.log.stat().st_size if self.log.exists() else 0
         self.process = fork_context().Process(target=_serve, daemon=True, args=(
-            self.args, str(self.log), dict(os.environ), os.getcwd()))
+            self.args, str(self.log), dict(os.environ), str(self.cwd or os.getcwd())))
         self.process.start()
 
         def serving() -> bool:
