@@ -20,10 +20,10 @@ from pyarrow import flight
 
 import flightstore
 from flightstore.bucketing import bucket_ids
+from flightstore.cluster.local import ServerProcess
 from flightstore.lookup_stream import LookupStream
 from flightstore.wire import lookups as wire
 from tests.cluster.conftest import describe
-from tests.forked_server import ForkedServerProcess
 from tests.server.conftest import RunningServer
 from tests.waiting import wait_until
 
@@ -45,8 +45,8 @@ class Group:
 
     def __init__(self, root, workers: int = WORKERS) -> None:
         self.root = root
-        self.process = ForkedServerProcess(["--data-dir", str(root / "data"), "--port", "0", "--workers",
-                                            str(workers), "--no-fsync"], log=root / "workers.log").start()
+        self.process = ServerProcess(["--data-dir", str(root / "data"), "--port", "0", "--workers",
+                                      str(workers), "--no-fsync"], stderr=root / "workers.log").start()
         self.uri = self.process.uri
 
     def status(self) -> dict:
@@ -351,8 +351,8 @@ def test_a_data_directory_keeps_its_number_of_workers(tmp_path):
     running = Group(tmp_path, workers=2)
     running.process.stop(120)
     for args in (["--workers", "3"], []):
-        process = ForkedServerProcess(["--data-dir", str(tmp_path / "data"), "--port", "0", *args],
-                                      log=tmp_path / "again.log")
+        process = ServerProcess(["--data-dir", str(tmp_path / "data"), "--port", "0", *args],
+                                stderr=tmp_path / "again.log")
         with pytest.raises(Exception, match="did not start"):
             process.start(120)
     log = (tmp_path / "again.log").read_text()
