@@ -6,8 +6,10 @@ flightstore, pyarrow, DuckDB, pyiceberg and kazoo at every start, a fork ~0.2 s,
 
 The child runs the real ``serve`` command (:func:`flightstore.cli.main`) in a process of its own:
 kill -9 and SIGSTOP reach it and nothing else (the fork server and the other servers are other
-processes). The fork server only imports (no thread of its, no socket or file of the test's
-process reaches a child), and was started with the environment and working directory of the first
+processes). The fork server only imports: no socket or file of the test's process reaches a
+child, and no Python thread runs in it (pyarrow's import starts two native threads, jemalloc's
+background thread among them, which a fork does not copy; the kill -9 tests have forked this way
+since they were written). It was started with the environment and working directory of the first
 fork of the pytest process: a child takes the starting test's environment and working directory
 at each start, as a subprocess would. ``flightstore.cluster.local.ServerProcess`` (a fresh
 ``python -m flightstore serve``) stays the product's way, which tests/cluster/test_cli.py covers.
@@ -42,6 +44,8 @@ def fork_context() -> multiprocessing.context.ForkServerContext:
 
 
 def _serve(args: list[str], log: str, environ: dict[str, str], cwd: str) -> None:
+    """In the forked child: the starting test's environment and directory, output and errors
+    appended to ``log``, then the ``serve`` command (which exits the process)."""
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)
