@@ -1,28 +1,39 @@
 """``flightstore serve`` in a process forked from a multiprocessing fork server that imported
-flightstore once, for the kill -9 tests that restart their server several times: a fresh
-interpreter spends seconds of CPU importing flightstore, pyarrow, DuckDB and pyiceberg at every
-start, which is most of such a test's cost on a busy machine. The child runs the real ``serve``
-command (:func:`flightstore.cli.main`) in a process of its own: kill -9 kills it and nothing else.
-A forked child has the environment and working directory the fork server started with (the first
-fork of the pytest process), not a test's later changes to them: pass settings as arguments.
+flightstore once, for the tests that start many servers (the cluster tests, the kill -9 tests that
+restart their server several times): a fresh interpreter spends 3-5 s of CPU importing
+flightstore, pyarrow, DuckDB, pyiceberg and kazoo at every start, a fork ~0.2 s, and on CI's
+2-core machine the suite is CPU-bound.
+
+The child runs the real ``serve`` command (:func:`flightstore.cli.main`) in a process of its own:
+kill -9 and SIGSTOP reach it and nothing else (the fork server and the other servers are other
+processes). The fork server only imports: no socket or file of the test's process reaches a
+child, and no Python thread runs in it (pyarrow's import starts two native threads, jemalloc's
+background thread among them, which a fork does not copy; the kill -9 tests have forked this way
+since they were written). It was started with the environment and working directory of the first
+fork of the pytest process: a child takes the starting test's environment and working directory
+at each start, as a subprocess would. ``flightstore.cluster.local.ServerProcess`` (a fresh
+``python -m flightstore serve``) stays the product's way, which tests/cluster/test_cli.py covers.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import re
 import signal
 from pathlib import Path
+from typing import Sequence
 
+from flightstore.errors import FlightstoreError
 from tests.waiting import wait_until
 
-# Imported once by the fork server: the server, the lake's tiering and the test helpers whose
-# functions the children run (of every test that forks: a pytest process has one fork server,
-# started with the preload list set first, so every test sets this one through fork_context).
+# Imported once by the fork server: the server, a cluster member's modules, the lake's tiering and
+# the test helpers whose functions the children run (of every test that forks: a pytest process has
+# one fork server, started with the preload list set first, so every test sets this one through
+# fork_context). Importing them starts no Python thread.
 PRELOAD = ["flightstore.cli", "flightstore.client", "flightstore.server.service", "flightstore.store",
-           "flightstore.lake.tierer", "tests.forked_server", "tests.lake.tier_child", "tests.kv.crash_writer",
-           "tests.kv.agg_writer"]
+           "flightstore.cluster.member", "flightstore.cluster.store", "flightstore.cluster.workers.launch",
+           "flightstore.console", "flightstore.lake.tierer", "tests.forked_server", "tests.lake.tier_child",
+           "tests.kv.crash_writer", "tests.kv.agg_writer"]
 
 
 def fork_context() -> multiprocessing.context.ForkServerContext:
@@ -32,43 +43,125 @@ def fork_context() -> multiprocessing.context.ForkServerContext:
     return context
 
 
-def _serve(args: list[str], log: str) -> None:
+def _serve(args: list[str], log: str, environ: dict[str, str], cwd: str) -> None:
+    """In the forked child: the starting test's environment and directory, output and errors
+    appended to ``log``, then the ``serve`` command (which exits the process)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     from flightstore import cli
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(out, 1)
     os.dup2(out, 2)
+    os.close(out)
     cli.main(["serve", *args])
 
 
-class ForkedServer:
-    """``flightstore serve --data-dir DATA_DIR --port 0 *args``, its output appended to ``log``
-    (default: ``server.log`` beside the data directory); returns once it printed the address it
-    serves at (:attr:`uri`)."""
+class ForkedServerProcess:
+    """``flightstore serve *args`` forked from the fork server, with the interface of
+    :class:`flightstore.cluster.local.ServerProcess` the tests use (``start`` returns once it
+    printed its :attr:`uri`; ``pid``, ``alive``, ``kill``, ``stop``); its output and errors are
+    appended to ``log``, so a restart on the same log keeps the earlier runs' lines."""
 
-    def __init__(self, data_dir: Path, *args: str, log: Path | None = None, start_timeout: float = 180) -> None:
-        self.log = log or Path(data_dir).parent / "server.log"
-        start = self.log.stat().st_size if self.log.exists() else 0  # a restart appends to the same log
+    def __init__(self, args: Sequence[str], *, log: Path, cwd: Path | None = None) -> None:
+        """``cwd``: the server's working directory (default: the test's at start)."""
+        self.args = list(args)
+        self.log = Path(log)
+        self.cwd = cwd
+        self.uri: str | None = None
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self._offset = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def lines(self) -> list[str]:
+        """What this run wrote so far (output and errors), line by line."""
+        if not self.log.exists():
+            return []
+        with open(self.log, "rb") as out:
+            out.seek(self._offset)
+            return out.read().decode(errors="replace").splitlines(keepends=True)
+
+    def start(self, timeout: float = 120.0) -> ForkedServerProcess:
+        """Start the process; return once it prints its URI (FlightstoreError if it exits or
+        stays silent for ``timeout`` seconds)."""
+        self.uri = None
+        self._offset = self.log.stat().st_size if self.log.exists() else 0
         self.process = fork_context().Process(target=_serve, daemon=True, args=(
-            ["--data-dir", str(data_dir), "--port", "0", *args], str(self.log)))
+            self.args, str(self.log), dict(os.environ), str(self.cwd or os.getcwd())))
         self.process.start()
-        found: list[str] = []
 
         def serving() -> bool:
-            if self.log.exists():
-                with open(self.log, "rb") as out:
-                    out.seek(start)
-                    found.extend(re.findall(r"serving .* at (grpc\S*://\S+)\n", out.read().decode(errors="replace")))
-            return bool(found) or not self.process.is_alive()
+            for line in self.lines:
+                if line.startswith("flightstore serving") and " at " in line and line.endswith("\n"):
+                    self.uri = line.rsplit(" at ", 1)[1].strip()
+            return self.uri is not None or not self.process.is_alive()
 
-        wait_until(serving, "the server's 'serving' line", timeout=start_timeout, poll=0.05)
-        assert found, f"the server did not start: {self.log.read_text(errors='replace')[-3000:]}"
-        self.uri = found[0]
+        try:
+            wait_until(serving, "the server's 'flightstore serving' line", timeout=timeout, poll=0.05)
+        except AssertionError:
+            pass
+        if self.uri is None:
+            code = self.process.exitcode
+            self.kill()
+            detail = "".join(self.lines)[-3000:]
+            raise FlightstoreError(f"flightstore serve {' '.join(self.args)} did not start "
+                                   f"(exit code {code}):\n{detail}")
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        """The exit code once it ended (-N: killed by signal N), as Popen.returncode."""
+        return self.process.exitcode if self.process is not None else None
 
     def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.join(timeout=60)
+        """SIGKILL, as a crash (it works on a SIGSTOPped process too)."""
+        if self.alive():
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.join(30)
 
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.join(timeout=120)
-        assert self.process.exitcode is not None, "the server did not stop on SIGTERM"
+    def terminate(self) -> None:
+        """SIGTERM, without waiting."""
+        if self.alive():
+            self.process.terminate()
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code once it ended; None if it still runs after ``timeout`` seconds."""
+        if self.process is None:
+            return None
+        self.process.join(timeout)
+        return self.process.exitcode
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM and wait (SIGKILL after ``timeout``); the exit code."""
+        if self.process is None:
+            return None
+        self.terminate()
+        if self.wait(timeout) is None:
+            self.kill()
+        return self.process.exitcode
+
+
+class ForkedServer(ForkedServerProcess):
+    """``flightstore serve --data-dir DATA_DIR --port 0 *args``, its output appended to ``log``
+    (default: ``server.log`` beside the data directory), started: returns once it printed the
+    address it serves at (:attr:`uri`)."""
+
+    def __init__(self, data_dir: Path, *args: str, log: Path | None = None, start_timeout: float = 180) -> None:
+        super().__init__(["--data-dir", str(data_dir), "--port", "0", *args],
+                         log=log or Path(data_dir).parent / "server.log")
+        self.start(start_timeout)
+
+    def stop(self, timeout: float = 120.0) -> int | None:
+        """SIGTERM and wait; fails if it does not stop within ``timeout`` seconds."""
+        self.terminate()
+        code = self.wait(timeout)
+        assert code is not None, "the server did not stop on SIGTERM"
+        return code

@@ -17,12 +17,12 @@ from kazoo.client import KazooClient
 from pyarrow import flight
 
 from flightstore.cluster.layout import ZkAddress, ZkPaths
-from flightstore.cluster.local import ServerProcess
 from flightstore.cluster.member import ClusterConfig, ClusterMember
 from flightstore.cluster.metadata import MetadataCache
 from flightstore.cluster.store import ClusterStore
 from flightstore.cluster.zookeeper import ZooKeeperServer
 from flightstore.server import tickets
+from tests.forked_server import ForkedServerProcess
 from tests.server.test_flightsql_dbapi import dbapi_python  # noqa: F401 - fixture of test_data_path
 from tests.spark.conftest import spark  # noqa: F401 - fixture of test_data_path's Spark test
 
@@ -75,12 +75,14 @@ def observer(zk_address):
 
 
 class Servers:
-    """flightstore server processes of one test's cluster, by server id."""
+    """flightstore server processes of one test's cluster, by server id: ``flightstore serve``
+    forked from the preloaded fork server (tests/forked_server.py), a process of its own per start,
+    its output and errors in ``server-<id>.log`` (a restart appends)."""
 
     def __init__(self, root: Path, address: str) -> None:
         self.root = root
         self.address = address
-        self.running: dict[int, ServerProcess] = {}
+        self.running: dict[int, ForkedServerProcess] = {}
         self.secret_file = root / "cluster-secret"  # every server's: the signing secret derives from it
         self.secret_file.write_bytes(os.urandom(32).hex().encode())
 
@@ -90,8 +92,8 @@ class Servers:
                 "--zookeeper-session-timeout", SESSION_TIMEOUT, "--ddl-timeout", "60s",
                 "--cluster-secret-file", str(self.secret_file), *extra]
 
-    def start(self, server_id: int, *extra: str) -> ServerProcess:
-        process = ServerProcess(self.args(server_id, *extra), stderr=self.root / f"server-{server_id}.log")
+    def start(self, server_id: int, *extra: str) -> ForkedServerProcess:
+        process = ForkedServerProcess(self.args(server_id, *extra), log=self.root / f"server-{server_id}.log")
         self.running[server_id] = process
         return process.start()
 

@@ -194,7 +194,7 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
         reader.wait(CALL_TIMEOUT_S + 60)
         phase("final reads")
         for server in IDS:  # every replica the same, read from the stopped servers' disks
-            servers.running[server].process.terminate()
+            servers.running[server].terminate()
         for server in IDS:
             servers.running[server].stop()
         replicas = {server: _replica_contents(servers.root / f"server-{server}") for server in IDS}

@@ -12,11 +12,11 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 import flightstore
-from flightstore.cluster.local import ServerProcess
 from flightstore.errors import FlightstoreError, InvalidOption
 from flightstore.lake.cluster import check_cluster_lake, cluster_lake_settings
 from flightstore.lake.settings import LakeSettings
 from tests.cluster.conftest import Servers, describe
+from tests.forked_server import ForkedServerProcess
 from tests.lake.test_pk_tiering import DUCKDB_PK_QUERY
 from tests.lake.test_read import _duckdb_rows, duckdb_python  # noqa: F401 - a fixture
 from tests.waiting import wait_until
@@ -216,8 +216,8 @@ def test_the_spark_tiering_job_tiers_a_cluster_through_any_server(servers, obser
 @pytest.mark.slow
 def test_a_cluster_without_a_lake_refuses_lake_options_and_datalake_tables(servers, observer):
     # A lake option without the shared catalog and warehouse: refused at start, naming them.
-    process = ServerProcess(servers.args(2, "--option", "datalake.tiering.lease=10s"),
-                            stderr=servers.root / "refused.log")
+    process = ForkedServerProcess(servers.args(2, "--option", "datalake.tiering.lease=10s"),
+                                  log=servers.root / "refused.log")
     with pytest.raises(FlightstoreError, match="datalake.iceberg.uri and datalake.iceberg.warehouse"):
         process.start(timeout=120)
     # A cluster without a lake refuses datalake-enabled tables instead of never tiering them.

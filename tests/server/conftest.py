@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -13,6 +10,7 @@ import pytest
 
 from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
+from tests.forked_server import ForkedServerProcess
 
 
 class RunningServer:
@@ -30,38 +28,22 @@ class RunningServer:
         self.store.close()
 
 
-class ServerProcess:
-    """``flightstore serve`` as its own process, as ``make run`` starts it. For tests whose other side
-    is heavy in the test's process (a Spark driver, a page of docs that may leave streams open): the
-    server neither competes with it for the GIL nor takes the test worker down when it stops."""
+class ServerProcess(ForkedServerProcess):
+    """``flightstore serve`` as its own process, as ``make run`` starts it (forked from the
+    preloaded fork server: tests/forked_server.py), started; its output and errors in
+    ``<data_dir>.server.log``. For tests whose other side is heavy in the test's process (a Spark
+    driver, a page of docs that may leave streams open): the server neither competes with it for
+    the GIL nor takes the test worker down when it stops."""
 
     ROOT = Path(__file__).resolve().parents[2]
 
     def __init__(self, data_dir: Path, options: dict[str, str] | None = None) -> None:
-        command = [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0",
-                   "--no-fsync"]
+        args = ["--data-dir", str(data_dir), "--port", "0", "--no-fsync"]
         for key, value in (options or {}).items():
-            command += ["--option", f"{key}={value}"]
+            args += ["--option", f"{key}={value}"]
         self.data_dir = Path(data_dir)
-        self.process = subprocess.Popen(command, cwd=self.ROOT, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True)
-        line = self.process.stdout.readline()  # "flightstore serving grpc://..." once it listens
-        match = re.search(r"grpc://127\.0\.0\.1:\d+", line)
-        if match is None:
-            self.process.kill()
-            self.process.wait(timeout=30)
-            raise AssertionError(f"the server did not start: {line!r}")
-        self.uri = match.group(0)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()  # SIGTERM: a clean shutdown that releases the data directory
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
-        self.process.stdout.close()
+        super().__init__(args, log=self.data_dir.with_name(self.data_dir.name + ".server.log"), cwd=self.ROOT)
+        self.start()  # stop(): SIGTERM, a clean shutdown that releases the data directory
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ are refused, and a stream broken by a killed server is retried or fails clearly.
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import flightstore
 from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
 from flightstore.wire import lookups as wire
+from tests.forked_server import ForkedServerProcess
 from tests.server.conftest import RunningServer
 from tests.waiting import wait_until
 
@@ -258,20 +257,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServerProcess:
-    """``flightstore serve`` in its own process (so it can be killed -9), on a fixed port."""
+class ServerProcess(ForkedServerProcess):
+    """``flightstore serve`` in its own process (so it can be killed -9), on a fixed port, started
+    (forked from the preloaded fork server: tests/forked_server.py)."""
 
     def __init__(self, data_dir: Path, port: int) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", str(port),
-             "--no-fsync"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.process.stdout.readline()
-        assert "flightstore serving" in line, line
-        self.uri = f"grpc://127.0.0.1:{port}"
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=30)
+        super().__init__(["--data-dir", str(data_dir), "--port", str(port), "--no-fsync"],
+                         log=data_dir.with_name("server.log"))
+        self.start()
+        self.uri = f"grpc://127.0.0.1:{port}"  # a restart comes back at the same address
 
 
 @pytest.fixture
@@ -285,8 +279,7 @@ def killable(tmp_path):
         return server
     yield start
     for server in started:
-        if server.process.poll() is None:
-            server.kill()
+        server.kill()
 
 
 def test_a_broken_stream_is_retried_or_fails_clearly(killable):

@@ -10,7 +10,7 @@ subscription receives heartbeats; flightstore's client raises when none arrives 
 from __future__ import annotations
 
 import json
-import re
+import os
 import select
 import signal
 import subprocess
@@ -28,6 +28,7 @@ import flightstore
 from flightstore.errors import Unavailable
 from flightstore.server import tickets
 from flightstore.store import Store
+from tests.server.conftest import ServerProcess
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,34 +37,16 @@ READY_TIMEOUT_S = 120  # a client process starting on a busy machine
 TIMEOUT_S = 2.0  # a subscription's timeout in the heartbeat test (heartbeats every 0.1 s)
 
 
-class ServerProcess:
-    """``python -m flightstore serve`` on a free port; its log lines collected as they come."""
-
-    def __init__(self, data_dir: Path, options: dict[str, str]) -> None:
-        command = [sys.executable, "-m", "flightstore", "serve", "--data-dir", str(data_dir), "--port", "0",
-                   "--no-fsync"]
-        for key, value in options.items():
-            command += ["--option", f"{key}={value}"]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        cwd=ROOT)
-        self.lines: list[str] = []
-        line = self.process.stdout.readline()
-        match = re.search(r"grpc://127\.0\.0\.1:\d+", line)
-        assert match, f"the server did not start: {line!r}"
-        self.uri = match.group(0)
-        self._reader = threading.Thread(target=self._collect, daemon=True)
-        self._reader.start()
-
-    def _collect(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line)
+class Server(ServerProcess):
+    """``flightstore serve`` on a free port (tests/server/conftest.py), killed at the end: the
+    tests stop it themselves (SIGTERM) where the stop is what they check."""
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-        self.process.wait(timeout=60)
-        self._reader.join(timeout=10)
+        self.kill()  # SIGKILL ends a SIGSTOPped server too
+
+    def signal(self, number: int) -> None:
+        if self.alive():
+            os.kill(self.pid, number)
 
 
 def _table(data_dir: Path, rows: int = 20_000) -> None:
@@ -139,17 +122,17 @@ def _clients(scripts: list[str], uri: str) -> list[subprocess.Popen]:
 @pytest.mark.slow
 def test_sigterm_ends_queries_and_subscriptions_with_unavailable(tmp_path) -> None:
     _table(tmp_path / "data")
-    server = ServerProcess(tmp_path / "data", {"server.shutdown-grace": f"{GRACE_S:g}s", "query.timeout": "0"})
+    server = Server(tmp_path / "data", {"server.shutdown-grace": f"{GRACE_S:g}s", "query.timeout": "0"})
     clients = []
     try:
         clients = _clients([FLIGHTSTORE_CLIENT, PYARROW_CLIENT], server.uri)
-        server.process.send_signal(signal.SIGTERM)
+        server.signal(signal.SIGTERM)
         answers = []
         for client in clients:
             out, err = client.communicate(timeout=GRACE_S + 60)
             assert client.returncode == 0, err[-3000:]
             answers.append(json.loads(out.strip().splitlines()[-1]))
-        assert server.process.wait(timeout=60) == 0
+        assert server.wait(60) == 0
     finally:
         for client in clients:
             if client.poll() is None:
@@ -167,7 +150,7 @@ def test_sigterm_ends_queries_and_subscriptions_with_unavailable(tmp_path) -> No
 
 def test_an_idle_subscription_gets_heartbeats_and_a_dead_server_is_detected(tmp_path) -> None:
     _table(tmp_path / "data", rows=10)
-    server = ServerProcess(tmp_path / "data", {})
+    server = Server(tmp_path / "data", {})
     conn = flightstore.connect(server.uri)
     try:
         # plain pyarrow sees the heartbeats: empty batches while nothing is written
@@ -204,7 +187,7 @@ def test_an_idle_subscription_gets_heartbeats_and_a_dead_server_is_detected(tmp_
         assert failed == [] and got == [7]
 
         # a server that stops answering (frozen) is told from a quiet one: the subscription raises
-        server.process.send_signal(signal.SIGSTOP)
+        server.signal(signal.SIGSTOP)
         frozen = time.monotonic()
         consumer.join(timeout=60)
         assert not consumer.is_alive()
@@ -213,7 +196,7 @@ def test_an_idle_subscription_gets_heartbeats_and_a_dead_server_is_detected(tmp_
         assert time.monotonic() - frozen >= TIMEOUT_S - 0.5  # the last heartbeat came just before
         client.close()
     finally:
-        server.process.send_signal(signal.SIGCONT)
+        server.signal(signal.SIGCONT)
         conn.close()
         server.stop()
 

@@ -118,7 +118,7 @@ class Nemesis:
         for server in self.ids:
             process = self.servers.running.get(server)
             if server not in self.down and process is not None and not process.alive():
-                code = process.process.returncode if process.process is not None else None
+                code = process.exitcode
                 self.crashes.append({"server": server, "exit_code": code, "t": time.time()})
                 self._note("crash", server, exit_code=code)
                 self.paused.discard(server)
