@@ -51,8 +51,8 @@ from flightstore import expressions as ex
 from flightstore_spark import _flight
 from flightstore_spark.filters import to_predicate
 
-__all__ = ["FlightstoreDataSource", "coalesce_batches", "conform_batches", "group_buckets", "group_files", "lake_snapshot_splits",
-           "most_partitions", "prunes_columns", "read_lake_split", "spark_schema"]
+__all__ = ["FlightstoreDataSource", "coalesce_batches", "conform_batches", "group_buckets", "group_files",
+           "lake_snapshot_splits", "most_partitions", "prunes_columns", "read_lake_split", "spark_schema"]
 
 
 def spark_schema(schema: pa.Schema, keep_not_null: bool = False) -> StructType:
