@@ -69,7 +69,7 @@ def read_snapshot(spark, uri: str, table: str, snapshot_id: int, columns: Sequen
     default parallelism, one task per core), files shared out by rows."""
     from pyspark.sql.types import StructType
 
-    from flightstore_spark.source import coalesce_batches, lake_snapshot_splits, read_lake_split, spark_schema
+    from flightstore_spark.source import lake_snapshot_splits, read_lake_split, spark_schema
 
     options = _flight.Options({"uri": uri, "table": table})
     with options.connect() as conn:
@@ -86,7 +86,7 @@ def read_snapshot(spark, uri: str, table: str, snapshot_id: int, columns: Sequen
     def read(batches):  # one input row per task: the index of its split
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                yield from coalesce_batches(read_lake_split(splits[index], schema))  # Spark pays per batch
+                yield from read_lake_split(splits[index], schema)
 
     return spark.range(0, len(splits), 1, len(splits)).mapInArrow(read, schema)
 
