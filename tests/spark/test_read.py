@@ -221,3 +221,30 @@ def test_not_null_columns_reach_spark_non_nullable_and_a_null_there_fails(spark,
         list(conform_batches(iter([pa.RecordBatch.from_arrays([pa.array([1, None])], schema=declared)]),
                              required))
     assert list(conform_batches(iter([pa.record_batch({"v": [1, 2]})]), required))[0].schema == declared
+
+
+def test_a_partition_reaches_spark_in_few_large_batches_equal_to_the_servers(server, tables):
+    """Spark pays per batch a Python data source yields, and the server cuts its messages at
+    2 MB: a partition's batches are concatenated up to the read batch limits (order and rows kept;
+    a limit is never exceeded by joining, a larger batch passes alone)."""
+    from flightstore_spark.source import FlightstoreDataSource, coalesce_batches
+
+    conn = tables
+    conn.sql("CREATE TABLE db.big (id BIGINT, pad STRING) WITH ('bucket.num' = '1')")
+    n = 3_000
+    pad = "x" * 1_000  # 3,000 rows of ~1 kB: more than one 2 MB server message
+    conn.table("db.big").append(pa.table({"id": pa.array(range(n), pa.int64()), "pad": [pad] * n}))
+    assert len(list(conn.table("db.big").scan_batches())) > 1  # what the server sends
+    options = {"uri": server.uri, "table": "db.big"}
+    reader = FlightstoreReader(options, FlightstoreDataSource(options).schema())
+    (partition,) = reader.partitions()
+    (batch,) = list(reader.read(partition))
+    assert batch.column("id").to_pylist() == list(range(n))
+
+    parts = [pa.record_batch({"v": list(range(i, i + 3))}) for i in range(0, 12, 3)]  # 4 batches of 3 rows
+    joined = list(coalesce_batches(iter(parts), max_rows=7))
+    assert [b.num_rows for b in joined] == [6, 6]
+    assert [v for b in joined for v in b.column("v").to_pylist()] == list(range(12))
+    assert [b.num_rows for b in coalesce_batches(iter(parts), max_bytes=parts[0].nbytes * 2)] == [6, 6]
+    assert [b.num_rows for b in coalesce_batches(iter(parts), max_rows=2)] == [3, 3, 3, 3]  # larger: alone
+    assert list(coalesce_batches(iter([]))) == []
