@@ -190,21 +190,28 @@ class LakeTierer:
                 due = self._states[path].due <= time.monotonic()
             if due:
                 try:
-                    results.append(self.tier_now(path))
+                    result = self.tier_now(path, if_due=True)
                 except FlightstoreError:
                     continue  # recorded by tier_now
+                if result is not None:
+                    results.append(result)
         return results
 
-    def tier_now(self, path: TablePath | str) -> RoundResult:
+    def tier_now(self, path: TablePath | str, *, if_due: bool = False) -> RoundResult | None:
         """Run one round of ``path`` now, whatever its schedule; record the outcome; raise its
-        error (LakeUnavailable, TieringLeaseHeld, ...) after recording it."""
+        error (LakeUnavailable, TieringLeaseHeld, ...) after recording it. ``if_due``: only if the
+        table is still due once this holds the round lock (None otherwise): a round that ran
+        meanwhile (a caller's tier_now) set its next one a freshness interval away."""
         path = path if isinstance(path, TablePath) else TablePath.parse(path)
         table = self.store.table(path)
         if not table.descriptor.option("table.datalake.enabled"):
             raise InvalidInput(f"table {path} is not datalake-enabled ('table.datalake.enabled')")
         with self._round_lock:
             with self._lock:  # a due_now() from here on asks for the round after this one
-                self._states.setdefault(path, _TableState()).rushed = False
+                state = self._states.setdefault(path, _TableState())
+                if if_due and state.due > time.monotonic():
+                    return None
+                state.rushed = False
             try:
                 result = self._round(table)
             except Exception as exc:

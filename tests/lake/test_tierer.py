@@ -81,6 +81,19 @@ def test_freshness_sets_how_often_a_table_is_tiered(store, tierer):
     assert tierer.status(fast.path).lag_records == 0
 
 
+def test_a_round_asked_for_if_due_is_skipped_after_another_round_ran(store, tierer):
+    """The background pass checks a table is due before it waits for the round lock; it asks for
+    its round ``if_due``, re-checked under that lock, so a round a caller ran meanwhile is not
+    followed at once by a second one cutting the rows written since into a round of their own."""
+    table = create_events(store, "default.once", table_datalake_freshness="1h")
+    table.append(events(0, 10))
+    assert tierer.tier_now(table.path, if_due=True).rows == 10  # a new table is due at once
+    table.append(events(10, 5))
+    assert tierer.tier_now(table.path, if_due=True) is None  # tiered just now: due in an hour
+    assert tierer.status(table.path).lag_records == 5
+    assert tierer.tier_now(table.path).rows == 5  # a caller's round runs whatever the schedule
+
+
 def test_a_second_tierer_is_refused_by_the_lease_with_a_clear_error(store, settings):
     table = create_events(store)
     table.append(events(0, 50))
