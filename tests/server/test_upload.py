@@ -222,16 +222,18 @@ def big_upload(tmp_path_factory):
 
 
 def test_server_memory_stays_bounded_during_an_upload_many_chunks_long(big_upload):
-    """The 8M-row upload (123 chunks) grows the server's peak RSS by far less than the upload: it
-    is never held whole (reading it all first grew it by more than the upload). What it does grow
-    by does not depend on the upload's size (0-20 MiB idle for 4M rows and for 8M rows; 84 MiB and
-    123 MiB on loaded CI machines, where the server falls behind the client and gRPC's receive
-    buffers and the allocator's per-thread arenas grow): the Arrow memory the server holds live
-    during it is about one chunk, 8 MiB. The bound is three quarters of the upload: holding it whole
-    grows the peak by at least all of it."""
+    """The 8M-row upload (123 chunks) grows the server's peak RSS by less than the upload: it is
+    never held whole (reading it all first grew it by more than the upload: the batches themselves,
+    244 MiB, plus the chunks made of them). The Arrow memory the server holds live during it is
+    about one chunk, 8 MiB, and an idle machine's server grows by 0-20 MiB for 4M rows as for 8M.
+    What it grows by rises with the machine's load, all of it anonymous memory (not the log's
+    pages): 27-55 MiB beside six busy loops on 2 cores, 84, 123 and once 193 MiB in loaded CI
+    runs of the whole suite, where the server falls behind the client (the allocators' retained
+    free memory; not narrowed down further). So the bound is the upload's own size, which holding
+    it whole reaches whatever the load."""
     assert big_upload["answer"]["chunks"] >= 120 and big_upload["answer"]["rows"] == BIG_ROWS
     growth, size = big_upload["growth"], big_upload["bytes"]
-    assert growth < size * 3 / 4, f"peak RSS grew {growth >> 20} MiB for {size >> 20} MiB"
+    assert growth < size, f"peak RSS grew {growth >> 20} MiB for {size >> 20} MiB"
     with flightstore.connect(big_upload["uri"], timeout=300) as conn:
         assert _count(conn, "big_up") == BIG_ROWS + 400_000
 
