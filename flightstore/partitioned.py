@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from flightstore import changetype
 from flightstore.bucketing import bucket_ids
-from flightstore.errors import InvalidInput, PartitionNotFound
+from flightstore.errors import FlightstoreError, InvalidInput, PartitionNotFound
 from flightstore.expressions import Predicate, and_all
 from flightstore.intents import IntentLog
 from flightstore.kv.encoding import encode_keys
@@ -566,11 +566,17 @@ class PartitionedTable(Table):
                 limit = None if ends is None else ends.get(bucket, position)
                 if limit is not None and position >= limit:
                     continue
-                for record in read_held(log, position, self._where(bucket), columns=stored,
-                                        to_offset=limit):
-                    offsets[bucket] = record.next_offset if limit is None else min(record.next_offset, limit)
-                    progressed = True
-                    yield self.changelog_batch(record, columns)
+                try:
+                    for record in read_held(log, position, self._where(bucket), columns=stored,
+                                            to_offset=limit):
+                        offsets[bucket] = record.next_offset if limit is None else min(record.next_offset, limit)
+                        progressed = True
+                        yield self.changelog_batch(record, columns)
+                except FlightstoreError:
+                    if bucket in self._logs():
+                        raise
+                    # its partition was dropped (its log closed) while this pass read it: the
+                    # partition's rows are gone, and the other partitions' go on
             if ends is not None and all(offsets.get(b, 0) >= o or b not in logs for b, o in ends.items()):
                 return
             if progressed:
