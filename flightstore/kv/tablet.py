@@ -389,8 +389,7 @@ class KvTablet(KvWrites):
             if value is None:
                 return _NOT_FOUND, self.codec.decode([], columns)
             return _FOUND, self.codec.decode([value], columns)
-        with storage_errors(self.where, "RocksDB read failed", str(self.directory)):
-            values = self._db.get(keys) if keys else []
+        values = self._get_many(keys)
         if len(values) <= 16:  # point lookups: a few Python checks beat building an array
             found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
             return found, self.codec.decode([v for v in values if v is not None], columns)
@@ -506,10 +505,14 @@ class KvTablet(KvWrites):
             cuts = self.log.truncations
         if self._db is None:
             self._open_now()
-        with storage_errors(self.where, "RocksDB read failed", str(self.directory)):
-            values = self._db.get(keys) if keys else []
+        values = self._get_many(keys)
         self._committed(cuts)
         return values
+
+    def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """One RocksDB multi-get of encoded ``keys`` (the KV open); a RocksDB error is DataLoss."""
+        with storage_errors(self.where, "RocksDB read failed", str(self.directory)):
+            return self._db.get(keys) if keys else []
 
     def lookup_key(self, key: bytes, columns: Sequence[str] | None = None) -> pa.Table:
         """The row of one encoded primary key (:func:`~flightstore.kv.encoding.encode_keys`):
