@@ -59,12 +59,30 @@ class _Opened:
     row_schema: pa.Schema
 
 
+#: What :meth:`LookupStream.send` calls with a request's answer: ``(rows, None)`` (one
+#: RecordBatch when the answer came in one part, else a Table of its parts) or ``(None, error)``.
+Answered = Callable[[Any, BaseException | None], None]
+
+
 @dataclass
 class _Request:
-    future: Future
+    future: Future | None  # None: a request sent with a callback (``answered``)
     row_schema: pa.Schema | None  # None: an OPEN (its answer is the schemas)
     spec: wire.HandleSpec
     parts: list[pa.RecordBatch] = field(default_factory=list)
+    answered: Answered | None = None
+
+    def succeed(self, value: Any) -> None:
+        if self.answered is not None:
+            self.answered(value, None)
+        else:
+            self.future.set_result(value)
+
+    def fail(self, error: BaseException) -> None:
+        if self.answered is not None:
+            self.answered(None, error)
+        elif not self.future.done():
+            self.future.set_exception(error)
 
 
 class LookupStream:
@@ -108,12 +126,23 @@ class LookupStream:
         future answers a Table of the handle's row schema, or raises the server's error,
         StaleHandle or StreamBroken."""
         future: Future = Future()
+        self._send(_Request(future, opened.row_schema, spec), opened, keys, limit)
+        return future
+
+    def send(self, opened: _Opened, spec: wire.HandleSpec, keys: pa.RecordBatch, answered: Answered) -> None:
+        """:meth:`submit` without a Future: ``answered(rows, None)`` or ``answered(None, error)``
+        is called once, in the stream's reader thread (or in this one, when the stream cannot take
+        the request). ``rows`` is the answer's one RecordBatch (a Table of its parts when it came
+        in several): no Future, its Condition and its callback list per request, and no Table
+        made of a single batch (the lookuper's requests; measured per 32-key request)."""
+        self._send(_Request(None, opened.row_schema, spec, answered=answered), opened, keys, None)
+
+    def _send(self, request: _Request, opened: _Opened, keys: pa.RecordBatch, limit: int | None) -> None:
         with self._lock:
             request_id = next(self._ids)
-            self._pending[request_id] = _Request(future, opened.row_schema, spec)
+            self._pending[request_id] = request
         self._write(wire.encode_request(wire.LOOKUP, opened.handle, request_id, wire.encode_batch(keys),
                                         limit), request_id)
-        return future
 
     def _write(self, message: bytes, request_id: int) -> None:
         """Write one request; if the stream cannot take it, its future fails with StreamBroken."""
@@ -130,7 +159,7 @@ class LookupStream:
         with self._lock:
             request = self._pending.pop(request_id, None)
         if request is not None:
-            request.future.set_exception(failure)
+            request.fail(failure)
 
     # ---- answers (the reader thread) ----------------------------------------------------------
     def _read_loop(self) -> None:
@@ -165,14 +194,17 @@ class LookupStream:
                     self._handles.pop(request.spec, None)
         if kind == wire.OPENED:
             key_schema, row_schema = wire.decode_schemas(body)
-            request.future.set_result(_Opened(handle, key_schema, row_schema))
+            request.succeed(_Opened(handle, key_schema, row_schema))
         elif kind == wire.ROWS:
-            request.parts.append(wire.decode_batch(body, request.row_schema))
-            request.future.set_result(pa.Table.from_batches(request.parts, request.row_schema))
+            rows = wire.decode_batch(body, request.row_schema)
+            if request.answered is None or request.parts:
+                request.parts.append(rows)
+                rows = pa.Table.from_batches(request.parts, request.row_schema)
+            request.succeed(rows)
         elif code == wire.STALE_HANDLE:
-            request.future.set_exception(StaleHandle(text))
+            request.fail(StaleHandle(text))
         else:
-            request.future.set_exception(wire.error_for(code, text))
+            request.fail(wire.error_for(code, text))
 
     def _fail_all(self, cause: BaseException | None) -> None:
         why = f": {cause}" if cause is not None else " (the server ended it)"
@@ -188,8 +220,7 @@ class LookupStream:
         with self._lock:
             pending, self._pending = self._pending, {}
         for request in pending.values():
-            if not request.future.done():
-                request.future.set_exception(broken)
+            request.fail(broken)
 
     # ---- ending -------------------------------------------------------------------------------
     def close_writing(self) -> None:

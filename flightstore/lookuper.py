@@ -381,8 +381,7 @@ class Lookuper:
             request_id = self._ids
             batch.deadline = None if self._timeout is None else time.monotonic() + self._timeout
             self._inflight[request_id] = batch
-        answer = stream.submit(opened, spec, keys)
-        answer.add_done_callback(lambda done: self._answered(request_id, batch, done))
+        stream.send(opened, spec, keys, lambda rows, error: self._answered(request_id, batch, rows, error))
 
     def _key_batch(self, batch: _Batch, key_schema: pa.Schema) -> pa.RecordBatch | None:
         """The batch's keys as a batch of ``key_schema``. A key that does not fit (wrong number
@@ -405,14 +404,14 @@ class Lookuper:
         batch.waiting = [batch.waiting[at] for at in good]
         return _keys_of(batch.keys, key_schema) if good else None
 
-    def _answered(self, request_id: int, batch: _Batch, done: Future) -> None:
+    def _answered(self, request_id: int, batch: _Batch, answer: pa.RecordBatch | pa.Table | None,
+                  error: BaseException | None) -> None:
         """The answer of a request (in the stream's reader thread): split the rows by key."""
         with self._cond:
             if self._inflight.pop(request_id, None) is None:
                 return  # failed already (its timeout passed)
             if self._room_waiters or self._closed:
                 self._cond.notify_all()  # room in flight (the sender waits for none otherwise)
-        error = done.exception()
         if isinstance(error, StreamBroken):
             return self._broken(batch, error)
         if isinstance(error, flight.FlightUnavailableError):  # NOT_LEADER: stale locations
@@ -421,9 +420,9 @@ class Lookuper:
             return self._retry(batch)
         if error is not None:
             return batch.fail(error)
-        table: pa.Table = done.result()
-        positions = table.column(KEY_INDEX_COLUMN).to_numpy()
-        rows = _one_batch(table.drop_columns([KEY_INDEX_COLUMN]))
+        rows = answer if isinstance(answer, pa.RecordBatch) else _one_batch(answer)
+        positions = rows.column(KEY_INDEX_COLUMN).to_numpy()
+        rows = rows.drop_columns([KEY_INDEX_COLUMN])
         waiting = batch.waiting
         if len(positions) == len(waiting) and (positions == np.arange(len(waiting))).all():
             # each key found once: a RecordBatch slice per key (a Table slice costs 3.5x as much)

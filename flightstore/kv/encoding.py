@@ -396,11 +396,12 @@ class RowCodec:
             raise CorruptData(f"row value shorter than its {size}-byte header")
         header = _gather_rows(data, starts, size)
         # Where each variable column's bytes start, and a check the lengths add up exactly.
-        var_start = {}
+        var_start, var_length = {}, {}
         position = starts + size
         for slot in self._variable:
             var_start[slot.name] = position
-            position = position + _lengths(header, slot)
+            var_length[slot.name] = length = _lengths(header, slot)
+            position = position + length
         if (position != offsets[1:]).any():
             raise CorruptData("row value length does not match its header")
         null_bits = None
@@ -412,8 +413,7 @@ class RowCodec:
             slot = self._slots[name]
             null = null_bits[:, slot.index].astype(bool) if null_bits is not None else None
             if slot.variable:
-                arrays.append(_gather_variable(data, var_start[name], _lengths(header, slot),
-                                               slot.type, null))
+                arrays.append(_gather_variable(data, var_start[name], var_length[name], slot.type, null))
             else:
                 arrays.append(_fixed_array(header[:, slot.start: slot.start + slot.width],
                                            slot.type, null))

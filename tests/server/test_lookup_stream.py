@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pyarrow import flight
 
 import flightstore
+from flightstore.lookup_stream import StreamBroken
 from flightstore.server.service import FlightSqlServer
 from flightstore.store import Store
 from flightstore.wire import lookups as wire
@@ -324,3 +325,44 @@ def test_a_broken_stream_is_retried_or_fails_clearly(killable):
         assert not any(thread.is_alive() for thread in threads), "a lookup hung on a dead server"
         assert all(o is True or isinstance(o, flight.FlightUnavailableError) for o in outcomes), outcomes
         assert sum(isinstance(o, flight.FlightUnavailableError) for o in outcomes) == 3  # each thread, once
+
+
+def test_send_answers_each_request_once_with_its_rows_or_its_error(loaded, conn):
+    """``LookupStream.send`` (the lookuper's requests: a callback, no Future): a one-part answer
+    is one RecordBatch, an answer cut into parts is the Table of all of them, and a stream that
+    cannot take the request answers StreamBroken; each callback runs exactly once."""
+    stream = conn._lookups._open_stream()  # a stream of its own: closed at the end
+    spec = wire.HandleSpec("single", key_index=True)
+    opened = stream.opened(spec, TIMEOUT)
+    answers: list = []
+    done = threading.Event()
+
+    def answered(rows, error) -> None:
+        answers.append((rows, error))
+        done.set()
+
+    def ask(ids: list[int]) -> tuple:
+        answers.clear()
+        done.clear()
+        stream.send(opened, spec, pa.record_batch([pa.array(ids, pa.int64())], schema=opened.key_schema), answered)
+        assert done.wait(TIMEOUT), "no answer"
+        assert len(answers) == 1, answers
+        return answers[0]
+
+    rows, error = ask([3, ROWS + 5, 1])
+    assert error is None and type(rows) is pa.RecordBatch
+    assert rows.column("id").to_pylist() == [3, 1]
+    assert rows.column(wire.KEY_INDEX_COLUMN).to_pylist() == [0, 2]
+    served = loaded.server
+    before = served.max_batch_rows
+    served.max_batch_rows = 2  # the answer of 5 keys comes in 3 parts
+    try:
+        rows, error = ask([5, 6, 7, 8, 9])
+    finally:
+        served.max_batch_rows = before
+    assert error is None and type(rows) is pa.Table
+    assert rows.column("id").to_pylist() == [5, 6, 7, 8, 9]
+    assert len(rows.column("id").chunks) == 3
+    stream.close()
+    rows, error = ask([1])  # answered in this thread: the stream takes nothing more
+    assert rows is None and isinstance(error, StreamBroken), error

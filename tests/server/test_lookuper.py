@@ -37,9 +37,9 @@ def test_concurrent_keys_travel_together(kv):
     with kv.lookuper(options=options) as lk:
         stream = kv.connection._lookups.current()
         sent = []
-        submit = stream.submit
-        stream.submit = lambda opened, spec, keys, limit=None: sent.append(keys.num_rows) or \
-            submit(opened, spec, keys, limit)
+        send = stream.send
+        stream.send = lambda opened, spec, keys, answered: sent.append(keys.num_rows) or \
+            send(opened, spec, keys, answered)
         futures = [lk.lookup_async(k % 10) for k in range(64)]
         answers = [f.result(TIMEOUT) for f in futures]
     assert [a.to_pylist() for a in answers] == [[{"id": k % 10, "v": f"v{k % 10}"}] for k in range(64)]
