@@ -37,9 +37,13 @@ cluster: $(RUNTIME)
 # The Debian packages the tests need (ZooKeeper, Prometheus, Chromium, tmux) are installed first,
 # in one apt-get, when missing; the slowest tests are listed at the end of the run. A crashed worker
 # ends the run (--max-worker-restart=0): xdist's file scheduler hung after replacing one.
+# The other clients' cached virtualenvs (Superset, Harlequin, flightsql-dbapi, DuckDB's iceberg reader:
+# tests/client_venvs.py) are built here, once, before the suite: they are installs, kept in
+# $(VENV)/clients/ for later runs; built during the suite they took the cores from the tests.
 TEST_WORKERS ?= 4
 test: $(TESTING)
 	$(PY) -m tests.system_packages
+	$(PY) -m tests.client_venvs
 	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=30
 
 # The documentation site (README.md as its front page, docs/*.md) into site/; --strict: a broken

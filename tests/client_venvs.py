@@ -1,9 +1,11 @@
 """The cached virtualenvs of the clients that cannot share ours (Superset, harlequin,
-flightsql-dbapi, DuckDB's iceberg reader), built in the background while the suite runs.
+flightsql-dbapi, DuckDB's iceberg reader): built by ``make test`` before the suite
+(``python -m tests.client_venvs NAME...``), or in the background while a suite started otherwise runs.
 
-On a clean clone (CI) each is built by the first test that needs it, and that test's worker does
-nothing else meanwhile: Superset's alone is ~160 s of pip, most of it waiting on downloads and
-the disk, then its site template (:func:`flightstore_sqlalchemy.superset_launch.site_template`).
+They are installs, kept in the venv for every later run: Superset's alone is ~160 s of pip, then
+its site template (:func:`flightstore_sqlalchemy.superset_launch.site_template`); built
+during the suite, they took the two cores from the tests. When a suite starts without them
+(pytest run directly),
 ``tests/conftest.py`` starts ``python -m tests.client_venvs NAME...`` once the collection is
 known, for the venvs the collected tests need, in the order the suite needs them; the tests call
 the same :func:`flightstore_sqlalchemy.superset_launch.cached_venv` (and ``site_template``), which
@@ -17,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -88,13 +91,20 @@ def stop_building(process: subprocess.Popen | None) -> None:
 
 
 def main(names: list[str]) -> int:
+    """Build the venvs ``names`` (none: all of :data:`BUILD_ORDER`, as ``make test`` does before
+    the suite), saying which and how long each took (a finished one: at once); 1 if any failed,
+    after trying every one."""
     failed = 0
-    for name in names:
+    for name in names or BUILD_ORDER:
+        print(f"client venv {name}: building or checking (the first time takes minutes) ...", flush=True)
+        began = time.monotonic()
         try:
-            build(name)
+            python = build(name)
         except Exception as exc:  # noqa: BLE001 - the next venv is still worth building
             print(f"building the {name} venv failed: {exc}", file=sys.stderr, flush=True)
             failed += 1
+            continue
+        print(f"client venv {name}: ready in {time.monotonic() - began:.0f} s ({python})", flush=True)
     return 1 if failed else 0
 
 

@@ -58,6 +58,8 @@ def test_make_run_installs_the_runtime_only_and_shows_progress(tmp_path) -> None
     assert "flightstore serve" in run
     test = _plan("test", tmp_path / "venv")
     assert "'.[test,sqlalchemy]'" in test and " -e .\n" in test
+    # the other clients' venvs are installed before the suite, not built while it runs
+    assert test.index("-m tests.client_venvs\n") < test.index("-m pytest ")
 
 
 def test_make_superset_runs_the_launcher_the_superset_test_uses(tmp_path) -> None:
