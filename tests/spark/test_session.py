@@ -1,0 +1,61 @@
+"""The tests' Spark session itself: its Python workers import the installed (compiled) pyspark,
+not Spark's ``pyspark.zip`` (tests/spark/conftest.py ``spark_home``)."""
+
+from __future__ import annotations
+
+import json
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+
+def _pyspark_file() -> str:
+    import pyspark
+    return pyspark.__file__
+
+
+class _WhereReader(DataSourceStreamReader):
+    """Its offsets say where the streaming source runner (a new Python process per query)
+    imported pyspark from."""
+
+    def initialOffset(self) -> dict:
+        return {"pyspark": ""}
+
+    def latestOffset(self) -> dict:
+        return {"pyspark": _pyspark_file()}
+
+    def partitions(self, start: dict, end: dict) -> list:
+        return [InputPartition(0)]
+
+    def read(self, partition):
+        yield (_pyspark_file(),)
+
+
+class _WhereSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "pyspark_where"
+
+    def schema(self) -> str:
+        return "file string"
+
+    def streamReader(self, schema):
+        return _WhereReader()
+
+
+def test_python_workers_import_the_compiled_pyspark_not_the_zip(spark, tmp_path) -> None:
+    import pyspark
+    installed = pyspark.__file__
+    assert ".zip" not in installed
+    # an executor's Python worker (the daemon's)
+    assert spark.sparkContext.parallelize([0], 1).map(lambda _: _pyspark_file()).collect() == [installed]
+    # a streaming query's source runner on the driver, and its read task
+    spark.dataSource.register(_WhereSource)
+    query = (spark.readStream.format("pyspark_where").load().writeStream.format("memory")
+             .queryName("pyspark_where").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert query.exception() is None
+    ends = [json.loads(progress["sources"][0]["endOffset"]) for progress in query.recentProgress
+            if progress["sources"] and progress["sources"][0]["endOffset"]]
+    assert ends and all(end == {"pyspark": installed} for end in ends), ends
+    assert [row.file for row in spark.sql("SELECT file FROM pyspark_where").collect()] == [installed]
