@@ -78,3 +78,22 @@ def test_delta_join_matches_batch_join_and_keeps_no_spark_state(spark, server, t
           f"{spark_state['numRowsTotal']} rows, {spark_state['memoryUsedBytes']} bytes")
     assert delta_state == []
     assert spark_state["numRowsTotal"] > 0 and spark_state["memoryUsedBytes"] > 0
+
+
+def test_the_joins_stream_drops_update_befores_before_the_shuffle(spark, server, tmp_path):
+    """A task applies a key's last +I/+U/-D only; the -U of every update (a third of an updated
+    table's changelog) would be shuffled, sorted and handed to the tasks for nothing."""
+    conn = connect(server.uri)
+    _setup(conn)
+    customers = conn.table("dj.customers")
+    customers.upsert({"cust": [1, 2], "name": ["ann", "bob"], "tier": [1, 2]})
+    customers.upsert({"cust": [1, 2], "name": ["anne", "bobby"], "tier": [1, 2]})
+    customers.delete({"cust": [2]})
+    conn.table("dj.orders").upsert({"cust": [1], "oid": [10], "amount": [1.0], "item": ["a"]})
+    join = delta_join.DeltaJoin.resolve(server.uri, "dj.orders", "dj.customers", "dj.wide", ["cust"])
+    query = (join.changes(spark).writeStream.format("memory").queryName("dj_changes")
+             .option("checkpointLocation", str(tmp_path / "changes")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    assert query.exception() is None
+    kinds = sorted((r["_side"], r["_change_type"]) for r in spark.sql("SELECT * FROM dj_changes").collect())
+    assert kinds == [("L", "+I"), ("R", "+I"), ("R", "+I"), ("R", "+U"), ("R", "+U"), ("R", "-D")]

@@ -1,7 +1,8 @@
 """The stream writer's fold of an aggregation table's rows (one row per key before the DoPut):
 numpy for integer and floating-point fields, the same answer as Arrow's hash aggregation (nulls
 skipped, all-null keys null, overflow of the field's type refused), and no Acero in the worker
-(``Table.group_by`` imports ``pyarrow.dataset``, which imports pandas: seconds per fresh worker)."""
+(``Table.group_by`` imports ``pyarrow.dataset``, which imports pandas: seconds per fresh worker)
+and no pandas at all on the writer's path (pyarrow imports it at its first numpy conversion)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
+from flightstore_spark.arrays import from_numpy, to_numpy, valid_mask
 from flightstore_spark.writer import _fold_hash, fold_aggregation
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from flightstore.client import connect
 
 TYPES = [pa.int8(), pa.int32(), pa.int64(), pa.uint16(), pa.float32(), pa.float64()]
 
@@ -80,3 +84,42 @@ def test_a_large_fold_counts_every_event():
     counts = np.bincount(keys, minlength=1000)
     assert dict(zip(folded.column("k").to_pylist(), folded.column("c").to_pylist())) == \
         {k: int(c) for k, c in enumerate(counts) if c}
+
+
+def test_the_writers_fold_and_put_do_not_import_pandas(tmp_path, server):
+    """pyarrow imports pandas at its first numpy or Python-object conversion: about half a second
+    of CPU in each fresh Spark Python worker that writes an aggregation table's micro-batch."""
+    conn = connect(server.uri)
+    conn.sql("CREATE TABLE fold_no_pandas (k BIGINT, s STRING, c BIGINT, a DOUBLE, "
+             "PRIMARY KEY (k, s) NOT ENFORCED) WITH ('bucket.num' = '2', 'table.merge-engine' = 'aggregation', "
+             "'fields.c.agg' = 'sum', 'fields.a.agg' = 'max')")
+    rows = pa.table({"k": np.arange(1000) % 7, "s": pa.array(["x", "y"] * 500),
+                     "c": pa.array([None if i % 5 == 0 else 1 for i in range(1000)], pa.int64()),
+                     "a": np.arange(1000, dtype=np.float64)}).slice(3)  # offsets into the buffers too
+    with pa.OSFile(str(tmp_path / "rows.arrow"), "wb") as sink, pa.ipc.new_stream(sink, rows.schema) as out:
+        out.write_table(rows)
+    code = ("import sys, pyarrow as pa\n"
+            "from flightstore_spark.writer import FlightstoreStreamWriter\n"
+            f"rows = pa.ipc.open_stream(pa.OSFile({str(tmp_path / 'rows.arrow')!r})).read_all()\n"
+            f"writer = FlightstoreStreamWriter({{'uri': {server.uri!r}, 'table': 'fold_no_pandas'}}, None, False)\n"
+            "with writer.options.connect() as conn:\n"
+            "    print(writer._send(conn, rows, 'w-no-pandas', 0, check_applied=True)['rows'])\n"
+            "print('pandas' in sys.modules)\n")
+    answer = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.split() == ["14", "False"]
+    stored = conn.sql("SELECT k, s, c, a FROM fold_no_pandas")
+    expected = _fold_hash(rows, ["k", "s"], ["c", "a"], {"c": "sum", "a": "max"})
+    assert _rows(stored.select(["k", "s", "c", "a"])) == _rows(expected)
+    conn.close()
+
+
+def test_numpy_through_the_buffers_keeps_offsets_and_nulls():
+    array = pa.array([5, None, 7, 8, None, 10], pa.int16()).slice(1, 4)
+    assert to_numpy(array)[[1, 2]].tolist() == [7, 8]
+    assert valid_mask(array).tolist() == [False, True, True, False]
+    back = from_numpy(np.array([1.5, 2.5, 3.5]), valid=np.array([True, False, True]))
+    assert back.to_pylist() == [1.5, None, 3.5]
+    assert from_numpy(to_numpy(array).astype(np.int64)).type == pa.int64()
+    with pytest.raises(TypeError):
+        to_numpy(pa.array(["a"]))

@@ -1,7 +1,8 @@
 """Rows grouped by key with Arrow and numpy, for the writer's fold and the pipelines' folds and
 matches: no Acero (``Table.group_by`` / ``join`` import ``pyarrow.dataset`` and with it pandas,
 seconds of CPU in every fresh Spark Python worker) and no ``np.unique(axis=0)`` (a sort of
-structured rows, the slowest part of a delta join task)."""
+structured rows, the slowest part of a delta join task), and no pandas (numpy through the
+buffers: :mod:`flightstore_spark.arrays`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from flightstore_spark.arrays import from_numpy, to_numpy
 
 __all__ = ["key_groups"]
 
@@ -22,10 +25,10 @@ def key_groups(table: pa.Table, key: Sequence[str]) -> np.ndarray:
     group = np.zeros(table.num_rows, dtype=np.int64)
     for name in key:
         encoded = pc.dictionary_encode(table.column(name).combine_chunks(), null_encoding="encode")
-        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        codes = to_numpy(encoded.indices).astype(np.int64)  # nulls are encoded: no null index
         if name == key[0]:
             group = codes
         else:
-            paired = pa.array(group * len(encoded.dictionary) + codes)
-            group = pc.dictionary_encode(paired).indices.to_numpy().astype(np.int64)
+            paired = from_numpy(group * len(encoded.dictionary) + codes)
+            group = to_numpy(pc.dictionary_encode(paired).indices).astype(np.int64)
     return group

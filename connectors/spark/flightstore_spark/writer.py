@@ -34,6 +34,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import StructType
 
 from flightstore_spark import _flight
+from flightstore_spark.arrays import from_numpy, to_numpy, valid_mask
 from flightstore_spark.keys import key_groups
 
 __all__ = ["FlightstoreStreamWriter", "FlightstoreWriter", "WriteMessage", "fold_aggregation", "foldable_aggregation",
@@ -105,7 +106,7 @@ def fold_aggregation(rows: pa.Table, key: list[str], functions: dict[str, str]) 
     order = np.argsort(group, kind="stable")
     sorted_group = group[order]
     starts = np.flatnonzero(np.concatenate([[True], sorted_group[1:] != sorted_group[:-1]]))
-    folded = rows.select(key).take(pa.array(order[starts]))
+    folded = rows.select(key).take(from_numpy(order[starts]))
     for name in fields:
         column = rows.column(name).combine_chunks()
         folded = folded.append_column(name, _fold_numeric(column, functions[name], order, starts))
@@ -133,13 +134,13 @@ def _fold_numeric(column: pa.Array, function: str, order: np.ndarray, starts: np
     else:
         wide = np.uint64 if pa.types.is_unsigned_integer(kind) else np.int64
         identity = {"sum": 0, "max": np.iinfo(wide).min, "min": np.iinfo(wide).max}[function]
-    values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False).astype(wide)
+    values = to_numpy(column).astype(wide)  # a copy: writable
     if not column.null_count:
-        return pa.array(_REDUCE[function].reduceat(values[order], starts))
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
+        return from_numpy(_REDUCE[function].reduceat(values[order], starts))
+    valid = valid_mask(column)
     values[~valid] = identity
     result = _REDUCE[function].reduceat(values[order], starts)
-    return pa.array(result, mask=np.add.reduceat(valid[order].astype(np.int64), starts) == 0)
+    return from_numpy(result, valid=np.add.reduceat(valid[order].astype(np.int64), starts) > 0)
 
 
 def _fold_hash(rows: pa.Table, key: list[str], fields: list[str], functions: dict[str, str]) -> pa.Table:

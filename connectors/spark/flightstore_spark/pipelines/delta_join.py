@@ -250,7 +250,12 @@ class DeltaJoin:
     # ---- Spark plumbing -----------------------------------------------------------------------
     def changes(self, spark, startup: str | dict[str, dict[int, int]] = "earliest", max_rows: int | None = None):
         """Both changelogs as one stream: ``_side``, the wide columns, ``_change_type``, ``_log_offset``.
-        ``startup``: a startup mode for both, or per table (``left``/``right``) the offsets to start at."""
+        ``startup``: a startup mode for both, or per table (``left``/``right``) the offsets to start at.
+
+        ``-U`` rows are dropped before the shuffle: a task applies only a key's last ``+I``/``+U``/
+        ``+A``/``-D`` (the ``+U`` that follows a ``-U`` carries the new row), and an update's ``-U``
+        is a third of an updated table's changelog that Spark would otherwise shuffle, sort and
+        hand to the tasks for nothing."""
         from pyspark.sql import functions as F
 
         def side(table: str, which: str, tag: str, columns: list[str]):
@@ -262,7 +267,7 @@ class DeltaJoin:
                 reader = reader.option("startup.mode", startup)
             if max_rows:
                 reader = reader.option("maxRowsPerTrigger", str(max_rows))
-            df = reader.load()
+            df = reader.load().filter(F.col("_change_type") != "-U")
             return df.select(F.lit(tag).alias("_side"), *columns, "_change_type", "_log_offset")
 
         left = side(self.left, "left", "L", self.left_columns)
