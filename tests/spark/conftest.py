@@ -5,12 +5,8 @@ server for the GIL on a busy machine)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -24,50 +20,31 @@ from tests.server.conftest import ServerProcess
 TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-def spark_home() -> str:
-    """A SPARK_HOME for the tests' Spark: pip's pyspark install with everything but its ``python/``
-    directory (links to its ``bin``, ``jars``, ...), made once per pyspark install.
-
-    Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on every Python worker's path, and a
-    zip import keeps no compiled bytecode: each Python process Spark starts (a streaming query's
-    source runner, a sink's commit runner, the worker daemon) compiled the pyspark modules it
-    imports, ~0.8 s of CPU per process. Without that zip the workers import the same pyspark from
-    this venv, compiled once. Measured with 6 streaming queries in one session on this 2-core
-    machine: 17.4-20.6 s of CPU of the JVM's process tree, 9.1-10.4 s with this SPARK_HOME (and
-    a busy machine's "Python worker failed to connect back", Spark's fixed 10 s for a new worker
-    to start, gets three times the margin). Checked by ``tests/spark/test_session.py``."""
-    import pyspark
-
-    installed = Path(pyspark.__file__).parent
-    key = hashlib.sha256(f"{installed}:{pyspark.__version__}".encode()).hexdigest()[:12]
-    home = Path(tempfile.gettempdir()) / f"flightstore-tests-spark-home-{key}"
-    if not home.is_dir():
-        staging = Path(tempfile.mkdtemp(prefix=f"{home.name}-", dir=home.parent))
-        for entry in installed.iterdir():
-            if entry.is_dir() and entry.name not in ("python", "__pycache__"):
-                (staging / entry.name).symlink_to(entry)
-        try:
-            staging.rename(home)  # atomic: another test process may have made it meanwhile
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-    return str(home)
-
-
 def spark_job_env(**extra: str) -> dict[str, str]:
     """The environment of a Spark job a test starts as a command (``python -m
     flightstore_spark.pipelines...``): this Python for its workers, :data:`TEST_JAVA_OPTIONS` for its
-    driver's JVM (PYSPARK_SUBMIT_ARGS: the job builds its own session), :func:`spark_home`, then
-    ``extra``."""
+    driver's JVM (PYSPARK_SUBMIT_ARGS: the job builds its own session), the SPARK_HOME of
+    :func:`flightstore_spark.spark_home.compiled_pyspark_home`, then ``extra``."""
     return {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
             "PYSPARK_SUBMIT_ARGS": f"--driver-java-options '{TEST_JAVA_OPTIONS}' pyspark-shell",
-            "SPARK_HOME": spark_home(), **extra}
+            "SPARK_HOME": _spark_home(), **extra}
+
+
+def _spark_home() -> str:
+    """The tests' SPARK_HOME: pip's pyspark with its workers importing the compiled package, not
+    Spark's pyspark.zip (:mod:`flightstore_spark.spark_home`; checked by tests/spark/test_session.py)."""
+    from flightstore_spark.spark_home import compiled_pyspark_home
+
+    home = compiled_pyspark_home()
+    assert home is not None, "the tests expect pip's pyspark (with its python/lib/pyspark.zip)"
+    return home
 
 
 @pytest.fixture(scope="session")
 def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ["SPARK_HOME"] = spark_home()
+    os.environ["SPARK_HOME"] = _spark_home()
     import flightstore_spark
     from pyspark.sql import SparkSession
 

@@ -4,8 +4,13 @@ not Spark's ``pyspark.zip`` (tests/spark/conftest.py ``spark_home``)."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
+import pyspark
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from flightstore_spark.spark_home import compiled_pyspark_home, use_compiled_pyspark
 
 
 def _pyspark_file() -> str:
@@ -43,7 +48,6 @@ class _WhereSource(DataSource):
 
 
 def test_python_workers_import_the_compiled_pyspark_not_the_zip(spark, tmp_path) -> None:
-    import pyspark
     installed = pyspark.__file__
     assert ".zip" not in installed
     # an executor's Python worker (the daemon's)
@@ -59,3 +63,15 @@ def test_python_workers_import_the_compiled_pyspark_not_the_zip(spark, tmp_path)
             if progress["sources"] and progress["sources"][0]["endOffset"]]
     assert ends and all(end == {"pyspark": installed} for end in ends), ends
     assert [row.file for row in spark.sql("SELECT file FROM pyspark_where").collect()] == [installed]
+
+
+def test_the_pipelines_use_the_compiled_pyspark_unless_spark_home_names_an_installation(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    home = Path(use_compiled_pyspark())
+    assert str(home) == compiled_pyspark_home() == os.environ["SPARK_HOME"]
+    installed = Path(pyspark.__file__).parent
+    assert (home / "jars").resolve() == (installed / "jars").resolve()
+    assert (home / "bin" / "spark-submit").is_file()
+    assert not (home / "python").exists()  # no pyspark.zip for the workers to find first
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))  # a Spark installation of the user's
+    assert use_compiled_pyspark() == str(tmp_path)

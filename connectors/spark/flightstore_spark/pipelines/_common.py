@@ -36,11 +36,14 @@ def pipeline_parser(module: str, doc: str) -> argparse.ArgumentParser:
 
 
 def local_spark(master: str, app: str):
-    """A Spark session with the flightstore data source registered."""
+    """A Spark session with the flightstore data source registered (its Python workers import pip's
+    pyspark compiled, unless SPARK_HOME names a Spark installation: :mod:`flightstore_spark.spark_home`)."""
     from pyspark.sql import SparkSession
 
     import flightstore_spark
+    from flightstore_spark.spark_home import use_compiled_pyspark
 
+    use_compiled_pyspark()  # pip's pyspark: workers import it compiled, not from pyspark.zip
     builder = SparkSession.builder.master(master).appName(app)
     if master.startswith("local"):  # a shard (shuffle partition) per core, not Spark's 200 tiny tasks
         cores = master[len("local"):].strip("[]")
