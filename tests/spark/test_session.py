@@ -1,5 +1,5 @@
 """The tests' Spark session itself: its Python workers import the installed (compiled) pyspark,
-not Spark's ``pyspark.zip`` (tests/spark/conftest.py ``spark_home``)."""
+not Spark's ``pyspark.zip`` (:mod:`flightstore_spark.spark_home`, which tests/spark/conftest.py uses)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import os
 from pathlib import Path
 
 import pyspark
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-
 from flightstore_spark.spark_home import compiled_pyspark_home, use_compiled_pyspark
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 
 def _pyspark_file() -> str:
