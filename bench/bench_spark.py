@@ -61,7 +61,12 @@ def _narrow(start: int, n: int) -> pa.Table:
 def _spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import flightstore_spark
+    from flightstore_spark.spark_home import use_compiled_pyspark
     from pyspark.sql import SparkSession
+
+    # As the pipelines' own sessions do (local_spark): Spark's Python workers import pip's pyspark
+    # compiled, not pyspark.zip. One session runs both sides of every measure, peers included.
+    use_compiled_pyspark()
 
     spark = (SparkSession.builder.master("local[2]").appName("flightstore-bench")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
