@@ -182,9 +182,12 @@ def query_endpoints(conn: Connection, query: str) -> flight.FlightInfo:
 
 def lake_split(conn: Connection, table: str, filter: Any = None, snapshot_id: int | None = None, *,
                lake_only: bool = False) -> dict:
-    """The server's plan of a union read of a datalake-enabled log table (``union`` False for any
-    other table): lake snapshot id, per-bucket log offsets the log part starts at, the pruned data
-    files with their Arrow schema (hex IPC), and the lake's file-IO properties (no credentials).
+    """The server's plan of a read in one round trip. Of a table that is not a union read
+    (``union`` False): ``buckets``, those a scan with ``filter`` reads, and ``rows``, each one's rows
+    in its log (an upper bound: a primary-key table's changelog; the filter not applied). Of a union
+    read of a datalake-enabled log table: lake snapshot id, per-bucket log offsets the log part
+    starts at, the pruned data files with their Arrow schema (hex IPC), and the lake's file-IO
+    properties (no credentials).
     ``lake_only``: the plan of the lake snapshot alone, of any datalake-enabled table (a
     primary-key table's data files name their position delete files under ``deletes``)."""
     return conn._action("flightstore.lake-split", {
