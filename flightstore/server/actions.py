@@ -167,10 +167,16 @@ class ActionRpcs:
             # ``lake_only``: a reader of the lake snapshot alone (a Spark backfill), which also
             # takes primary-key tables and applies their position delete files itself.
             lake_only = bool(payload.get("lake_only")) and bool(table.descriptor.option("table.datalake.enabled"))
-            if not is_union(table.descriptor) and not lake_only:
-                return tickets.encode_custom({"op": "lake-split", "union": False})
-            from flightstore.lake.union import plan_split
             filter = from_json(payload["filter"]) if payload.get("filter") else None
+            if not is_union(table.descriptor) and not lake_only:
+                # A reader's plan in this one round trip: the buckets a scan with the filter reads
+                # and the rows each holds in its log (an upper bound of a primary-key table's
+                # rows), by which a reader sizes its partitions.
+                buckets = _bucket_ids(table, filter.bind(table.schema) if filter is not None else None)
+                start, end = table.start_offsets(), table.end_offsets()
+                return tickets.encode_custom({"op": "lake-split", "union": False, "buckets": buckets,
+                                              "rows": {str(b): end.get(b, 0) - start.get(b, 0) for b in buckets}})
+            from flightstore.lake.union import plan_split
             planned = plan_split(self.executor.lake, table, filter, payload.get("snapshot_id"),
                                  with_deletes=lake_only)
             return tickets.encode_custom({"op": "lake-split", "union": is_union(table.descriptor), **planned})

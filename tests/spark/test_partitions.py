@@ -48,8 +48,8 @@ def test_batch_read_has_one_input_partition_per_partition_bucket_and_prunes(spar
     assert len(reader.partitions()) == 4
     pruned = (_load(spark, server, "default.pk", partitions="16").filter("dt >= '2026-01-02' AND v < 25"))
     assert pruned.rdd.getNumPartitions() == 4
-    sized = _load(spark, server, "default.pk")  # the session's default parallelism: 2 groups of buckets
-    assert sized.rdd.getNumPartitions() == 2
+    sized = _load(spark, server, "default.pk")  # sized to the data: 30 rows are one group of buckets
+    assert sized.rdd.getNumPartitions() == 1
     assert sorted(r["id"] for r in sized.filter("dt >= '2026-01-02'").collect()) == list(range(10, 30))
     assert sorted(r["id"] for r in pruned.collect()) == list(range(10, 25))
 

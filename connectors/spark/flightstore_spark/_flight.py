@@ -6,7 +6,10 @@ the store directly. Helpers are small and stateless so Spark can pickle whatever
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +33,7 @@ __all__ = [
     "read_lake_file_rows",
     "read_payload",
     "read_ticket",
+    "shared_connection",
     "table_info",
 ]
 
@@ -62,11 +66,50 @@ class Options:
         """A connection to the configured server, or to ``uri`` (a bucket's leader in a cluster)."""
         return open_connection(uri or self.uri, self.username, self.password, **self.tls)
 
+    def shared(self, uri: str | None = None) -> Connection:
+        """This process's connection to the configured server, or to ``uri``, kept for the next
+        call (:func:`shared_connection`): never close it."""
+        return shared_connection(uri or self.uri, self.username, self.password, **self.tls)
+
 
 def open_connection(uri: str, username: str | None = None, password: str | None = None,
                     **tls: str) -> Connection:
     """A client connection; ``tls`` holds :func:`flightstore.connect`'s TLS arguments (PEM paths)."""
     return connect(uri, username=username, password=password, **tls)
+
+
+# Spark reuses its Python workers (task workers and the schema/partition planners alike) across
+# tasks and queries. A connection per call paid a new gRPC channel (TCP and HTTP/2 set-up, on the
+# server too) and, with credentials, an authentication handshake, for each partition and each
+# planning step; one connection per process and server is kept instead. Keyed by the process id:
+# a forked child never uses its parent's gRPC channel. Bounded: a worker that met many servers
+# (tests start one each) closes the least recently used.
+SHARED_CONNECTIONS = 8
+_shared: OrderedDict[tuple, Connection] = OrderedDict()
+_shared_lock = threading.Lock()
+
+
+def shared_connection(uri: str, username: str | None = None, password: str | None = None,
+                      **tls: str) -> Connection:
+    """The connection this process keeps to ``uri`` with these credentials and TLS files (opened on
+    first use). Callers must not close it; a server that restarted is reconnected to by gRPC, and
+    an expired token is renewed by the connection's own retry."""
+    key = (os.getpid(), uri, username, password, tuple(sorted(tls.items())))
+    with _shared_lock:
+        if _shared and next(iter(_shared))[0] != key[0]:
+            _shared.clear()  # a forked child: the parent's channels are not ours to use or close
+        conn = _shared.get(key)
+        if conn is not None:
+            _shared.move_to_end(key)
+            return conn
+    conn = open_connection(uri, username, password, **tls)
+    with _shared_lock:
+        kept = _shared.setdefault(key, conn)
+        _shared.move_to_end(key)
+        evicted = [_shared.popitem(last=False)[1] for _ in range(len(_shared) - SHARED_CONNECTIONS)]
+    for old in [conn] if kept is not conn else evicted:
+        old.close()
+    return kept
 
 
 class TableInfo:
@@ -85,7 +128,7 @@ class TableInfo:
 def custom_schema(conn: Connection, payload: dict) -> pa.Schema:
     """The schema the server answers for one of flightstore's own read commands (GetFlightInfo)."""
     descriptor = flight.FlightDescriptor.for_command(tickets.encode_custom(payload))
-    return conn._client.get_flight_info(descriptor, conn._options).schema
+    return conn._retrying(lambda: conn._client.get_flight_info(descriptor, conn._options)).schema
 
 
 def _split_name(name: str) -> tuple[str | None, str]:
@@ -133,14 +176,18 @@ def query_endpoints(conn: Connection, query: str) -> flight.FlightInfo:
     endpoint as its own partition, in parallel (the server's default is a single endpoint)."""
     conn.set_session_options({"flightstore.per-bucket-endpoints": True})
     command = protocol.pack_any(protocol.CommandStatementQuery(query=query))
-    return conn._client.get_flight_info(flight.FlightDescriptor.for_command(command), conn._options)
+    descriptor = flight.FlightDescriptor.for_command(command)
+    return conn._retrying(lambda: conn._client.get_flight_info(descriptor, conn._options))
 
 
 def lake_split(conn: Connection, table: str, filter: Any = None, snapshot_id: int | None = None, *,
                lake_only: bool = False) -> dict:
-    """The server's plan of a union read of a datalake-enabled log table (``union`` False for any
-    other table): lake snapshot id, per-bucket log offsets the log part starts at, the pruned data
-    files with their Arrow schema (hex IPC), and the lake's file-IO properties (no credentials).
+    """The server's plan of a read in one round trip. Of a table that is not a union read
+    (``union`` False): ``buckets``, those a scan with ``filter`` reads, and ``rows``, each one's rows
+    in its log (an upper bound: a primary-key table's changelog; the filter not applied). Of a union
+    read of a datalake-enabled log table: lake snapshot id, per-bucket log offsets the log part
+    starts at, the pruned data files with their Arrow schema (hex IPC), and the lake's file-IO
+    properties (no credentials).
     ``lake_only``: the plan of the lake snapshot alone, of any datalake-enabled table (a
     primary-key table's data files name their position delete files under ``deletes``)."""
     return conn._action("flightstore.lake-split", {
@@ -239,7 +286,7 @@ def _connecting(call: Callable[[], T]) -> T:
 
 def read_ticket(conn: Connection, ticket: bytes) -> Iterator[pa.RecordBatch]:
     """DoGet of a Flight SQL endpoint ticket."""
-    yield from read_batches(conn._client.do_get(flight.Ticket(ticket), conn._options))
+    yield from read_batches(conn._retrying(lambda: conn._client.do_get(flight.Ticket(ticket), conn._options)))
 
 
 def put_once(conn: Connection, op: str, table: str, data: pa.Table, *, writer_id: str, sequence: int,

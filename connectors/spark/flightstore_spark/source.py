@@ -23,11 +23,15 @@ A partition's batches reach Spark concatenated into batches of up to 64k rows / 
 (:func:`coalesce_batches`): Spark pays per batch, and the server's messages of wide rows stop at
 2 MB, far below 64k rows.
 
-Partitions are sized to the cores: a batch read of a table plans at most ``partitions`` input
-partitions (default: the Spark default parallelism :func:`flightstore_spark.register` found, else one
-per bucket), each reading a contiguous group of buckets in one DoGet (in a cluster, buckets of one
-leader). Each Spark task has a fixed cost (a Python worker round trip, a connection, Spark's
-``gc.collect()`` in the worker after it), which more tasks than cores only repeat.
+Partitions are sized to the cores and the data: a batch read of a table plans at most ``partitions``
+input partitions (default: the Spark default parallelism :func:`flightstore_spark.register` found, else
+one per bucket), each reading a contiguous group of buckets in one DoGet (in a cluster, buckets of
+one leader); under the cores' default no more than one per 4 MB of estimated data
+(:func:`sized_partitions`: a small table is one task). Each Spark task has a fixed cost (the JVM's
+task, a Python worker round trip, Spark's ``gc.collect()`` in the worker after it), which more tasks
+than cores, or than the data needs, only repeat. The plan (buckets and their rows) is one round
+trip to the server, and every planner and worker process keeps one connection per server across
+partitions and queries (:func:`flightstore_spark._flight.shared_connection`).
 
 Options: ``uri`` (grpc://host:port, grpc+tls://host:port), ``table`` (``db.t``) or ``query`` (a whole
 SELECT pushed to the server; its Flight endpoints become the partitions), ``columns`` (``a,b``:
@@ -53,7 +57,8 @@ from flightstore_spark import _flight
 from flightstore_spark.filters import to_predicate
 
 __all__ = ["FlightstoreDataSource", "coalesce_batches", "conform_batches", "group_buckets", "group_files",
-           "lake_snapshot_splits", "most_partitions", "prunes_columns", "read_lake_split", "spark_schema"]
+           "lake_snapshot_splits", "most_partitions", "prunes_columns", "read_lake_split", "row_bytes",
+           "sized_partitions", "spark_schema"]
 
 
 def spark_schema(schema: pa.Schema, keep_not_null: bool = False) -> StructType:
@@ -158,16 +163,16 @@ class FlightstoreDataSource(DataSource):
 
     def schema(self) -> StructType:
         options = _flight.Options(self.options)
-        with options.connect() as conn:
-            if options.query:
-                arrow = _flight.query_endpoints(conn, options.query).schema
-            elif self._streaming_schema_wanted():
-                arrow = _flight.custom_schema(conn, {"op": "subscribe", "table": options.table,
-                                                     "columns": self._stream_columns(conn, options)})
-            else:
-                arrow = _flight.custom_schema(conn, {"op": "scan", "table": options.table,
-                                                     "columns": options.columns})
-                return spark_schema(arrow, keep_not_null=True)
+        conn = options.shared()
+        if options.query:
+            arrow = _flight.query_endpoints(conn, options.query).schema
+        elif self._streaming_schema_wanted():
+            arrow = _flight.custom_schema(conn, {"op": "subscribe", "table": options.table,
+                                                 "columns": self._stream_columns(conn, options)})
+        else:
+            arrow = _flight.custom_schema(conn, {"op": "scan", "table": options.table,
+                                                 "columns": options.columns})
+            return spark_schema(arrow, keep_not_null=True)
         return spark_schema(arrow)
 
     # Spark asks for the schema before it says whether the read is batch or streaming, so the
@@ -208,6 +213,36 @@ def most_partitions(option: Any, default: int | None) -> int | None:
         raise ValueError(f"option('partitions') must be a positive integer (most input partitions of a "
                          f"batch read), not {option!r}")
     return value
+
+
+# The fewest bytes worth a partition of their own (estimated from rows and column widths): Spark's
+# own file sources plan a split per ``spark.sql.files.openCostInBytes`` (4 MB) at least. Each Spark
+# task costs the JVM and a Python worker a fixed ~50-90 ms of CPU (py-spy and /proc on a tiny read:
+# 0.43 CPU-s in two tasks, 0.35 in one), which a small table's second task only repeats.
+PARTITION_BYTES = 4 * 1024 * 1024
+VARIABLE_WIDTH_BYTES = 32  # the estimate of a string, binary or nested value
+
+
+def row_bytes(schema: pa.Schema) -> int:
+    """An estimate of one row's bytes in Arrow: fixed widths as they are, others
+    :data:`VARIABLE_WIDTH_BYTES` (at least 1 byte)."""
+    total = 0
+    for field in schema:
+        try:
+            total += max(1, field.type.bit_width // 8)
+        except ValueError:  # variable width or nested
+            total += VARIABLE_WIDTH_BYTES
+    return max(1, total)
+
+
+def sized_partitions(most: int | None, sized: bool, rows: dict[int, int], schema: pa.Schema) -> int | None:
+    """The most input partitions of a read of ``rows`` (per bucket) of ``schema``'s columns:
+    ``most``, and when it is the cores' default (``sized``: not the ``partitions`` option, and not
+    None, one per bucket, as without :func:`flightstore_spark.register`) no more than one per
+    :data:`PARTITION_BYTES` of estimated data, at least one."""
+    if not sized or most is None:
+        return most
+    return min(most, max(1, -(-sum(rows.values()) * row_bytes(schema) // PARTITION_BYTES)))
 
 
 def group_buckets(buckets: Sequence[int], most: int | None,
@@ -273,6 +308,7 @@ class FlightstoreReader(DataSourceReader):
         self.schema = schema
         self.pushed: ex.Predicate | None = None
         self.most_partitions = most_partitions(self.options.get("partitions"), default_partitions)
+        self.sized = self.options.get("partitions") is None  # the option is the user's word: kept as given
 
     def pushFilters(self, filters: list) -> Iterator:
         if self.options.query or str(self.options.get("pushFilters", "true")).lower() == "false":
@@ -301,27 +337,26 @@ class FlightstoreReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
-        with options.connect() as conn:
-            if options.query:
-                info = _flight.query_endpoints(conn, options.query)
-                return [InputPartition({"ticket": e.ticket.ticket, "uri": _flight.endpoint_uri(e)})
-                        for e in info.endpoints]
-            if options.get("snapshot.id") is not None:
-                return self._lake_snapshot(conn, int(options.get("snapshot.id")))
-            client = conn.table(options.table)
-            leaders = _flight.leaders(conn, options.table)  # in a cluster: read each bucket at its leader
-            if wants_changelog(options):
-                starts, ends = client.offsets("start"), client.offsets("end")
-                columns = self.schema.fieldNames()
-                return [InputPartition({"payload": {
-                    "op": "subscribe", "table": options.table, "columns": columns,
-                    "start": {str(b): starts[b]}, "until": {str(b): ends[b]}},
-                    "uri": leaders[b % len(leaders)] if leaders else None})
-                    for b in sorted(ends) if ends[b] > starts[b]]
-            planned = _flight.lake_split(conn, options.table, self.pushed)
-            # One input partition per bucket; of a partitioned table, per (partition, bucket) of
-            # the partitions the pushed filters cannot rule out.
-            buckets = client.buckets(self.pushed)
+        conn = options.shared()
+        if options.query:
+            info = _flight.query_endpoints(conn, options.query)
+            return [InputPartition({"ticket": e.ticket.ticket, "uri": _flight.endpoint_uri(e)})
+                    for e in info.endpoints]
+        if options.get("snapshot.id") is not None:
+            return self._lake_snapshot(conn, int(options.get("snapshot.id")))
+        client = conn.table(options.table)
+        leaders = _flight.leaders(conn, options.table)  # in a cluster: read each bucket at its leader
+        if wants_changelog(options):
+            starts, ends = client.offsets("start"), client.offsets("end")
+            columns = self.schema.fieldNames()
+            return [InputPartition({"payload": {
+                "op": "subscribe", "table": options.table, "columns": columns,
+                "start": {str(b): starts[b]}, "until": {str(b): ends[b]}},
+                "uri": leaders[b % len(leaders)] if leaders else None})
+                for b in sorted(ends) if ends[b] > starts[b]]
+        # The read's plan in one round trip: of a union read its lake split, else the buckets the
+        # pushed filters leave (of a partitioned table, per partition) and their rows.
+        planned = _flight.lake_split(conn, options.table, self.pushed)
         columns = self.schema.fieldNames()  # the `columns` option's, or what pruneColumns left
         filter_json = self.pushed.to_dict() if self.pushed is not None else None
         if planned.get("union"):
@@ -334,8 +369,13 @@ class FlightstoreReader(DataSourceReader):
                 "op": "scan", "table": options.table, "columns": columns, "filter": filter_json,
                 "buckets": [int(b)], "log_from": {b: offset}}})
                 for b, offset in sorted(planned["offsets"].items(), key=lambda item: int(item[0]))]
-        groups = group_buckets(buckets, self.most_partitions,
-                               lambda b: leaders[b % len(leaders)] if leaders else None)
+        if "buckets" in planned:
+            buckets = [int(b) for b in planned["buckets"]]
+            most = sized_partitions(self.most_partitions, self.sized, {int(b): n for b, n in planned["rows"].items()},
+                                    to_arrow_schema(self.schema, timezone="UTC"))
+        else:  # a server that answers the lake split alone
+            buckets, most = client.buckets(self.pushed), self.most_partitions
+        groups = group_buckets(buckets, most, lambda b: leaders[b % len(leaders)] if leaders else None)
         return [InputPartition({"payload": {"op": "scan", "table": options.table, "columns": columns,
                                             "filter": filter_json, "buckets": group}, "uri": uri})
                 for uri, group in groups] or [InputPartition({"empty": True})]  # every partition pruned
@@ -360,9 +400,9 @@ class FlightstoreReader(DataSourceReader):
         if "lake" in value:  # straight from the warehouse: no server in the path
             yield from coalesce_batches(read_lake_split(value["lake"], self.schema))
             return
-        with self.options.connect(value.get("uri")) as conn:
-            if "ticket" in value:
-                batches = _flight.read_ticket(conn, value["ticket"])
-            else:
-                batches = _flight.read_payload(conn, value["payload"])
-            yield from coalesce_batches(conform_batches(batches, self.schema))
+        conn = self.options.shared(value.get("uri"))  # kept for the worker's next partitions
+        if "ticket" in value:
+            batches = _flight.read_ticket(conn, value["ticket"])
+        else:
+            batches = _flight.read_payload(conn, value["payload"])
+        yield from coalesce_batches(conform_batches(batches, self.schema))
