@@ -14,6 +14,10 @@ default all; the last two are :mod:`bench.bench_spark_join`'s) runs only those m
 ``BENCH_SPARK_MEASURES=read python -m bench spark`` to profile the read, or
 ``BENCH_SPARK_MEASURES=backfill python -m bench spark`` for the lake backfill alone (its peer, the
 changelog replay, still runs beside it). An unknown name fails the benchmark.
+
+The session's Python workers import pip's pyspark compiled, as the pipelines' own sessions do
+(:mod:`flightstore_spark.spark_home`); ``SPARK_HOME=<pip's pyspark directory>`` measures Spark's
+default instead (workers compile ``pyspark.zip``), what a user's own SparkSession gets.
 """
 
 from __future__ import annotations
