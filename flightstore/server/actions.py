@@ -158,8 +158,6 @@ class ActionRpcs:
             table = self._visible_table(payload["table"])
             self._authorize_table(Operation.DESCRIBE, table)
             filter = from_json(payload["filter"]) if payload.get("filter") else None
-            if filter is not None:
-                filter = filter.bind(table.schema)
             return tickets.encode_custom({"op": "buckets", "buckets": _bucket_ids(table, filter)})
         if kind == "flightstore.lake-split":
             table = self._visible_table(payload["table"])
@@ -172,7 +170,7 @@ class ActionRpcs:
                 # A reader's plan in this one round trip: the buckets a scan with the filter reads
                 # and the rows each holds in its log (an upper bound of a primary-key table's
                 # rows), by which a reader sizes its partitions.
-                buckets = _bucket_ids(table, filter.bind(table.schema) if filter is not None else None)
+                buckets = _bucket_ids(table, filter)
                 start, end = table.start_offsets(), table.end_offsets()
                 return tickets.encode_custom({"op": "lake-split", "union": False, "buckets": buckets,
                                               "rows": {str(b): end.get(b, 0) - start.get(b, 0) for b in buckets}})
@@ -326,8 +324,11 @@ def _query_id(data: bytes) -> str | None:
     return tickets.decode_query_handle(command.statement_handle).get("query")
 
 def _bucket_ids(table: Any, filter: Any) -> list[int]:
-    """The buckets a scan with ``filter`` must read: of a partitioned table, those of the
-    partitions the filter cannot rule out (table-wide numbers)."""
+    """The buckets a scan with ``filter`` (unbound, or None) must read: of a partitioned table,
+    those of the partitions the filter cannot rule out (table-wide numbers). A filter that does
+    not bind to the table's schema is refused, whatever the table."""
+    if filter is not None:
+        filter = filter.bind(table.schema)
     if table.descriptor.is_partitioned:
         return table.bucket_ids(filter=filter)
     return table.bucket_ids()
