@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,10 +15,11 @@ from tests.forked_server import ForkedServerProcess
 
 
 class RunningServer:
-    def __init__(self, data_dir, options: dict | None = None) -> None:
-        """``options``: server options of the store (partition limits, auto-partition interval)."""
+    def __init__(self, data_dir, options: dict | None = None, **server: Any) -> None:
+        """``options``: server options of the store (partition limits, auto-partition interval);
+        ``server``: :class:`FlightSqlServer`'s own arguments (``users``, ``super_users``, ...)."""
         self.store = Store(data_dir, fsync=False, options=options)  # durability: tests/log/test_durability.py
-        self.server = FlightSqlServer(self.store, "grpc://127.0.0.1:0")
+        self.server = FlightSqlServer(self.store, "grpc://127.0.0.1:0", **server)
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
         self.uri = self.server.uri

@@ -4,15 +4,13 @@ the server, and input partitions (each a Spark task with a fixed cost). Counted 
 
 from __future__ import annotations
 
-import threading
-
 import pyarrow as pa
 import pytest
 from flightstore_spark.source import FlightstoreDataSource, FlightstoreReader, row_bytes, sized_partitions
 
 from flightstore.client import connect
 from flightstore.server.service import FlightSqlServer
-from flightstore.store import Store
+from tests.server.conftest import RunningServer
 
 pytestmark = pytest.mark.slow
 
@@ -22,14 +20,9 @@ CREDENTIALS = {"username": "etl", "password": "s3cret"}
 @pytest.fixture
 def secured(tmp_path):
     """A server in this process (its call counts readable) that authenticates every connection."""
-    store = Store(tmp_path / "data")
-    server = FlightSqlServer(store, users={"etl": "s3cret"}, super_users=("etl",))
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    thread.join(timeout=30)
-    store.close()
+    running = RunningServer(tmp_path / "data", users={"etl": "s3cret"}, super_users=("etl",))
+    yield running.server
+    running.stop()
 
 
 def _calls(server: FlightSqlServer) -> dict[str, int]:
