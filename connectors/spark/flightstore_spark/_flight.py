@@ -107,7 +107,7 @@ def shared_connection(uri: str, username: str | None = None, password: str | Non
         kept = _shared.setdefault(key, conn)
         _shared.move_to_end(key)
         evicted = [_shared.popitem(last=False)[1] for _ in range(len(_shared) - SHARED_CONNECTIONS)]
-    for old in [conn] if kept is not conn else evicted:
+    for old in evicted + ([conn] if kept is not conn else []):  # ours too when another call kept one first
         old.close()
     return kept
 
