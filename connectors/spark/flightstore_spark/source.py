@@ -29,7 +29,8 @@ else one per bucket), each reading a group of buckets in one DoGet (in a cluster
 leader), the groups near-equal in rows (:func:`group_buckets`); under the cores' default no more
 than one per 4 MB of estimated data (:func:`sized_partitions`: a small table is one task). Each
 Spark task has a fixed cost (the JVM's task, a Python worker round trip, Spark's ``gc.collect()``
-in the worker after it), which more tasks than cores, or than the data needs, only repeat. The plan (buckets and their rows) is one round
+in the worker after it, cheap once the worker's imports are frozen: :mod:`flightstore_spark.workers`),
+which more tasks than cores, or than the data needs, only repeat. The plan (buckets and their rows) is one round
 trip to the server, and every planner and worker process keeps one connection per server across
 partitions and queries (:func:`flightstore_spark._flight.shared_connection`).
 
@@ -55,6 +56,7 @@ from pyspark.sql.types import StructField, StructType
 from flightstore import expressions as ex
 from flightstore_spark import _flight
 from flightstore_spark.filters import to_predicate
+from flightstore_spark.workers import freeze_imports
 
 __all__ = ["FlightstoreDataSource", "coalesce_batches", "conform_batches", "group_buckets", "group_files",
            "lake_snapshot_splits", "most_partitions", "prunes_columns", "read_lake_split", "row_bytes",
@@ -162,6 +164,11 @@ class FlightstoreDataSource(DataSource):
         return "flightstore"
 
     def schema(self) -> StructType:
+        schema = self._schema()
+        freeze_imports()  # in the schema planner: what this call imported (flightstore_spark.workers)
+        return schema
+
+    def _schema(self) -> StructType:
         options = _flight.Options(self.options)
         conn = options.shared()
         if options.query:
@@ -351,6 +358,11 @@ class FlightstoreReader(DataSourceReader):
         return self.schema
 
     def partitions(self) -> Sequence[InputPartition]:
+        planned = self._partitions()
+        freeze_imports()  # in the partition planner: what planning imported (flightstore_spark.workers)
+        return planned
+
+    def _partitions(self) -> list[InputPartition]:
         options = self.options
         conn = options.shared()
         if options.query:
@@ -416,10 +428,11 @@ class FlightstoreReader(DataSourceReader):
             return
         if "lake" in value:  # straight from the warehouse: no server in the path
             yield from coalesce_batches(read_lake_split(value["lake"], self.schema))
-            return
-        conn = self.options.shared(value.get("uri"))  # kept for the worker's next partitions
-        if "ticket" in value:
-            batches = _flight.read_ticket(conn, value["ticket"])
         else:
-            batches = _flight.read_payload(conn, value["payload"])
-        yield from coalesce_batches(conform_batches(batches, self.schema))
+            conn = self.options.shared(value.get("uri"))  # kept for the worker's next partitions
+            if "ticket" in value:
+                batches = _flight.read_ticket(conn, value["ticket"])
+            else:
+                batches = _flight.read_payload(conn, value["payload"])
+            yield from coalesce_batches(conform_batches(batches, self.schema))
+        freeze_imports()  # in the task's worker: what the read imported (flightstore_spark.workers)
