@@ -92,9 +92,10 @@ def test_partitions_are_sized_to_the_data_as_well_as_the_cores(spark, secured):
 
 
 def test_partitions_share_the_buckets_out_by_rows(spark, secured):
-    """A log table's buckets fill round-robin by appended batch: 10 batches in 4 buckets are 3, 3,
-    2 and 2 of them. Read on 2 cores, each task reads 5 batches' rows (buckets 0 and 2, 1 and 3),
-    not 6 and 4 (contiguous halves: one core idles while the other reads the rest)."""
+    """A log table's buckets fill round-robin per written message: 10 appends of 20k rows (one
+    message each) in 4 buckets are 3, 3, 2 and 2 of them. Read on 2 cores, each task reads 5
+    appends' rows (buckets 0 and 2, 1 and 3), not 6 and 4 (contiguous halves: one core idles while
+    the other reads the rest)."""
     from pyspark.sql.functions import spark_partition_id
 
     batch = 20_000  # 200k rows of 3 BIGINT columns: 4.8 MB, two partitions' worth

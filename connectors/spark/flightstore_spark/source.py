@@ -259,10 +259,10 @@ def group_buckets(buckets: Sequence[int], most: int | None, leader: Callable[[in
     than ``most`` gets one group per leader.
 
     With each bucket's ``rows`` known, a leader's buckets are shared out by rows (the largest
-    bucket to the lightest group): a log table's buckets fill round-robin by appended batch, so
-    10 appends to 4 buckets hold 3, 3, 2 and 2 batches, and contiguous halves would give one task
-    60% of the rows while the other core idles at the end. Without ``rows``: contiguous groups of
-    near-equal bucket counts."""
+    bucket to the lightest group): a log table's buckets fill round-robin per written message, so
+    a table written in few messages (10 appends of 20k rows to 4 buckets: 3, 3, 2 and 2 of them)
+    gave one of two tasks 60% of the rows in contiguous halves while the other core idled at the
+    end. Without ``rows``: contiguous groups of near-equal bucket counts."""
     by_leader: dict[str | None, list[int]] = {}
     for bucket in buckets:
         by_leader.setdefault(leader(bucket), []).append(bucket)
