@@ -91,6 +91,39 @@ def test_partitions_are_sized_to_the_data_as_well_as_the_cores(spark, secured):
     assert _load(spark, secured.uri, table="big", partitions="3").rdd.getNumPartitions() == 3
 
 
+def test_partitions_share_the_buckets_out_by_rows(spark, secured):
+    """A log table's buckets fill round-robin per written message: 10 appends of 20k rows (one
+    message each) in 4 buckets are 3, 3, 2 and 2 of them. Read on 2 cores, each task reads 5
+    appends' rows (buckets 0 and 2, 1 and 3), not 6 and 4 (contiguous halves: one core idles while
+    the other reads the rest)."""
+    from pyspark.sql.functions import spark_partition_id
+
+    batch = 20_000  # 200k rows of 3 BIGINT columns: 4.8 MB, two partitions' worth
+    with connect(secured.uri, **CREDENTIALS, timeout=60) as conn:
+        conn.sql("CREATE TABLE uneven (a BIGINT, b BIGINT, c BIGINT) WITH ('bucket.num' = '4')")
+        for i in range(10):
+            column = pa.array(range(i * batch, (i + 1) * batch), pa.int64())
+            conn.table("uneven").append(pa.table({"a": column, "b": column, "c": column}))
+        assert sorted(conn.table("uneven").usage()["end_offsets"].values()) == [2 * batch, 2 * batch,
+                                                                               3 * batch, 3 * batch]
+    df = _load(spark, secured.uri, table="uneven")
+    assert df.rdd.getNumPartitions() == 2
+    per_task = df.groupBy(spark_partition_id().alias("p")).count().orderBy("p").collect()
+    assert [r["count"] for r in per_task] == [5 * batch, 5 * batch]
+
+
+def test_group_buckets_by_rows():
+    from flightstore_spark.source import group_buckets
+
+    rows = {0: 30, 1: 30, 2: 20, 3: 20}
+    assert group_buckets([0, 1, 2, 3], 2, lambda b: None, rows) == [(None, [0, 2]), (None, [1, 3])]
+    assert group_buckets([0, 1, 2, 3], 2, lambda b: None, {0: 90, 1: 5, 2: 3, 3: 2}) == [(None, [0]),
+                                                                                      (None, [1, 2, 3])]
+    assert group_buckets([0, 1, 2], 3, lambda b: None, {}) == [(None, [0]), (None, [1]), (None, [2])]  # none empty
+    leader = {0: "a", 1: "b", 2: "a", 3: "b"}.get
+    assert group_buckets([0, 1, 2, 3], 2, leader, rows) == [("a", [0, 2]), ("b", [1, 3])]
+
+
 def test_sized_partitions_rule():
     schema = pa.schema([("a", pa.int64()), ("flag", pa.bool_()), ("s", pa.string())])
     assert row_bytes(schema) == 8 + 1 + 32

@@ -11,28 +11,16 @@ in :mod:`flightstore_spark.pipelines`.
 
 from __future__ import annotations
 
-import gc
-import sys
-
 from flightstore_spark.source import FlightstoreDataSource
+from flightstore_spark.workers import freeze_imports, in_spark_worker
 
 __all__ = ["FlightstoreDataSource", "in_spark_worker", "register"]
 
 
-def in_spark_worker() -> bool:
-    """Whether this process is one of Spark's Python workers (forked by ``pyspark.daemon``, which
-    names the worker module in its arguments): task workers and the planners (schema, partitions)."""
-    return len(sys.argv) > 1 and sys.argv[0].endswith("daemon.py") and sys.argv[1].startswith("pyspark")
-
-
-# Spark's daemon runs a full ``gc.collect()`` in a reused worker after every task and every planner
-# call. With pyspark, pyarrow and the client imported that walked ~55,000 long-lived objects,
-# 30-60 ms each time on a busy 2-core machine: the larger part of a read's Python worker time (py-spy
-# on the bench's reads), paid on the query's critical path by the schema and partition planners.
-# Frozen, the imports' objects are left out of every later collection (they live as long as the
-# worker anyway); only worker processes are touched, never a driver or a user's process.
-if in_spark_worker():
-    gc.freeze()
+# Spark's daemon runs a full gc.collect() in a worker after every task and planner call: the
+# connector's imports (pyspark, pyarrow, flightstore: ~55,000 objects) are frozen there at once,
+# and what a read imports later at the end of the reader's calls (flightstore_spark.workers).
+freeze_imports()
 
 
 def register(spark) -> None:

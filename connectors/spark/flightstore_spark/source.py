@@ -24,12 +24,13 @@ A partition's batches reach Spark concatenated into batches of up to 64k rows / 
 2 MB, far below 64k rows.
 
 Partitions are sized to the cores and the data: a batch read of a table plans at most ``partitions``
-input partitions (default: the Spark default parallelism :func:`flightstore_spark.register` found, else
-one per bucket), each reading a contiguous group of buckets in one DoGet (in a cluster, buckets of
-one leader); under the cores' default no more than one per 4 MB of estimated data
-(:func:`sized_partitions`: a small table is one task). Each Spark task has a fixed cost (the JVM's
-task, a Python worker round trip, Spark's ``gc.collect()`` in the worker after it), which more tasks
-than cores, or than the data needs, only repeat. The plan (buckets and their rows) is one round
+input partitions (default: the Spark default parallelism :func:`flightstore_spark.register` found,
+else one per bucket), each reading a group of buckets in one DoGet (in a cluster, buckets of one
+leader), the groups near-equal in rows (:func:`group_buckets`); under the cores' default no more
+than one per 4 MB of estimated data (:func:`sized_partitions`: a small table is one task). Each
+Spark task has a fixed cost (the JVM's task, a Python worker round trip, Spark's ``gc.collect()``
+in the worker after it, cheap once the worker's imports are frozen: :mod:`flightstore_spark.workers`),
+which more tasks than cores, or than the data needs, only repeat. The plan (buckets and their rows) is one round
 trip to the server, and every planner and worker process keeps one connection per server across
 partitions and queries (:func:`flightstore_spark._flight.shared_connection`).
 
@@ -44,7 +45,7 @@ in :mod:`flightstore_spark.writer`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -55,6 +56,7 @@ from pyspark.sql.types import StructField, StructType
 from flightstore import expressions as ex
 from flightstore_spark import _flight
 from flightstore_spark.filters import to_predicate
+from flightstore_spark.workers import freeze_imports
 
 __all__ = ["FlightstoreDataSource", "coalesce_batches", "conform_batches", "group_buckets", "group_files",
            "lake_snapshot_splits", "most_partitions", "prunes_columns", "read_lake_split", "row_bytes",
@@ -162,6 +164,11 @@ class FlightstoreDataSource(DataSource):
         return "flightstore"
 
     def schema(self) -> StructType:
+        schema = self._schema()
+        freeze_imports()  # in the schema planner: what this call imported (flightstore_spark.workers)
+        return schema
+
+    def _schema(self) -> StructType:
         options = _flight.Options(self.options)
         conn = options.shared()
         if options.query:
@@ -245,11 +252,17 @@ def sized_partitions(most: int | None, sized: bool, rows: dict[int, int], schema
     return min(most, max(1, -(-sum(rows.values()) * row_bytes(schema) // PARTITION_BYTES)))
 
 
-def group_buckets(buckets: Sequence[int], most: int | None,
-                  leader: Callable[[int], str | None]) -> list[tuple[str | None, list[int]]]:
-    """``buckets`` in at most ``most`` contiguous groups of near-equal size (None: one group per
-    bucket), never mixing two leaders (a leader's buckets are read at it): ``[(uri, buckets)]``.
-    A cluster with more leaders than ``most`` gets one group per leader."""
+def group_buckets(buckets: Sequence[int], most: int | None, leader: Callable[[int], str | None],
+                  rows: Mapping[int, int] | None = None) -> list[tuple[str | None, list[int]]]:
+    """``buckets`` in at most ``most`` groups (None: one group per bucket), never mixing two
+    leaders (a leader's buckets are read at it): ``[(uri, buckets)]``. A cluster with more leaders
+    than ``most`` gets one group per leader.
+
+    With each bucket's ``rows`` known, a leader's buckets are shared out by rows (the largest
+    bucket to the lightest group): a log table's buckets fill round-robin per written message, so
+    a table written in few messages (10 appends of 20k rows to 4 buckets: 3, 3, 2 and 2 of them)
+    gave one of two tasks 60% of the rows in contiguous halves while the other core idled at the
+    end. Without ``rows``: contiguous groups of near-equal bucket counts."""
     by_leader: dict[str | None, list[int]] = {}
     for bucket in buckets:
         by_leader.setdefault(leader(bucket), []).append(bucket)
@@ -257,6 +270,15 @@ def group_buckets(buckets: Sequence[int], most: int | None,
     groups: list[tuple[str | None, list[int]]] = []
     for uri, own in by_leader.items():
         count = len(own) if most is None else min(len(own), max(1, round(most * len(own) / total)))
+        if rows is not None:
+            shares: list[list[int]] = [[] for _ in range(count)]
+            loads = [0] * count
+            for bucket in sorted(own, key=lambda b: (-int(rows.get(b, 0)), b)):
+                lightest = min(range(count), key=lambda i: (loads[i], len(shares[i])))  # none left empty
+                shares[lightest].append(bucket)
+                loads[lightest] += int(rows.get(bucket, 0))
+            groups.extend((uri, sorted(share)) for share in sorted(shares))
+            continue
         size, extra = divmod(len(own), count)
         start = 0
         for i in range(count):
@@ -336,6 +358,11 @@ class FlightstoreReader(DataSourceReader):
         return self.schema
 
     def partitions(self) -> Sequence[InputPartition]:
+        planned = self._partitions()
+        freeze_imports()  # in the partition planner: what planning imported (flightstore_spark.workers)
+        return planned
+
+    def _partitions(self) -> list[InputPartition]:
         options = self.options
         conn = options.shared()
         if options.query:
@@ -369,13 +396,15 @@ class FlightstoreReader(DataSourceReader):
                 "op": "scan", "table": options.table, "columns": columns, "filter": filter_json,
                 "buckets": [int(b)], "log_from": {b: offset}}})
                 for b, offset in sorted(planned["offsets"].items(), key=lambda item: int(item[0]))]
+        rows = None
         if "buckets" in planned:
             buckets = [int(b) for b in planned["buckets"]]
-            most = sized_partitions(self.most_partitions, self.sized, {int(b): n for b, n in planned["rows"].items()},
+            rows = {int(b): int(n) for b, n in planned["rows"].items()}
+            most = sized_partitions(self.most_partitions, self.sized, rows,
                                     to_arrow_schema(self.schema, timezone="UTC"))
         else:  # a server that answers the lake split alone
             buckets, most = client.buckets(self.pushed), self.most_partitions
-        groups = group_buckets(buckets, most, lambda b: leaders[b % len(leaders)] if leaders else None)
+        groups = group_buckets(buckets, most, lambda b: leaders[b % len(leaders)] if leaders else None, rows)
         return [InputPartition({"payload": {"op": "scan", "table": options.table, "columns": columns,
                                             "filter": filter_json, "buckets": group}, "uri": uri})
                 for uri, group in groups] or [InputPartition({"empty": True})]  # every partition pruned
@@ -399,10 +428,11 @@ class FlightstoreReader(DataSourceReader):
             return
         if "lake" in value:  # straight from the warehouse: no server in the path
             yield from coalesce_batches(read_lake_split(value["lake"], self.schema))
-            return
-        conn = self.options.shared(value.get("uri"))  # kept for the worker's next partitions
-        if "ticket" in value:
-            batches = _flight.read_ticket(conn, value["ticket"])
         else:
-            batches = _flight.read_payload(conn, value["payload"])
-        yield from coalesce_batches(conform_batches(batches, self.schema))
+            conn = self.options.shared(value.get("uri"))  # kept for the worker's next partitions
+            if "ticket" in value:
+                batches = _flight.read_ticket(conn, value["ticket"])
+            else:
+                batches = _flight.read_payload(conn, value["payload"])
+            yield from coalesce_batches(conform_batches(batches, self.schema))
+        freeze_imports()  # in the task's worker: what the read imported (flightstore_spark.workers)
