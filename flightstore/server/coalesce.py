@@ -154,8 +154,7 @@ def _run_together(group: list[_Request]) -> None:
     first), and each row found to its key's first occurrence. (``unique`` and two more
     ``index_in``, each hashing the keys again, cost more than the multi-get of a few 32-key
     requests; measured under the lookuper's load.) When every key is found, the rows are the
-    distinct keys' in their order (no second match); when no key repeats, each request's rows
-    follow one another there: a slice each, not a take of every column."""
+    distinct keys' in their order: no second match."""
     first = group[0]
     columns = list(first.key_columns)
     keys = pa.concat_tables([request.keys.select(columns) for request in group])
@@ -173,17 +172,14 @@ def _run_together(group: list[_Request]) -> None:
     else:
         row_of[pc.index_in(matchable_keys(found, columns), value_set=encoded).to_numpy()] = np.arange(found.num_rows)
     found = found.select(list(first.fetch))
-    all_distinct = bool(distinct.all())
     start = 0
     for request in group:
         end = start + request.keys.num_rows
         at = row_of[firsts[start:end]]
         hit = at >= 0
-        rows = at[hit]
-        if all_distinct:  # a request's rows follow one another in ``found``: a slice, not a take
-            request.rows = found.slice(int(rows[0]) if len(rows) else 0, len(rows))
-        else:
-            request.rows = found.take(pa.array(rows))
+        # a take, not a slice of the round's rows: the answer's buffers are its own, so what the
+        # server counts as sent (get_total_buffer_size, which ignores slicing) is the request's
+        request.rows = found.take(pa.array(at[hit]))
         request.positions = np.flatnonzero(hit)
         start = end
 
