@@ -126,6 +126,7 @@ class Table(TableValidation, TableWrites, TableReads, TableChangelog, TableApi):
         self._lock = threading.RLock()
         self._projections = Projections(self.schema)
         self._point_plan: tuple | None = None  # TableReads._point_key's, of self.descriptor
+        self._lookup_rows_memo: tuple | None = None  # TableReads._lookup_rows's, of self.schema
         self._written = threading.Condition()
         self._round_robin = itertools.count()
         # The buckets a batch without bucket key may go to (None: all); in a cluster, those this

@@ -82,3 +82,28 @@ def test_uint64_keys_past_int64_are_bucketed_and_stored(tmp_path):
         assert table.scan_table().num_rows == len(keys)
         assert table.lookup(pa.table({"k": keys.slice(40, 1)})).to_pylist() == [{"k": 2**64 - 1, "v": 40}]
         assert table.lookup(pa.table({"k": keys})).column("v").to_pylist() == list(range(len(keys)))
+
+
+def test_integer_keys_of_every_width_hash_as_the_reference_over_many_random_values():
+    """Every integer type (int64 hashed as it is, the others cast), sliced and chunked arrays:
+    murmur3 of the value's 8 little-endian bytes, and buckets as :func:`integer_bucket` computes
+    them one row at a time (clients, cluster routing and the stored layout rely on both)."""
+    from flightstore.bucketing import integer_bucket
+
+    rng = np.random.default_rng(23)
+    for arrow_type in (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32()):
+        dtype = arrow_type.to_pandas_dtype()
+        info = np.iinfo(dtype)
+        values = rng.integers(info.min, info.max, 3000, endpoint=True, dtype=dtype)
+        values[:4] = [info.min, info.max, 0, 1]
+        array = pa.array(values, arrow_type)
+        expected = [mmh3.hash(struct.pack("<q", int(v)), signed=False) for v in values]
+        assert hash_column(array).tolist() == expected
+        assert hash_column(array.slice(7, 100)).tolist() == expected[7:107]
+        chunked = pa.chunked_array([array.slice(0, 1000), array.slice(1000)])
+        assert hash_column(chunked).tolist() == expected
+        for buckets in (2, 4, 7, 128):
+            for n in (1, 8, 9, 32, 3000):
+                ids = bucket_ids(pa.table({"k": array.slice(0, n)}), ["k"], buckets)
+                assert ids.dtype == np.int32
+                assert ids.tolist() == [integer_bucket([int(v)], buckets) for v in values[:n]]

@@ -98,3 +98,35 @@ def test_keys_the_point_path_does_not_take_go_the_general_way(store):
     strings.upsert(pa.table({"id": ["k"], "v": ["x"]}))
     assert strings._point_key(pa.table({"id": ["k"]})) is None  # not integers: the general path
     assert strings.lookup(pa.table({"id": ["k"]})).to_pylist() == [{"id": "k", "v": "x"}]
+
+
+@pytest.mark.parametrize("keys,options", [
+    (KEY_TYPES[4:5], {"bucket.num": 4}),
+    (KEY_TYPES, {"bucket.num": 5}),
+    (KEY_TYPES[1:4], {"bucket.num": 4, "bucket.key": "b,c"}),
+])
+def test_a_lookup_of_keys_in_every_bucket_answers_each_row_in_key_order(store, keys, options):
+    """A lookup of many keys spread over the buckets (shuffled, some missing) reads each bucket's
+    keys as one slice of the keys sorted by bucket, and answers exactly the rows of its keys, in
+    the order asked, missing keys skipped, in any projection."""
+    rng = random.Random(5)
+    names = [n for n, _ in keys]
+    table = store.create_table("many", pa.schema(keys + VALUE_FIELDS), primary_key=names, options=options)
+    rows = _rows(rng, keys, 400)
+    table.upsert(rows)
+    expected = {tuple(r[n] for n in names): r for r in rows.to_pylist()}
+    present = list(expected)
+    for size in (2, 9, 32, 150):
+        asked = rng.sample(present, min(size, len(present)))
+        absent = tuple(BOUNDS[t][0] + 1 for _, t in keys)
+        if absent not in expected:
+            asked.insert(rng.randrange(len(asked) + 1), absent)
+        probe = pa.Table.from_pylist([dict(zip(names, key)) for key in asked],
+                                     pa.schema([table.schema.field(n) for n in names]))
+        assert len(set(table.buckets_of(probe).tolist())) > 1
+        got = table.lookup(probe)
+        assert got.schema == table.schema
+        assert got.to_pylist() == [expected[key] for key in asked if key in expected]
+        columns = ["bin", names[-1], "s"]
+        assert table.lookup(probe, columns).to_pylist() == [
+            {c: expected[key][c] for c in columns} for key in asked if key in expected]

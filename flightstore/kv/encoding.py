@@ -408,11 +408,17 @@ class RowCodec:
         bitmap = header[:, self._prefix: self._prefix + self._bitmap_bytes]
         if self._bitmap_bytes and bitmap.any():
             null_bits = np.unpackbits(bitmap, axis=1, bitorder="little")
+        variable = [self._slots[name] for name in names if self._slots[name].variable]
+        gathered = _gather_variables(data, [var_start[s.name] for s in variable],
+                                     [var_length[s.name] for s in variable]) if variable else None
         arrays = []
         for name in names:
             slot = self._slots[name]
             null = null_bits[:, slot.index].astype(bool) if null_bits is not None else None
-            if slot.variable:
+            if slot.variable and gathered is not None:
+                offsets, values = gathered[variable.index(slot)]
+                arrays.append(_variable_array(offsets, values, slot.type, null))
+            elif slot.variable:
                 arrays.append(_gather_variable(data, var_start[name], var_length[name], slot.type, null))
             else:
                 arrays.append(_fixed_array(header[:, slot.start: slot.start + slot.width],
@@ -598,6 +604,42 @@ def _fixed_array(block: np.ndarray, t: pa.DataType, null: np.ndarray | None) -> 
     else:
         values = pa.py_buffer(np.ascontiguousarray(block))
     return pa.Array.from_buffers(t, n, [_validity(null), values])
+
+
+def _gather_variables(data: np.ndarray, starts: list[np.ndarray], lengths: list[np.ndarray]
+                      ) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """The bytes of several variable-width columns (each ``lengths[i]`` at ``starts[i]``) gathered
+    by one index, column after column: each column's ``(offsets from 0, bytes)``. A gather costs
+    the same ~10 numpy calls for one column as for all, so a lookup of a few dozen rows gathers
+    its strings once, not once per column. None when the bytes are more than one block's
+    (:data:`_GATHER_BYTES`): :func:`_gather_variable` then gathers each column in blocks."""
+    n = len(starts[0])
+    all_lengths = np.concatenate(lengths) if len(lengths) > 1 else lengths[0]
+    offsets = np.zeros(len(all_lengths) + 1, np.int64)
+    np.cumsum(all_lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total > _GATHER_BYTES:
+        return None
+    all_starts = np.concatenate(starts) if len(starts) > 1 else starts[0]
+    gathered = data[np.repeat(all_starts - offsets[:-1], all_lengths) + np.arange(total)]
+    out = []
+    for i in range(len(starts)):
+        column = offsets[i * n: (i + 1) * n + 1]
+        base = int(column[0])
+        out.append((column - base, gathered[base: int(column[-1])]))
+    return out
+
+
+def _variable_array(offsets: np.ndarray, values: np.ndarray, t: pa.DataType,
+                    null: np.ndarray | None) -> pa.Array:
+    """An Arrow array of type ``t`` (string/binary, large or not) from int64 ``offsets`` (from 0)
+    and the values' bytes."""
+    large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+    if not large and int(offsets[-1]) >= 1 << 31:
+        raise InvalidInput(f"{int(offsets[-1])} bytes of {t} in one batch; use the large_ type or fewer rows")
+    return pa.Array.from_buffers(t, len(offsets) - 1, [_validity(null),
+                                                       pa.py_buffer(offsets if large else offsets.astype(np.int32)),
+                                                       pa.py_buffer(values)])
 
 
 def _gather_variable(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, t: pa.DataType,

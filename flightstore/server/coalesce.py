@@ -153,7 +153,8 @@ def _run_together(group: list[_Request]) -> None:
     (``index_in`` of the keys in themselves: the distinct keys are those that are their own
     first), and each row found to its key's first occurrence. (``unique`` and two more
     ``index_in``, each hashing the keys again, cost more than the multi-get of a few 32-key
-    requests; measured under the lookuper's load.)"""
+    requests; measured under the lookuper's load.) When every key is found, the rows are the
+    distinct keys' in their order: no second match."""
     first = group[0]
     columns = list(first.key_columns)
     keys = pa.concat_tables([request.keys.select(columns) for request in group])
@@ -166,13 +167,18 @@ def _run_together(group: list[_Request]) -> None:
     fetch = list(first.fetch) + [c for c in columns if c not in first.fetch]
     found = first.table.lookup(asked, fetch)
     row_of = np.full(len(firsts), -1, dtype=np.int64)  # by a key's first occurrence: its row, or -1
-    row_of[pc.index_in(matchable_keys(found, columns), value_set=encoded).to_numpy()] = np.arange(found.num_rows)
+    if found.num_rows == asked.num_rows:  # every key found: the rows are the asked keys' in order
+        row_of[np.flatnonzero(distinct)] = np.arange(found.num_rows)
+    else:
+        row_of[pc.index_in(matchable_keys(found, columns), value_set=encoded).to_numpy()] = np.arange(found.num_rows)
     found = found.select(list(first.fetch))
     start = 0
     for request in group:
         end = start + request.keys.num_rows
         at = row_of[firsts[start:end]]
         hit = at >= 0
+        # a take, not a slice of the round's rows: the answer's buffers are its own, so what the
+        # server counts as sent (get_total_buffer_size, which ignores slicing) is the request's
         request.rows = found.take(pa.array(at[hit]))
         request.positions = np.flatnonzero(hit)
         start = end

@@ -83,10 +83,10 @@ class TableReads:
         if keys.num_rows == 1 or (buckets == buckets[0]).all():  # one bucket: no reordering
             rows = self.kvs[buckets[0]].lookup(keys, columns)[1]
             return rows.replace_schema_metadata() if rows.schema.equals(out_schema) else rows.cast(out_schema)
-        if keys.num_rows <= memory.batch_rows(self.schema, LOOKUP_CHUNK_KEYS):
-            codecs = {self.kvs[bucket].codec.version for bucket in np.unique(buckets).tolist()}
-            if len(codecs) == 1:  # no bucket mid-way through a schema change: one decode for all
-                return self._lookup_decoded_once(keys, buckets, columns, out_schema)
+        if keys.num_rows <= self._lookup_rows():
+            rows = self._lookup_decoded_once(keys, buckets, columns, out_schema)
+            if rows is not None:
+                return rows
         parts, positions = [], []
         for bucket in np.unique(buckets):
             mask = buckets == bucket
@@ -97,25 +97,45 @@ class TableReads:
         order = np.argsort(np.concatenate(positions), kind="stable")
         return result.take(pa.array(order)).cast(out_schema)
 
+    def _lookup_rows(self) -> int:
+        """Keys a lookup decodes at once (:meth:`_lookup_decoded_once`): a batch of this schema's
+        rows within :data:`LOOKUP_CHUNK_KEYS`, worked out once per schema (not per lookup)."""
+        memo = self._lookup_rows_memo
+        if memo is None or memo[0] is not self.schema:
+            memo = self._lookup_rows_memo = (self.schema, memory.batch_rows(self.schema, LOOKUP_CHUNK_KEYS))
+        return memo[1]
+
     def _lookup_decoded_once(self, keys: pa.Table, buckets: np.ndarray, columns: Sequence[str],
-                             out_schema: pa.Schema) -> pa.Table:
+                             out_schema: pa.Schema) -> pa.Table | None:
         """:meth:`lookup` of keys in several buckets: one multi-get per bucket
         (:meth:`~flightstore.kv.tablet.KvTablet.stored_values`), the values put back in key order,
         and all of them decoded as one batch (decoding each bucket's few rows apart cost ~0.6 ms
-        per bucket of a 128-key lookup, most of the server's work)."""
-        encoded = np.empty(keys.num_rows, dtype=object)
+        per bucket of a 128-key lookup, most of the server's work). None when the buckets' codecs
+        differ (a bucket mid-way through a schema change): the caller decodes bucket by bucket.
+
+        The keys are sorted by bucket once (one argsort), so each bucket's keys are a slice of
+        one list: no mask, index or gather per bucket (a 32-key lookup spans every bucket of a
+        small table, and its per-bucket numpy calls cost more than its multi-gets)."""
+        n = keys.num_rows
+        order = np.argsort(buckets, kind="stable")
+        by_bucket = buckets[order]
+        starts = [0, *(np.flatnonzero(by_bucket[1:] != by_bucket[:-1]) + 1).tolist()]
+        tablets = [self.kvs[bucket] for bucket in by_bucket[starts].tolist()]
+        if any(kv.codec.version != tablets[0].codec.version for kv in tablets):
+            return None
+        encoded = np.empty(n, dtype=object)
         encoded[:] = encode_keys(keys, self.descriptor.primary_key)
-        values = np.empty(keys.num_rows, dtype=object)  # None: a missing key
-        codec = None
-        for bucket in np.unique(buckets).tolist():
-            at = np.flatnonzero(buckets == bucket)
-            kv = self.kvs[bucket]
-            values[at] = kv.stored_values(encoded[at].tolist())
-            codec = kv.codec
+        encoded = encoded[order].tolist()
+        stored: list = []
+        for kv, start, stop in zip(tablets, starts, [*starts[1:], n]):
+            stored += kv.stored_values(encoded[start:stop])
+        codec = tablets[-1].codec
+        values = np.empty(n, dtype=object)  # None: a missing key
+        values[order] = stored  # back in key order
         array = pa.array(values, pa.large_binary())
         if array.null_count:
             array = array.drop_null()
-        memory.require(int(array.nbytes), f"{self.path}: a lookup of {keys.num_rows} keys")
+        memory.require(int(array.nbytes), f"{self.path}: a lookup of {n} keys")
         rows = codec.decode(array, columns)  # in key order already: no reordering
         return rows.replace_schema_metadata() if rows.schema.equals(out_schema) else rows.cast(out_schema)
 

@@ -71,6 +71,27 @@ def test_each_request_gets_its_own_rows(tables):
             [{k: row[k] for k in key_names} for row in fetched.to_pylist()]
 
 
+@pytest.mark.parametrize("keys", [
+    [[3, 7, 1], [0, 2], [40, 41, 42, 43], [9]],  # every key found, none repeated: no second match
+    [[3, 99, 7], [123, 124], [0, 1, 2], [200]],  # none repeated, some missing (a request: all)
+    [[5, 6], [6, 5], [8]],  # a key in two requests, every key found: no second match
+])
+def test_requests_of_found_and_missing_keys_get_their_rows_and_positions(tables, keys):
+    """A round whose keys were all found matches its rows to its keys by order (no second
+    ``index_in``), one with missing keys by matching: each request's rows and positions are those
+    of the request run alone, its rows its own buffers."""
+    kv, _ = tables
+    calls = [(kv, ("id",), ("v", "id"), pa.table({"id": k})) for k in keys]
+    outcomes = _queued_round(LookupCoalescer(), calls)
+    for (table, _, fetch, request_keys), (rows, positions) in zip(calls, outcomes):
+        alone = table.lookup(request_keys, list(fetch))
+        assert rows.schema == alone.schema and rows.to_pylist() == alone.to_pylist()
+        # its own buffers, not a slice of the round's (a validity bitmap's byte or so aside)
+        assert rows.get_total_buffer_size() <= alone.get_total_buffer_size() + 8 * rows.num_columns
+        asked = request_keys.column("id").to_pylist()
+        assert [asked[p] for p in positions] == alone.column("id").to_pylist()
+
+
 def test_a_failing_request_fails_alone(tables):
     kv, _ = tables
     calls = [(kv, ("id",), ("v",), pa.table({"id": [1, 2]})),

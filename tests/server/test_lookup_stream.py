@@ -366,3 +366,45 @@ def test_send_answers_each_request_once_with_its_rows_or_its_error(loaded, conn)
     stream.close()
     rows, error = ask([1])  # answered in this thread: the stream takes nothing more
     assert rows is None and isinstance(error, StreamBroken), error
+
+
+def test_key_index_positions_of_all_found_duplicated_and_prefix_keys(loaded, conn):
+    """Each row's key index is its key's first occurrence in the request: keys all found and
+    distinct (rows in key order, answered without a match), a key asked twice (both rows point at
+    its first occurrence), and a prefix lookup whose rows happen to be as many as its prefixes
+    (they all belong to one prefix)."""
+    stream = conn._lookups._open_stream()
+    answers: list = []
+    done = threading.Event()
+
+    def answered(rows, error) -> None:
+        answers.append((rows, error))
+        done.set()
+
+    def ask(spec: wire.HandleSpec, columns: dict) -> pa.RecordBatch:
+        opened = stream.opened(spec, TIMEOUT)
+        answers.clear()
+        done.clear()
+        stream.send(opened, spec, pa.record_batch(
+            [pa.array(v, opened.key_schema.field(c).type) for c, v in columns.items()], schema=opened.key_schema),
+            answered)
+        assert done.wait(TIMEOUT), "no answer"
+        rows, error = answers[0]
+        assert error is None, error
+        return rows
+
+    try:
+        single = wire.HandleSpec("single", key_index=True)
+        rows = ask(single, {"id": [7, 2, 30, 11]})
+        assert rows.column("id").to_pylist() == [7, 2, 30, 11]
+        assert rows.column(wire.KEY_INDEX_COLUMN).to_pylist() == [0, 1, 2, 3]
+        rows = ask(single, {"id": [3, 3, 1]})
+        assert rows.column("id").to_pylist() == [3, 3, 1]
+        assert rows.column(wire.KEY_INDEX_COLUMN).to_pylist() == [0, 0, 2]
+        prefix = wire.HandleSpec("composite", kind="prefix", key_columns=("g",), key_index=True)
+        per_group = ROWS // GROUPS
+        rows = ask(prefix, {"g": [1] + [GROUPS + i for i in range(per_group - 1)]})
+        assert rows.num_rows == per_group and set(rows.column("g").to_pylist()) == {1}
+        assert rows.column(wire.KEY_INDEX_COLUMN).to_pylist() == [0] * per_group
+    finally:
+        stream.close()
