@@ -23,8 +23,10 @@ def _tables(conn, amount_agg: str = "sum") -> None:
 
 
 def _append(conn, round_: int) -> None:
-    conn.table("clicks").append({"user_id": [u % 5 for u in range(40)], "clicks": [1] * 40,
-                                 "amount": [float(u + round_) for u in range(40)]})
+    """40 events of 5 keys, each key in both buckets (two appends: one per bucket, round robin)."""
+    for half in (range(20), range(20, 40)):
+        conn.table("clicks").append({"user_id": [u % 5 for u in half], "clicks": [1] * 20,
+                                     "amount": [float(u + round_) for u in half]})
 
 
 def _run(spark, server, checkpoint: str):
@@ -47,7 +49,8 @@ def test_aggregation_table_equals_spark_groupby(spark, server, tmp_path):
     for round_ in range(2):
         _append(conn, round_)
         _run(spark, server, str(tmp_path / "agg"))
-        if round_ == 0:  # combined in Spark: one +I per key (each task's fold alone wrote up to 15)
+        if round_ == 0:  # combined in Spark: one +I per key (a fold per task (bucket) wrote 15 changes)
+            assert all(conn.table("clicks").offsets("end").values())
             assert sum(conn.table("per_user").offsets("end").values()) == 5
     aggregation.spark_groupby(spark, server.uri, "clicks", ["user_id"], ["clicks", "amount"],
                               str(tmp_path / "spark"), "spark_agg")
