@@ -1,5 +1,6 @@
 """Aggregation in storage: raw events stream into an aggregation-merge-engine table, which folds them
-(``'table.merge-engine' = 'aggregation'``, ``'fields.<f>.agg' = 'sum'`` ...); Spark keeps no state.
+(``'table.merge-engine' = 'aggregation'``, ``'fields.<f>.agg' = 'sum'`` ...), each micro-batch first
+combined per key in Spark when the table's functions allow it; Spark keeps no state.
 
 When every field of the table aggregates with an order-free function (``sum``, ``max``, ``min``:
 :func:`flightstore_spark.writer.foldable_aggregation`), each micro-batch is first combined in Spark
