@@ -11,12 +11,16 @@ storage). Floating-point ``max``/``min`` are not combined in Spark (Spark orders
 number, the table skips it), nor are order-dependent functions (``last_value``, ``listagg``...):
 those tables get every event through the exactly-once streaming writer.
 
+The combined rows (one per key the micro-batch touched) come to the driver as Arrow and are
+written from there: no Python worker sees the events (the driver holds a micro-batch's keys once,
+as Spark's memory sink holds all of a groupBy's).
+
 Exactly-once: the combined rows are split into shards by a hash of the key (as many shards as
 the table has buckets, a number that does not change), and each shard is written as one DoPut
 with writer id ``spark-agg-<query id>-<batch id>-<shard>`` and sequence 0. A replayed micro-batch
 (same rows, from the checkpoint's offsets) sends the same ids, which the server recognizes as
 duplicates: applied twice, a batch would double-count. The ids do not depend on how Spark
-partitions the batch (a task may hold several shards, never part of one).
+partitioned the batch.
 
     python -m flightstore_spark.pipelines.aggregation --uri grpc://127.0.0.1:8815 \\
         --source db.clicks --sink db.clicks_per_user --columns user_id,clicks,amount --checkpoint /tmp/agg
