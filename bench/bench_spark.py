@@ -213,36 +213,47 @@ def _pruned_read(spark, conn, uri: str) -> list[Row]:
 AGG_EVENTS = 1_000_000
 AGG_KEYS = 50_000
 AGG_LOG_TTL = "1 h"  # as a user sets it on an aggregation table that only queries read
+AGG_ROUNDS = 3
 
 
 def _aggregation_vs_groupby(spark, conn, uri: str, tmp: Path) -> list[Row]:
     """Issue 4: the same events aggregated in storage (Spark keeps no state) vs by Spark's own
-    streaming groupBy (its state store holds every key). Both are one availableNow run."""
+    streaming groupBy (its state store holds every key). Each run is one availableNow query into a
+    fresh sink; the two alternate for AGG_ROUNDS rounds and the best of each counts, as the reads'
+    do: the first query in the JVM compiles what the later ones run, whichever side it is."""
     from flightstore_spark.pipelines.aggregation import spark_groupby, start
 
     conn.sql("CREATE TABLE events (user_id BIGINT, clicks BIGINT, amount DOUBLE) "
              f"WITH ('bucket.num' = '{BUCKETS}')")
-    conn.sql("CREATE TABLE per_user (user_id BIGINT, clicks BIGINT, amount DOUBLE, "
-             "PRIMARY KEY (user_id) NOT ENFORCED) WITH ('bucket.num' = '4', "
-             "'table.merge-engine' = 'aggregation', 'fields.clicks.agg' = 'sum', 'fields.amount.agg' = 'sum', "
-             f"'table.log.ttl' = '{AGG_LOG_TTL}')")
     rng = np.random.default_rng(3)
     events = conn.table("events")
     for start_row in range(0, AGG_EVENTS, 250_000):
         n = min(250_000, AGG_EVENTS - start_row)
         events.append(pa.table({"user_id": rng.integers(0, AGG_KEYS, n), "clicks": np.ones(n, np.int64),
                                 "amount": np.round(rng.random(n), 2)}))
-    ours, query = timed_query(lambda: start(spark, uri, "events", "per_user", ["user_id", "clicks", "amount"],
-                                            str(tmp / "agg-ckpt")))
-    peer, grouped = timed_query(lambda: spark_groupby(spark, uri, "events", ["user_id"], ["clicks", "amount"],
-                                                      str(tmp / "gb-ckpt"), "bench_groupby", wait=False))
+    ours, peer, queries = float("inf"), float("inf"), []
+    for round_ in range(AGG_ROUNDS):  # interleaved, best of each: the first run of either warms the JVM
+        sink = "per_user" if round_ == 0 else f"per_user_{round_}"
+        conn.sql(f"CREATE TABLE {sink} (user_id BIGINT, clicks BIGINT, amount DOUBLE, "
+                 "PRIMARY KEY (user_id) NOT ENFORCED) WITH ('bucket.num' = '4', "
+                 "'table.merge-engine' = 'aggregation', 'fields.clicks.agg' = 'sum', 'fields.amount.agg' = 'sum', "
+                 f"'table.log.ttl' = '{AGG_LOG_TTL}')")
+        seconds, query = timed_query(lambda: start(spark, uri, "events", sink, ["user_id", "clicks", "amount"],
+                                                   str(tmp / f"agg-ckpt-{round_}")))
+        ours, queries = min(ours, seconds), [*queries, query]
+        seconds, grouped = timed_query(lambda: spark_groupby(spark, uri, "events", ["user_id"], ["clicks", "amount"],
+                                                             str(tmp / f"gb-ckpt-{round_}"), "bench_groupby",
+                                                             wait=False))
+        peer = min(peer, seconds)
+        if round_ < AGG_ROUNDS - 1:
+            grouped.stop()
     state = [op for p in grouped.recentProgress for op in p["stateOperators"]]
     state_bytes = max((op.get("memoryUsedBytes", 0) for op in state), default=0)
     state_rows = max((op.get("numRowsTotal", 0) for op in state), default=0)
     total = conn.sql("SELECT SUM(clicks) AS c FROM per_user").column("c")[0].as_py()
     expected = spark.sql("SELECT SUM(clicks) AS c FROM bench_groupby").collect()[0]["c"]
     assert total == expected == AGG_EVENTS, (total, expected)
-    spark_state = sum(op.get("memoryUsedBytes", 0) for p in query.recentProgress
+    spark_state = sum(op.get("memoryUsedBytes", 0) for query in queries for p in query.recentProgress
                       for op in p["stateOperators"])
     assert spark_state == 0, "the aggregation-in-storage job kept Spark state"
     # Our job keeps its state in flightstore: per_user's KV (RocksDB and its snapshots' own files)
