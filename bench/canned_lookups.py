@@ -10,6 +10,11 @@ transport and pyarrow.flight's thread-per-stream DoExchange: the floor under any
 written in Python on this machine.
 
     python -m bench.canned_lookups DATA_DIR   -> prints "canned lookups at grpc://127.0.0.1:PORT"
+
+``python -m bench.canned_lookups DATA_DIR arrow N`` makes each answer also run N one-element
+pyarrow compute calls (each releases and takes back the GIL, as every pyarrow call of a real
+lookup does), ``python N`` N microseconds of Python holding the GIL: ``bench/gil_handoffs.py``
+compares what each costs the server under the benchmark's load.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyarrow import flight
 
 from flightstore.server.exchange import ServedLookupStream
@@ -28,7 +35,27 @@ from flightstore.store import Store
 from flightstore.wire import lookups as wire
 
 
+def extra_work(kind: str, amount: int):
+    """The work added to each answer (see the module doc): a function, or None for none."""
+    if kind == "arrow":
+        one = pa.array([1], pa.int64())
+
+        def calls() -> None:
+            for _ in range(amount):
+                pc.add(one, 1)
+        return calls
+    if kind == "python":
+        def python() -> None:
+            end = time.thread_time() + amount / 1e6
+            while time.thread_time() < end:
+                pass
+        return python
+    return None
+
+
 class CannedLookupServer(FlightSqlServer):
+    work = None  # extra work per answer (extra_work)
+
     def _lookup_exchange(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
                          reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter) -> None:
         stream = ServedLookupStream(self, writer)
@@ -47,6 +74,8 @@ class CannedLookupServer(FlightSqlServer):
                     raise RuntimeError(f"canned lookups: table {handle.path} holds no row to answer with")
                 body = bytes(wire.encode_batch(row.cast(handle.row_schema).to_batches()[0]))
             else:
+                if self.work is not None:
+                    self.work()
                 reply = wire.encode_reply(wire.ROWS, handle_id, request_id, body)
             writer.write_metadata(pa.py_buffer(reply))
 
@@ -54,6 +83,8 @@ class CannedLookupServer(FlightSqlServer):
 def main() -> None:
     with Store(sys.argv[1]) as store:
         server: Any = CannedLookupServer(store, "grpc://127.0.0.1:0")
+        if len(sys.argv) > 3:
+            server.work = extra_work(sys.argv[2], int(sys.argv[3]))
         signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
         print(f"canned lookups at grpc://127.0.0.1:{server.port}", flush=True)
         server.serve()
