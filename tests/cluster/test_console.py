@@ -51,10 +51,9 @@ def _cli(uri: str) -> dict:
             for r in bucket_status(uri) if r["table"] in TABLES}
 
 
-def _agrees(base: str, uri: str) -> bool:
-    """The console says what the CLI and the cluster action say (each reads the cluster's metadata
-    on its own: they agree once every server's view caught up)."""
-    page, placement = _console(base)
+def _agrees(page: dict, placement: dict, uri: str) -> bool:
+    """The console (its ``page`` and ``placement``) says what the CLI and the cluster action say
+    (each reads the cluster's metadata on its own: they agree once every server's view caught up)."""
     described = describe(uri)
     cli = _cli(uri)
     servers = {int(i): s["uri"] for i, s in described["servers"].items()}
@@ -69,6 +68,17 @@ def _replicated(placement: dict, servers: set[int]) -> bool:
     """Every bucket of ``default.rep`` led by one of ``servers``, available, in sync on all of them."""
     return all(leader in servers and available and set(isr) == servers
                for (table, _), (leader, _, isr, available) in placement.items() if table == "default.rep")
+
+
+def _settled(base: str, uri: str, servers: set[int]) -> tuple[dict, dict] | None:
+    """The console's (page, placement) once one reading of it agrees with the CLI and the action
+    and shows ``default.rep`` replicated on ``servers``; None before. The checks that follow use
+    that reading: a second one may already show a later state (on a busy machine a live server's
+    ZooKeeper session can lapse and come back, and the console shows that too)."""
+    page, placement = _console(base)
+    if _replicated(placement, servers) and _agrees(page, placement, uri):
+        return page, placement
+    return None
 
 
 def test_the_console_shows_the_clusters_placement_before_and_after_a_server_stops(servers, observer):
@@ -87,9 +97,8 @@ def test_the_console_shows_the_clusters_placement_before_and_after_a_server_stop
     wait_until(lambda: in_sync(uris, "default.rep", {1, 2}), "both replicas of rep in sync", timeout=60)
     # (the console, the CLI and the action all read server 1's view of ZooKeeper, which may lag
     # the observer's: wait for that view to show the state, not only to agree with itself)
-    wait_until(lambda: _agrees(base, uri) and _replicated(_console(base)[1], {1, 2}),
-               "the console agreeing with cluster status", timeout=60)
-    page, placement = _console(base)
+    page, placement = wait_until(lambda: _settled(base, uri, {1, 2}), "the console agreeing with cluster status",
+                                 timeout=60)
     assert page["mode"] == "cluster" and page["server_id"] == 1 and page["unavailable"] == []
     assert {leader for (table, _), (leader, *_) in placement.items() if table == "default.rep"} == {1, 2}
     assert all(sorted(isr) == [1, 2] for (table, _), (_, _, isr, _) in placement.items() if table == "default.rep")
@@ -100,12 +109,11 @@ def test_the_console_shows_the_clusters_placement_before_and_after_a_server_stop
     observer.wait(lambda v: set(v.servers) == {1} and 2 not in {
         a.leader for path, record in v.tables.items() if str(path) == "default.rep" for a in record.buckets},
         "server 2 gone and rep led by server 1", timeout=60)
-    wait_until(lambda: _agrees(base, uri) and _replicated(_console(base)[1], {1}),
-               "the console agreeing with cluster status after the stop", timeout=60)
-    page, placement = _console(base)
+    page, placement = wait_until(lambda: _settled(base, uri, {1}),
+                                 "the console agreeing with cluster status after the stop", timeout=60)
     assert [s["id"] for s in page["servers"]] == [1]
     assert all(leader == 1 and available and isr == [1]
-               for (table, _), (leader, _, isr, available) in placement.items() if table == "default.rep")
+               for (table, _), (leader, _, isr, available) in placement.items() if table == "default.rep"), placement
     assert sorted((u["table"], u["bucket"]) for u in page["unavailable"]) == solo_on_2
     assert all(not placement[key][3] for key in solo_on_2)
     # The table with a bucket whose only replica is down has no count and no offsets meanwhile
