@@ -633,10 +633,9 @@ def _gather_variables(data: np.ndarray, starts: list[np.ndarray], lengths: list[
 def _variable_array(offsets: np.ndarray, values: np.ndarray, t: pa.DataType,
                     null: np.ndarray | None) -> pa.Array:
     """An Arrow array of type ``t`` (string/binary, large or not) from int64 ``offsets`` (from 0)
-    and the values' bytes."""
+    and the values' bytes. A non-large ``t``'s offsets must fit int32: :func:`_gather_variable`
+    checks that, and :func:`_gather_variables` gathers at most :data:`_GATHER_BYTES`."""
     large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
-    if not large and int(offsets[-1]) >= 1 << 31:
-        raise InvalidInput(f"{int(offsets[-1])} bytes of {t} in one batch; use the large_ type or fewer rows")
     return pa.Array.from_buffers(t, len(offsets) - 1, [_validity(null),
                                                        pa.py_buffer(offsets if large else offsets.astype(np.int32)),
                                                        pa.py_buffer(values)])
@@ -663,6 +662,4 @@ def _gather_variable(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, 
             base = offsets[first]
             gathered[base:offsets[stop]] = data[np.repeat(starts[first:stop] - (offsets[first:stop] - base),
                                                           lengths[first:stop]) + np.arange(offsets[stop] - base)]
-    return pa.Array.from_buffers(t, n, [_validity(null),
-                                        pa.py_buffer(offsets if large else offsets.astype(np.int32)),
-                                        pa.py_buffer(gathered)])
+    return _variable_array(offsets, gathered, t, null)
