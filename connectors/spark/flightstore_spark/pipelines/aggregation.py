@@ -103,13 +103,10 @@ class Combine:
             return []
         shard_of = rows.column(SHARD)
         rows = rows.drop_columns([SHARD])
-        results = []
-        with _flight.open_connection(self.uri) as conn:
-            for shard in np.unique(shard_of.to_numpy()).tolist():
-                results.append(_flight.put_once(conn, "upsert", self.sink, rows.filter(pc.equal(shard_of, shard)),
-                                                writer_id=f"{prefix}-{shard}", sequence=0, columns=self.columns,
-                                                check_applied=True))
-        return results
+        conn = _flight.shared_connection(self.uri)  # the driver's, kept across micro-batches
+        return [_flight.put_once(conn, "upsert", self.sink, rows.filter(pc.equal(shard_of, shard)),
+                                 writer_id=f"{prefix}-{shard}", sequence=0, columns=self.columns, check_applied=True)
+                for shard in np.unique(shard_of.to_numpy()).tolist()]
 
 
 def start(spark, uri: str, source: str, sink: str, columns: Sequence[str], checkpoint: str, *,
