@@ -166,7 +166,7 @@ def _change(action: _Action, descriptor: TableDescriptor, default_database: str)
                                f"{action.text!r}")
             return AddPartition(_partition_spec(_after(action, index + 1), descriptor, "ADD PARTITION"),
                                 if_not_exists)
-        if len(words) > 1 and words[1].split()[0] in ("PRIMARY", "CONSTRAINT", "WATERMARK", "UNIQUE"):
+        if len(words) > 1 and words[1].split()[:1] in (["PRIMARY"], ["CONSTRAINT"], ["WATERMARK"], ["UNIQUE"]):
             raise Unsupported(f"ALTER TABLE {descriptor.path}: {action.text!r} is not supported; the "
                               "primary key and constraints cannot change")
         if len(words) > 1 and action.toks[1].token_type == TokenType.L_PAREN:

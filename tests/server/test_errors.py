@@ -91,6 +91,8 @@ SQL_CASES = [
     ("ALTER TABLE t SET ('bucket.num' = '8')", UNIMPLEMENTED, ["bucket.num", "cannot change"]),
     ("ALTER TABLE t ADD PRIMARY KEY (name) NOT ENFORCED", UNIMPLEMENTED, ["primary key", "cannot change"]),
     ("DELETE FROM lg WHERE id = 1", UNIMPLEMENTED, ["lg", "append-only"]),
+    # make fuzz: an empty string token after ADD was an IndexError (INTERNAL) in planning
+    ("ALTER TABLE lg ADD '' COLUMN note STRING", INVALID, ["ADD COLUMN", "column definition"]),
 ]
 
 
