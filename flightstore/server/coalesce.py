@@ -18,6 +18,7 @@ pays for requests of several keys (the lookuper's batches).
 
 from __future__ import annotations
 
+import _thread
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -44,7 +45,11 @@ class _Request:
         self.error: BaseException | None = None
         self.answered = False
         self.lead = False  # woken to lead the next round
-        self.wake: threading.Event | None = None  # made for a request that waits (not a leader's)
+        # made for a request that waits (not a leader's): a raw lock, held until the request is
+        # woken (answered, or to lead), exactly once. A threading.Event's set and wait each take its
+        # Condition and make a waiter lock: ~17% of the GIL-held time of the coalesced lookups
+        # under the lookuper's load (yappi), for the one wake-up a raw lock's release gives.
+        self.wake: _thread.LockType | None = None
 
     def outcome(self) -> tuple[pa.Table, np.ndarray]:
         if self.error is not None:
@@ -73,7 +78,8 @@ class LookupCoalescer:
         with self._lock:
             if self._running:  # a round runs: queue, and wait to be answered or to lead the next
                 request: _Request | None = _Request(table, key_columns, fetch, keys)
-                request.wake = threading.Event()
+                request.wake = _thread.allocate_lock()
+                request.wake.acquire()  # held: the request's thread blocks on it until released
                 self._queue.append(request)
             else:
                 self._running = True
@@ -85,7 +91,7 @@ class LookupCoalescer:
                 return table.lookup(keys, list(fetch)), None
             finally:
                 self._hand_over()
-        request.wake.wait()
+        request.wake.acquire()  # released once: answered, or to lead the next round
         if not request.answered:  # woken to lead: the round runs it with what queued meanwhile
             self._lead_one_round()
         return request.outcome()
@@ -105,7 +111,7 @@ class LookupCoalescer:
                     request.error = failure or RuntimeError("the lookup round ended early")
                 request.answered = True
                 if request.wake is not None:
-                    request.wake.set()
+                    request.wake.release()
             self._hand_over()
 
     def _hand_over(self) -> None:
@@ -118,7 +124,7 @@ class LookupCoalescer:
             else:
                 successor.lead = True
         if successor is not None:
-            successor.wake.set()  # it waits (it queued while a round ran): it leads the next one
+            successor.wake.release()  # it waits (it queued while a round ran): it leads the next one
 
     def _run(self, batch: list[_Request]) -> None:
         self.rounds += 1
