@@ -50,6 +50,7 @@ from flightstore.wire.lookups import KEY_INDEX_COLUMN, HandleSpec
 __all__ = ["Lookuper"]
 
 _SCALARS = frozenset((int, str, float, bytes, bool))  # key types that are one value (the common case)
+_INT = {int}
 
 
 class _Batch:
@@ -119,7 +120,12 @@ class Lookuper:
         self._room_waiters = 0  # threads waiting for room among the in-flight requests
         self._sending = 0  # batches taken off the queue, not yet in flight (each holds a place)
         self._ids = 0
-        self._cond = threading.Condition()
+        # The condition's lock, entered as itself: ``with self._mutex`` is one C call, where
+        # ``with self._cond`` runs Condition's Python __enter__/__exit__ (per lookup_async, a tenth
+        # of its CPU). Reentrant: a future's done callback, run under it (a timeout's failures),
+        # may queue another lookup.
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         # The futures' condition (batch_futures): an answered batch completes its futures at once.
         self._answers = threading.Condition()
         self._closed = False
@@ -129,24 +135,35 @@ class Lookuper:
     # ---- the caller's side ----------------------------------------------------------------------
     def lookup_async(self, key: Any) -> Future:
         """Queue ``key``; its future answers the key's rows. Blocks while the queue is full."""
-        key = self._key(key)
-        unfit = self._unfit(key)
-        if unfit is not None:
-            return unfit
+        if type(key) in _SCALARS:  # the common case: one value, a hashable key of one column
+            key = (key,)
+        else:
+            key = self._key(key)
+            unfit = self._unfit(key)
+            if unfit is not None:
+                return unfit
         future = BatchFuture(self._answers)
-        with self._cond:
-            while len(self._queue) >= self.queue_size and not self._closed:
+        queue = self._queue
+        with self._mutex:
+            while len(queue) >= self.queue_size and not self._closed:
                 self._cond.wait()
-            self._enqueue(key, future, send_full=False)
+            if self._closed:
+                raise RuntimeError("this lookuper is closed")
+            # _enqueue inlined (per key): a first key starts the batch's timeout in the sender
+            queue.append((key, future))
+            queued = len(queue)
+            if queued == 1:
+                self._filling_since = time.monotonic()
+                self._cond.notify_all()
             # A full batch with room in flight leaves from here, the caller's thread: no hand-off to
             # the sender thread (whose wake-up costs as much as the batch's Python work).
-            full = len(self._queue) >= self.max_batch_size
-            if full and len(self._inflight) + self._sending < self.max_inflight:
+            if queued < self.max_batch_size:
+                return future
+            if len(self._inflight) + self._sending < self.max_inflight:
                 items = self._take()
             else:
                 items = None
-                if full:
-                    self._cond.notify_all()  # the sender sends it when a request is answered
+                self._cond.notify_all()  # the sender sends it when a request is answered
         if items:
             self._send(_Batch(items, self._answers))
         return future
@@ -159,7 +176,7 @@ class Lookuper:
         if unfit is not None:
             return await asyncio.wrap_future(unfit)
         future = BatchFuture(self._answers)
-        with self._cond:
+        with self._mutex:
             queued = len(self._queue) < self.queue_size or self._closed
             if queued:
                 self._enqueue(key, future)
@@ -180,9 +197,9 @@ class Lookuper:
             return future
         return None
 
-    def _enqueue(self, key: tuple, future: Future, send_full: bool = True) -> None:
-        """Queue one lookup (under the lock); a first key starts the batch's timeout in the sender
-        thread, a full batch wakes it (unless ``send_full`` is False: the caller sends it)."""
+    def _enqueue(self, key: tuple, future: Future) -> None:
+        """Queue one lookup (under the lock; the asyncio flavour's): a first key starts the batch's
+        timeout in the sender thread, a full batch wakes it (lookup_async does the same inline)."""
         if self._closed:
             raise RuntimeError("this lookuper is closed")
         queue = self._queue
@@ -190,7 +207,7 @@ class Lookuper:
         if len(queue) == 1:
             self._filling_since = time.monotonic()
             self._cond.notify_all()
-        elif send_full and len(queue) >= self.max_batch_size:
+        elif len(queue) >= self.max_batch_size:
             self._cond.notify_all()
 
     def _key(self, key: Any) -> tuple:
@@ -208,7 +225,7 @@ class Lookuper:
     def close(self) -> None:
         """Send what is queued, wait for every answer, then stop the sender. Lookups queued after
         close fail with RuntimeError."""
-        with self._cond:
+        with self._mutex:
             self._closed = True
             self._cond.notify_all()
         self._sender.join()
@@ -222,25 +239,25 @@ class Lookuper:
     @property
     def pending(self) -> int:
         """Keys queued but not yet sent (at most ``client.lookup.queue-size``)."""
-        with self._cond:
+        with self._mutex:
             return len(self._queue)
 
     @property
     def inflight(self) -> int:
         """Requests sent and not yet answered (at most ``client.lookup.max-inflight-requests``)."""
-        with self._cond:
+        with self._mutex:
             return len(self._inflight)
 
     # ---- the sender thread --------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._mutex:
                 items = self._drain()
                 if items is None:
                     break
             if items:
                 self._send(_Batch(items, self._answers))
-        with self._cond:  # closed: wait for the answers still in flight
+        with self._mutex:  # closed: wait for the answers still in flight
             while self._inflight or self._retrying or self._sending:
                 self._expire()
                 self._cond.wait(self._wait_s())
@@ -319,7 +336,7 @@ class Lookuper:
             for share, leader, keys in shares:
                 self._send_one(share, leader, keys)
         finally:
-            with self._cond:
+            with self._mutex:
                 if retried:
                     self._retrying -= 1
                     self._cond.notify_all()
@@ -375,7 +392,7 @@ class Lookuper:
                 f"no answer to opening a lookup in {self.spec.table} within {self._timeout} s"))
         except Exception as exc:  # noqa: BLE001 - the handle was refused, or the keys do not fit
             return batch.fail(exc)
-        with self._cond:
+        with self._mutex:
             self._wait_for_room()  # a batch split over leaders: room for each
             self._ids += 1
             request_id = self._ids
@@ -407,7 +424,7 @@ class Lookuper:
     def _answered(self, request_id: int, batch: _Batch, answer: pa.RecordBatch | pa.Table | None,
                   error: BaseException | None) -> None:
         """The answer of a request (in the stream's reader thread): split the rows by key."""
-        with self._cond:
+        with self._mutex:
             if self._inflight.pop(request_id, None) is None:
                 return  # failed already (its timeout passed)
             if self._room_waiters or self._closed:
@@ -461,7 +478,7 @@ class Lookuper:
     def _retry(self, batch: _Batch) -> None:
         # From the reader thread of the stream that broke: send from a thread of its own, which
         # opens the new stream (the reader thread ends with its stream).
-        with self._cond:
+        with self._mutex:
             self._retrying += 1
         threading.Thread(target=self._send, args=(batch, True), name="flightstore-lookuper-retry",
                          daemon=True).start()
@@ -480,7 +497,17 @@ def _one_batch(rows: pa.Table) -> pa.RecordBatch:
 def _keys_of(keys: list[tuple], key_schema: pa.Schema) -> pa.RecordBatch:
     """Key tuples as a batch of ``key_schema`` (ValueError / ArrowException when one does not fit)."""
     if len(key_schema) == 1:  # one key column: a key of another length fails to unpack (ValueError)
-        arrays = [pa.array([value for (value,) in keys], key_schema.field(0).type)]
+        values = [value for (value,) in keys]
+        kind = key_schema.field(0).type
+        if kind == pa.int64() and set(map(type, values)) == _INT:  # a BIGINT key: numpy's conversion
+            try:  # and its buffer as it is, a quarter of pa.array's cost for a batch of a few dozen
+                numbers = np.array(values, dtype=np.int64)
+            except OverflowError:  # past int64: pa.array says so, as for any other key
+                numbers = None
+            if numbers is not None:
+                return pa.RecordBatch.from_arrays(
+                    [pa.Array.from_buffers(kind, len(numbers), [None, pa.py_buffer(numbers)])], schema=key_schema)
+        arrays = [pa.array(values, kind)]
     else:
         if any(len(key) != len(key_schema) for key in keys):
             raise ValueError(f"a key has the {len(key_schema)} values of {key_schema.names}")

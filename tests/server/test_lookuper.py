@@ -189,3 +189,26 @@ def test_an_unhashable_key_fails_alone_and_the_lookuper_still_closes(kv):
         with pytest.raises(pa.ArrowInvalid, match="does not fit"):
             asyncio.run(asyncio.wait_for(lk.lookup({"id": [7]}), TIMEOUT))
     assert not lk._sender.is_alive()  # close() returned: nothing was left in flight
+
+
+def test_bigint_keys_at_their_limits_and_past_them(kv):
+    """A batch of BIGINT keys, all Python ints in range (converted through numpy:
+    lookuper._keys_of), asks the extreme values as they are (missing: no row); in a batch with a
+    key past int64 and a bool, those fail alone and the others are answered."""
+    fit = [7, -2 ** 63, 2 ** 63 - 1, 11, -1, 12]
+    expected = [[{"id": 7, "v": "v7"}], [], [], [{"id": 11, "v": "v11"}], [], [{"id": 12, "v": "v12"}]]
+    with kv.lookuper(options={"client.lookup.max-batch-size": len(fit) + 2,
+                              "client.lookup.batch-timeout": "10s"}) as lk:
+        stream = kv.connection._lookups.current()
+        sent = []
+        send = stream.send
+        stream.send = lambda opened, spec, keys, answered: sent.append(keys.column(0).to_pylist()) or \
+            send(opened, spec, keys, answered)
+        futures = [lk.lookup_async(k) for k in [*fit, 13, 14]]  # one full batch: sent at once
+        assert [f.result(TIMEOUT).to_pylist() for f in futures[:len(fit)]] == expected
+        mixed = [lk.lookup_async(k) for k in [*fit[:3], 2 ** 63, True, *fit[3:]]]
+        for at in (3, 4):
+            with pytest.raises(pa.ArrowException, match="does not fit"):
+                mixed[at].result(TIMEOUT)
+        assert [f.result(TIMEOUT).to_pylist() for at, f in enumerate(mixed) if at not in (3, 4)] == expected
+    assert sent == [[*fit, 13, 14], fit], sent
