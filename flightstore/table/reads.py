@@ -132,7 +132,9 @@ class TableReads:
         codec = tablets[-1].codec
         values = np.empty(n, dtype=object)  # None: a missing key
         values[order] = stored  # back in key order
-        array = pa.array(values, pa.large_binary())
+        # from a list: pa.array of an object ndarray takes pyarrow's pandas conversion path, ~9x
+        # slower (~0.6 ms for a 128-key lookup under load, against ~0.07 ms from the list)
+        array = pa.array(values.tolist(), pa.large_binary())
         if array.null_count:
             array = array.drop_null()
         memory.require(int(array.nbytes), f"{self.path}: a lookup of {n} keys")
