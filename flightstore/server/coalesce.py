@@ -46,7 +46,8 @@ class _Request:
         self.answered = False
         self.lead = False  # woken to lead the next round
         # made for a request that waits (not a leader's): a raw lock, held until the request is
-        # woken (answered, or to lead), exactly once. A threading.Event's set and wait each take its
+        # woken (answered, or to lead: its thread takes it back, and the round it leads releases it
+        # again as it answers it). A threading.Event's set and wait each take its
         # Condition and make a waiter lock: ~17% of the GIL-held time of the coalesced lookups
         # under the lookuper's load (yappi), for the one wake-up a raw lock's release gives.
         self.wake: _thread.LockType | None = None
@@ -91,7 +92,7 @@ class LookupCoalescer:
                 return table.lookup(keys, list(fetch)), None
             finally:
                 self._hand_over()
-        request.wake.acquire()  # released once: answered, or to lead the next round
+        request.wake.acquire()  # released when answered, or to lead the next round
         if not request.answered:  # woken to lead: the round runs it with what queued meanwhile
             self._lead_one_round()
         return request.outcome()
