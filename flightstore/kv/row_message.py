@@ -111,6 +111,7 @@ class RowMessage:
         if node_count != len(steps):
             raise ValueError("a row message has one field node per column")
         self.types = tuple(array.type for array in arrays)  # of the message's columns
+        self._fitting: pa.Schema | None = None  # the schema fits() last said yes to
         self._steps = tuple(steps)
         self._metadata = sample[:end]
         self._nodes = struct.Struct(f"<{2 * node_count}q")
@@ -118,6 +119,16 @@ class RowMessage:
         self._buffers = struct.Struct(f"<{2 * buffer_count}q")
         self._buffer_at = buffers
         self._body_length_at = body_length
+
+    def fits(self, schema: pa.Schema) -> bool:
+        """Whether a reader may decode the messages with ``schema`` (its types are the
+        columns'); remembered for the last schema (callers pass the same memoized one)."""
+        if schema is self._fitting:
+            return True
+        if tuple(schema.types) != self.types:
+            return False
+        self._fitting = schema
+        return True
 
     def message(self, value: bytes, head: bytes = b"") -> tuple[bytes, int]:
         """``head`` followed by the IPC message of ``value``'s row, and the row's buffer bytes

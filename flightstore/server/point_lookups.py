@@ -18,28 +18,24 @@ server forwards their keys), a value written under an older schema version.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from flightstore.kv.row_message import RowMessage
 from flightstore.wire import lookups as wire
 from flightstore.wire.point_keys import PointKeys
 
 __all__ = ["PointPath", "point_reply"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PointPath:
-    """What a handle's single-key lookups need, made when the handle is opened: the key reader,
-    the answer to a missing key (an empty batch of the row schema), the row schema's types, and
-    the row writer last seen to write them (checked once per writer, not per lookup)."""
+    """What a handle's single-key lookups need, made when the handle is opened: the key reader
+    and the answer to a missing key (an empty batch of the row schema)."""
 
     keys: PointKeys
     empty: bytes
-    types: tuple[pa.DataType, ...]
-    checked: RowMessage | None = field(default=None)
 
     @staticmethod
     def of(spec: wire.HandleSpec, key_schema: pa.Schema, row_schema: pa.Schema) -> PointPath | None:
@@ -51,7 +47,7 @@ class PointPath:
         if keys is None:
             return None
         empty = pa.RecordBatch.from_arrays([pa.array([], f.type) for f in row_schema], schema=row_schema)
-        return PointPath(keys, wire.encode_batch(empty).to_pybytes(), tuple(row_schema.types))
+        return PointPath(keys, wire.encode_batch(empty).to_pybytes())
 
 
 def point_reply(server: Any, handle: Any, handle_id: int, request_id: int, body: pa.Buffer) -> bytes | None:
@@ -86,10 +82,8 @@ def point_reply(server: Any, handle: Any, handle_id: int, request_id: int, body:
     writer = kv.codec.row_message_of(value, handle.columns, handle.spec.key_index)
     if writer is None:  # a value of an older schema version: decoded and conformed the general way
         return None
-    if writer is not path.checked:
-        if writer.types != path.types:  # the KV's codec is not the handle's shape (mid-ALTER)
-            return None
-        path.checked = writer
+    if not writer.fits(handle.row_schema):  # the KV's codec is not the handle's shape (mid-ALTER)
+        return None
     reply, nbytes = writer.message(value, head)
     server.metrics.sent_rows(handle.name, 1, nbytes)
     server.metrics.point_lookups += 1

@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flightstore
+from flightstore.sql.execute import StoreCatalog
+from flightstore.sql.plan import plan as plan_sql
 from tests.server.conftest import RunningServer
 
 TIMEOUT = 60
@@ -153,3 +155,78 @@ def test_a_row_written_before_alter_table_is_answered_conformed(tmp_path):
             assert running.server.metrics.point_lookups == before + 1
     finally:
         running.stop()
+
+
+# ---- the SQL point route (flightstore.sql.execute.lookups.point_row) ------------------------------
+def _flight_sql(conn, sql: str) -> pa.Table:
+    """A statement as ADBC and JDBC send it: GetFlightInfo of a CommandStatementQuery, then DoGet."""
+    from pyarrow import flight
+
+    from flightstore.server import protocol
+    command = protocol.pack_any(protocol.CommandStatementQuery(query=sql))
+    info = conn._client.get_flight_info(flight.FlightDescriptor.for_command(command))
+    return conn._client.do_get(info.endpoints[0].ticket).read_all()
+
+
+def test_literal_and_prepared_sql_point_lookups_skip_planning_and_answer_the_same(served, monkeypatch):
+    """Once a shape is learned, literal SQL (one DoGet, or GetFlightInfo + DoGet) and ADBC's
+    prepared lookups of integer keys are answered without planning, rows and schema as the plan
+    answers them (present, missing, NULLs, projections, composite keys)."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    running, conn = served
+    statements = [(f"SELECT {cols} FROM {name} WHERE " + " AND ".join(f"{c} = {v}" for c, v in key.items()))
+                  for name in ("by_bigint", "by_tinyint", "by_pair")
+                  for cols in ("*", "s, dec, id")
+                  for key in (_key_values(name, 1), _key_values(name, 7),
+                              {c: (100 if c == "id" else v) for c, v in _key_values(name, 1).items()})]
+    executor = running.server.executor
+    for sql in statements:  # every shape is learned
+        conn.sql(sql)
+    fresh = [plan_sql(sql, StoreCatalog(running.store)) for sql in statements]
+    expected = [executor.execute_table(plan, executor.output_schema(plan)) for plan in fresh]
+    planned = []
+    real = running.server.executor.plan
+    monkeypatch.setattr(running.server.executor, "plan", lambda *a, **k: planned.append(a[0]) or real(*a, **k))
+    for sql, answer in zip(statements, expected):
+        for got in (conn.sql(sql), _flight_sql(conn, sql)):
+            assert got.schema.equals(answer.schema) and got.to_pylist() == answer.to_pylist(), sql
+    assert planned == []
+    with flightsql.connect(running.uri, autocommit=True) as adbc, adbc.cursor() as cursor:
+        cursor.execute("SELECT s, id FROM by_bigint WHERE id = ?", (3,))  # learns the shape
+        planned.clear()
+        for i in (-5, 0, 12, 999):
+            cursor.execute("SELECT s, id FROM by_bigint WHERE id = ?", (i,))
+            assert cursor.fetch_arrow_table().to_pylist() == conn.sql(
+                f"SELECT s, id FROM by_bigint WHERE id = {i}").to_pylist()
+    assert planned == []
+
+
+def test_the_sql_point_route_keeps_grants_and_hidden_tables(tmp_path):
+    """A caller without READ gets, after the shape was learned, exactly the error it got before."""
+    from tests.server.test_privilege_matrix import Env
+
+    env = Env(tmp_path / "data")
+    try:
+        admin = env.client("admin")
+        admin.sql("CREATE DATABASE shop")
+        admin.sql("CREATE TABLE shop.kv (id BIGINT, v STRING, PRIMARY KEY (id) NOT ENFORCED)")
+        admin.sql("CREATE TABLE shop.other (id BIGINT, v STRING)")
+        admin.sql("INSERT INTO shop.kv VALUES (1, 'one')")
+        admin.sql("GRANT READ ON TABLE shop.other TO USER neighbour")
+        admin.sql("GRANT DESCRIBE ON TABLE shop.kv TO USER describer")
+        admin.sql("GRANT READ ON TABLE shop.kv TO USER reader")
+        sql = "SELECT * FROM shop.kv WHERE id = {}"
+        before = {}
+        for user in ("stranger", "neighbour", "describer"):  # no shape learned yet: planned
+            with pytest.raises(Exception) as refused:
+                env.client(user).sql(sql.format(2))
+            before[user] = (type(refused.value), str(refused.value))
+        assert admin.sql(sql.format(1)).to_pylist() == [{"id": 1, "v": "one"}]  # learns the shape
+        for user, (kind, message) in before.items():
+            with pytest.raises(kind) as refused:
+                env.client(user).sql(sql.format(3))
+            assert str(refused.value).replace("3", "2") == message
+        assert env.client("reader").sql(sql.format(1)).to_pylist() == [{"id": 1, "v": "one"}]
+    finally:
+        env.stop()
