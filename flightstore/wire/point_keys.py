@@ -1,4 +1,4 @@
-"""A LOOKUP body of one key of integer columns, read without Arrow.
+"""A LOOKUP body of one key of integer columns, read and written without Arrow.
 
 A client's single-key lookup sends its key as one IPC record batch of one row
 (:func:`~flightstore.wire.lookups.encode_batch`). When the key columns are all integers that
@@ -7,7 +7,9 @@ nulls, each buffer's offset and length) followed by each column's value, little-
 8 bytes. :class:`PointKeys` holds that prefix for a key schema (made once by pyarrow) and reads
 the values of a body that matches it with one ``struct`` call: no ``read_record_batch``, no
 validation, no table. A body that does not match (several keys, a null, another writer's
-metadata) is read the general way, so this only ever answers what the general path would.
+metadata) is read the general way, so this only ever answers what the general path would. The
+client writes a single key's message the same way (:meth:`PointKeys.encode`): the same bytes as
+encoding a batch of it, without building one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class PointKeys:
         sample = pa.RecordBatch.from_arrays([pa.array([0], f.type) for f in key_schema],
                                             schema=key_schema).serialize().to_pybytes()
         body = 8 * len(key_schema)
+        self.names = tuple(key_schema.names)
         self._prefix = sample[:-body]
         self._size = len(sample)
         fmt = "".join(_FORMATS[f.type.bit_width][0].upper() + _FORMATS[f.type.bit_width][1:]
@@ -49,6 +52,21 @@ class PointKeys:
         if len(view) - at != self._size or view[at:at + len(self._prefix)] != self._prefix:
             return None
         return self._values.unpack_from(view, at + len(self._prefix))
+
+    def encode(self, keys: Any) -> bytes | None:
+        """The message of one key given as a dict of key columns (others ignored) each holding
+        one Python int (a list or tuple of one), as the general encoding would write it; None for
+        anything else (several keys, a null, a bool, a value out of its column's range)."""
+        values = []
+        for name in self.names:
+            column = keys.get(name)
+            if type(column) not in (list, tuple) or len(column) != 1 or type(column[0]) is not int:
+                return None
+            values.append(column[0])
+        try:
+            return self._prefix + self._values.pack(*values)
+        except struct.error:  # out of the column's range: the general path says so
+            return None
 
     @staticmethod
     def of(key_schema: pa.Schema) -> PointKeys | None:

@@ -42,3 +42,20 @@ def test_keys_of_other_types_have_no_reader_and_other_messages_do_not_match():
     other = pa.record_batch({"k": pa.array([1], pa.int32())})
     assert reader.values(other.serialize()) is None
     assert reader.values(b"") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), types=st.lists(st.sampled_from(INT_TYPES), min_size=1, max_size=3))
+def test_a_clients_single_key_is_written_as_the_batch_encoding_writes_it(data, types):
+    from flightstore.lookup_stream import key_batch
+    from flightstore.wire.lookups import encode_batch
+
+    schema = pa.schema([(f"k{i}", t) for i, t in enumerate(types)])
+    writer = PointKeys.of(schema)
+    keys = {f"k{i}": [data.draw(_ints(t))] for i, t in enumerate(types)} | {"other": ["ignored"]}
+    assert writer.encode(keys) == encode_batch(key_batch(keys, schema)).to_pybytes()
+    assert writer.values(writer.encode(keys)) == tuple(keys[f"k{i}"][0] for i in range(len(types)))
+    wide = pa.types.is_unsigned_integer(types[0]) and -1 or (1 << types[0].bit_width)
+    for bad in ({**keys, "k0": [wide]}, {**keys, "k0": [True]}, {**keys, "k0": [None]}, {**keys, "k0": [1, 2]},
+                {**keys, "k0": 5}, {k: v for k, v in keys.items() if k != "k0"}):
+        assert writer.encode(bad) is None
