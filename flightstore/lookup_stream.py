@@ -28,6 +28,7 @@ import pyarrow as pa
 from pyarrow import flight
 
 from flightstore.wire import lookups as wire
+from flightstore.wire.point_keys import PointKeys
 
 __all__ = ["KeysDoNotFit", "LookupStream", "LookupStreams", "StaleHandle", "StreamBroken"]
 
@@ -57,6 +58,7 @@ class _Opened:
     handle: int
     key_schema: pa.Schema
     row_schema: pa.Schema
+    point: PointKeys | None = None  # writes a single key of integer columns without a batch
 
 
 #: What :meth:`LookupStream.send` calls with a request's answer: ``(rows, None)`` (one
@@ -120,11 +122,11 @@ class LookupStream:
             self._write(message, request_id)
         return opening.result(timeout)
 
-    def submit(self, opened: _Opened, spec: wire.HandleSpec, keys: pa.RecordBatch,
+    def submit(self, opened: _Opened, spec: wire.HandleSpec, keys: pa.RecordBatch | bytes,
                limit: int | None = None) -> Future:
-        """Send ``keys`` (a batch of the key schema of ``opened``, the handle of ``spec``); the
-        future answers a Table of the handle's row schema, or raises the server's error,
-        StaleHandle or StreamBroken."""
+        """Send ``keys`` (a batch of the key schema of ``opened``, the handle of ``spec``, or
+        its encoded message); the future answers a Table of the handle's row schema, or raises
+        the server's error, StaleHandle or StreamBroken."""
         future: Future = Future()
         self._send(_Request(future, opened.row_schema, spec), opened, keys, limit)
         return future
@@ -137,12 +139,12 @@ class LookupStream:
         made of a single batch (the lookuper's requests; measured per 32-key request)."""
         self._send(_Request(None, opened.row_schema, spec, answered=answered), opened, keys, None)
 
-    def _send(self, request: _Request, opened: _Opened, keys: pa.RecordBatch, limit: int | None) -> None:
+    def _send(self, request: _Request, opened: _Opened, keys: pa.RecordBatch | bytes, limit: int | None) -> None:
         with self._lock:
             request_id = next(self._ids)
             self._pending[request_id] = request
-        self._write(wire.encode_request(wire.LOOKUP, opened.handle, request_id, wire.encode_batch(keys),
-                                        limit), request_id)
+        body = keys if isinstance(keys, bytes) else wire.encode_batch(keys)
+        self._write(wire.encode_request(wire.LOOKUP, opened.handle, request_id, body, limit), request_id)
 
     def _write(self, message: bytes, request_id: int) -> None:
         """Write one request; if the stream cannot take it, its future fails with StreamBroken."""
@@ -194,7 +196,7 @@ class LookupStream:
                     self._handles.pop(request.spec, None)
         if kind == wire.OPENED:
             key_schema, row_schema = wire.decode_schemas(body)
-            request.succeed(_Opened(handle, key_schema, row_schema))
+            request.succeed(_Opened(handle, key_schema, row_schema, PointKeys.of(key_schema)))
         elif kind == wire.ROWS:
             rows = wire.decode_batch(body, request.row_schema)
             if request.answered is None or request.parts:
@@ -298,10 +300,12 @@ class LookupStreams:
             try:
                 stream = self.current()
                 opened = stream.opened(spec, self.timeout)
-                try:
-                    batch = key_batch(keys, opened.key_schema)
-                except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
-                    raise KeysDoNotFit(str(exc)) from exc
+                batch = opened.point.encode(keys) if opened.point is not None and isinstance(keys, dict) else None
+                if batch is None:
+                    try:
+                        batch = key_batch(keys, opened.key_schema)
+                    except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+                        raise KeysDoNotFit(str(exc)) from exc
                 future = stream.submit(opened, spec, batch, limit)
                 return future.result(self.timeout)
             except StaleHandle:

@@ -159,7 +159,10 @@ class ClusterTable(TableApi):
         """The local table, when this server leads the buckets of every row of ``keys`` (which
         hold the bucket key columns); :class:`~flightstore.errors.NotLeader` otherwise (a client's
         routed lookup reached the wrong server: its locations are stale)."""
-        buckets = np.unique(self.local.buckets_of(keys)).tolist() if keys.num_rows else []
+        return self.led_buckets(np.unique(self.local.buckets_of(keys)).tolist() if keys.num_rows else [])
+
+    def led_buckets(self, buckets: list[int]) -> Table:
+        """:meth:`led_here` of the keys of ``buckets`` (bucket numbers, each once)."""
         places, leaders = self._placement()
         strangers = [b for b in buckets if not places or leaders[b % len(places)] != self.server_id]
         if strangers:

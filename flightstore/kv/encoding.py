@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flightstore.errors import CorruptData, InvalidInput, SchemaMismatch
+from flightstore.kv.row_message import RowMessage
 from flightstore.schema import Projections
 
 __all__ = ["encode_keys", "encode_key_array", "encode_key_prefix", "integer_key", "integer_key_layout",
@@ -313,6 +314,7 @@ class RowCodec:
         self._variable = [s for s in slots if s.variable]  # schema order
         self._projections = Projections(schema, keep_metadata=True)  # decode's output schemas
         self._one_plans: dict[tuple[str, ...] | None, tuple[pa.Schema, tuple]] = {}  # decode_value's
+        self._messages: dict[tuple[tuple[str, ...], bool], RowMessage] = {}  # row_message's
 
     # ---- encode ---------------------------------------------------------------------------
     def encode(self, data: pa.Table | pa.RecordBatch) -> list[bytes]:
@@ -429,6 +431,22 @@ class RowCodec:
         """:meth:`decode` of one value (a point lookup's answer): the same table, checks and
         errors, by a per-projection plan (:meth:`_one_plan`) instead of per-call type checks."""
         return self._decode_one(value, *self._one_plan(columns))
+
+    def row_message(self, columns: Sequence[str], key_index: bool = False) -> RowMessage:
+        """The writer of one value's ``columns`` as an IPC record batch message (a single-key
+        lookup's answer, :mod:`flightstore.kv.row_message`), made once per projection;
+        ``key_index`` appends a non-null int32 column of 0."""
+        key = (tuple(columns), key_index)
+        writer = self._messages.get(key)
+        if writer is None:
+            for name in key[0]:
+                if name not in self._slots:
+                    raise InvalidInput(f"{name!r} is not a column of {self.schema.names}")
+            writer = RowMessage([self._slots[name] for name in key[0]], self._variable, self._header_size,
+                                self._prefix, key_index)
+            if len(self._messages) < 64:
+                self._messages[key] = writer
+        return writer
 
     def _one_plan(self, columns: Sequence[str] | None) -> tuple[pa.Schema, tuple]:
         """The output schema of ``columns`` and, per column, what :meth:`_decode_one` does with

@@ -517,8 +517,18 @@ class KvTablet(KvWrites):
     def lookup_key(self, key: bytes, columns: Sequence[str] | None = None) -> pa.Table:
         """The row of one encoded primary key (:func:`~flightstore.kv.encoding.encode_keys`):
         a table of ``columns`` with that row, or none. :meth:`lookup` of one key, without a key
-        table to encode: one get, the row's buffers its own (no nbytes walk); same checks
-        (memory, commit) and errors (DataLoss for a RocksDB failure)."""
+        table to encode: one get (:meth:`stored_value`, with its checks and errors), the row's
+        buffers its own."""
+        value = self.stored_value(key)
+        if value is None:
+            return self.codec.decode([], columns)
+        return self.codec.decode_value(value, columns)
+
+    def stored_value(self, key: bytes) -> bytes | None:
+        """The stored value of one encoded primary ``key`` (None: no such row), undecoded, with
+        :meth:`lookup_key`'s checks (memory, commit) and errors (DataLoss for a RocksDB failure):
+        for a caller that writes the row's answer from the value's bytes
+        (:mod:`flightstore.kv.row_message`)."""
         with self._lock:  # not while a truncation cuts the log and rebuilds this KV (see exclusive)
             cuts = self.log.truncations
         if self._db is None:
@@ -529,13 +539,10 @@ class KvTablet(KvWrites):
             if not is_rocksdb_error(exc):
                 raise
             raise data_loss(self.where, "RocksDB read failed", exc, str(self.directory)) from None
-        if value is None:
-            rows = self.codec.decode([], columns)
-        else:
-            rows = self.codec.decode_value(value, columns)
-            memory.require(rows.get_total_buffer_size(), f"{self.where}: a lookup of 1 key")
+        if value is not None:
+            memory.require(len(value), f"{self.where}: a lookup of 1 key")
         self._committed(cuts)
-        return rows
+        return value
 
     def committed_row_count(self) -> int:
         """:attr:`row_count` once the changes it counts are committed (see :meth:`_committed`)."""

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from flightstore.errors import CorruptData, InvalidInput
 from flightstore.kv.encoding import VERSION_TAG, RowCodec
+from flightstore.kv.row_message import RowMessage
 from flightstore.schema import conform
 
 __all__ = ["VersionedRowCodec", "value_versions"]
@@ -83,6 +84,13 @@ class VersionedRowCodec:
         if value[:2] == self._current.tag:
             return self._current.decode_value(value, columns)
         return self.decode([value], columns)
+
+    def row_message_of(self, value: bytes, columns: Sequence[str], key_index: bool = False) -> RowMessage | None:
+        """:meth:`RowCodec.row_message` for ``value``: None when ``value`` is of an older schema
+        version (its row is conformed to the current schema by :meth:`decode`)."""
+        if value[:2] != self._current.tag:
+            return None
+        return self._current.row_message(columns, key_index)
 
     def decode(self, values: Sequence[bytes] | pa.Array | pa.ChunkedArray,
                columns: Sequence[str] | None = None) -> pa.Table:

@@ -34,6 +34,7 @@ from flightstore.errors import DatabaseNotFound, InvalidInput, NotLeader, TableN
 from flightstore.schema import TablePath
 from flightstore.server.coalesce import LookupCoalescer, matchable_keys
 from flightstore.server.messages import MAX_BATCH_BYTES, MAX_BATCH_ROWS, rechunk
+from flightstore.server.point_lookups import PointPath, point_reply
 from flightstore.server.rpc import _CALLER, _translate
 from flightstore.sql.privileges import table_resource
 from flightstore.wire import lookups as wire
@@ -107,6 +108,7 @@ class _Handle:
     permissions: tuple[Permission, ...]
     catalog_version: int
     name: str  # str(path), the metrics' table label (formatted once, not per lookup)
+    point: PointPath | None = None  # its single-key lookups' path without Arrow (.point_lookups)
 
 
 class _Stale(Exception):
@@ -235,7 +237,7 @@ class ServedLookupStream:
             row_schema = row_schema.append(pa.field(wire.KEY_INDEX_COLUMN, pa.int32(), nullable=False))
         key_schema = pa.schema([table.schema.field(c) for c in key_columns])
         return _Handle(spec, table.path, key_columns, columns, fetch, key_schema, row_schema,
-                       permissions, version, str(table.path))
+                       permissions, version, str(table.path), PointPath.of(spec, key_schema, row_schema))
 
     def _current(self, handle_id: int) -> _Handle:
         handle = self.handles.get(handle_id)
@@ -252,6 +254,10 @@ class ServedLookupStream:
 
     def _lookup(self, handle_id: int, request_id: int, body: pa.Buffer, limit: int | None) -> list[bytes]:
         handle = self._current(handle_id)
+        if handle.point is not None:
+            reply = point_reply(self.server, handle, handle_id, request_id, body)
+            if reply is not None:
+                return [reply]
         try:
             keys = wire.decode_batch(body, handle.key_schema)
         except wire.MalformedMessage as exc:

@@ -230,6 +230,7 @@ class ServerMetrics:
         self.lookups = Histogram("flightstore_lookup_duration_seconds",
                                  "Lookups on lookup streams, from the request read to the answer written",
                                  buckets=_LOOKUP_BUCKETS, registry=r)
+        self.point_lookups = 0  # of those, single keys answered without Arrow calls (see served)
         self.partials = Counter("flightstore_partial_aggregates",
                                 "Partial aggregates run here for a cluster peer's query", registry=r)
         self.active_queries = Gauge("flightstore_active_queries",
@@ -285,14 +286,19 @@ class ServerMetrics:
         self._series(self.bytes_in, table).inc(data.nbytes)
 
     def sent(self, table: str, data: pa.Table | pa.RecordBatch) -> None:
+        # (get_total_buffer_size: nbytes walks the buffers in Python-visible steps)
+        self.sent_rows(table, data.num_rows, data.get_total_buffer_size())
+
+    def sent_rows(self, table: str, rows: int, nbytes: int) -> None:
+        """:meth:`sent` of ``rows`` rows of ``nbytes`` buffer bytes (an answer written without a table)."""
         series = self._out_series.get(table)
         if series is None:
             if len(self._out_series) >= 4096:  # tables come and go: do not keep every name
                 self._out_series.clear()
             series = self._out_series[table] = (self._series(self.rows_out, table),
                                                  self._series(self.bytes_out, table))
-        series[0].inc(data.num_rows)
-        series[1].inc(data.get_total_buffer_size())  # nbytes walks the buffers in Python-visible steps
+        series[0].inc(rows)
+        series[1].inc(nbytes)
 
     def metered(self, table: str, batches: Iterator[pa.RecordBatch | pa.Table]
                 ) -> Iterator[pa.RecordBatch | pa.Table]:
@@ -311,14 +317,16 @@ class ServerMetrics:
 
     def served(self) -> dict[str, int]:
         """Calls served so far: ``calls`` by Flight method, ``stream_lookups`` (requests answered
-        on lookup streams): what the ``flightstore.cluster`` action reports of this server."""
+        on lookup streams), ``point_lookups`` (of those, single keys answered without Arrow calls,
+        :mod:`flightstore.server.point_lookups`; counted without a lock, so a floor under
+        concurrency): what the ``flightstore.cluster`` action reports of this server."""
         calls: dict[str, int] = {}
         for sample in self.rpcs.collect()[0].samples:
             if sample.name.endswith("_total"):
                 method = sample.labels["method"]
                 calls[method] = calls.get(method, 0) + int(sample.value)
         count = next(s.value for s in self.lookups.collect()[0].samples if s.name.endswith("_count"))
-        return {"calls": calls, "stream_lookups": int(count)}
+        return {"calls": calls, "stream_lookups": int(count), "point_lookups": self.point_lookups}
 
     # ---- exposition ---------------------------------------------------------------------------
     def exposition(self) -> str:

@@ -32,7 +32,7 @@ from flightstore.server.session import Session
 from flightstore.sql import nodes
 from flightstore.sql.execute import ROWS_AFFECTED_SCHEMA, is_query
 from flightstore.sql.plan import is_union
-from flightstore.sql.privileges import plan_tables, table_resource
+from flightstore.sql.privileges import plan_resources, plan_tables, table_resource
 
 __all__ = ["ReadRpcs"]
 
@@ -69,6 +69,11 @@ class ReadRpcs:
 
     def _query_info(self, descriptor: flight.FlightDescriptor, sql: str, params: list | None,
                     database: str, session: Session) -> flight.FlightInfo:
+        point = self._point_answer(sql, params, database)
+        if point is not None:  # answered now, as below, without planning
+            ticket = tickets.result_ticket(point, self._ticket_key, _CALLER.get()) or self._keep_result(point)
+            return flight.FlightInfo(point.schema, descriptor, [flight.FlightEndpoint(ticket, [])],
+                                     point.num_rows, -1)
         plan = self._plan(sql, params, database)
         self._authorize(plan)
         if not is_query(plan):
@@ -104,6 +109,25 @@ class ReadRpcs:
             return []
         uri = self.store.table(plan.table).leader_uri(partition)
         return [uri if uri is not None else self.cluster.config.advertised_uri]
+
+    def _point_answer(self, sql: str, params: list | None, database: str) -> pa.Table | None:
+        """The answer of a point lookup by an integer primary key whose statement shape was
+        planned before (``WHERE id = 42``, or ``WHERE id = ?`` with its parameters), read by its
+        key without planning (:meth:`~flightstore.sql.execute.Executor.point_key`), authorized as
+        its plan; None for anything else (the caller plans the statement)."""
+        found = self.executor.point_key(sql, params, database)
+        if found is None:
+            return None
+        template, values = found
+        principal = _CALLER.get()
+        if not self.authz.is_super(principal) and not self.authz.sees(principal, plan_resources(template)):
+            return None  # what the caller may not see: planned in its view, as any statement
+        self._authorize(template)
+        answer = self.executor.point_row(template, values)
+        if answer is None:
+            return None
+        self.metrics.sent_rows(str(template.table), 1 if answer[1] else 0, answer[1])
+        return answer[0]
 
     def _answer_now(self, plan: nodes.PlanNode, schema: pa.Schema) -> pa.Table:
         """The whole result of a small query (GetFlightInfo ships it in the ticket): grants come
@@ -378,6 +402,9 @@ class ReadRpcs:
             raise InvalidInput("a flightstore 'sql' ticket needs the statement as a non-empty "
                                "string under 'sql'")
         session = self.session(context)
+        point = self._point_answer(sql, None, session.database)
+        if point is not None:
+            return point.schema, point
         plan = self._plan(sql, None, session.database)
         self._authorize(plan)
         if not is_query(plan):

@@ -163,6 +163,20 @@ class TableReads:
         return (integer_bucket([values[i] for i in bucket_positions], self.num_buckets),
                 integer_key(values, layout))
 
+    def point(self, values: Sequence[int]) -> tuple[int, bytes] | None:
+        """(bucket, encoded key) of one primary key given as Python ints in key column order (in
+        range of their types, as a key batch of the key schema holds them): what
+        :meth:`lookup` reads for that key, without a key table. None when the key columns are
+        not all integers (the caller builds a key table and calls :meth:`lookup`)."""
+        plan = self._point_plan
+        if plan is None or plan[0] is not self.descriptor:
+            plan = self._point_plan = _point_plan(self.descriptor)
+        _, _, layout, bucket_positions = plan
+        if layout is None or len(values) != len(layout):
+            return None
+        return (integer_bucket([values[i] for i in bucket_positions], self.num_buckets),
+                integer_key(values, layout))
+
     def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
         """Rows whose leading primary-key columns (at least the bucket key) equal ``prefix`` rows."""

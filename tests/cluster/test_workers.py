@@ -271,6 +271,36 @@ def test_the_lookuper_sends_each_leaders_share_on_its_stream(group, routed):
                 assert after[uri]["stream_lookups"] > before[uri]["stream_lookups"], uri
 
 
+def test_single_integer_keys_are_answered_on_their_leaders_without_arrow(group):
+    """A single key of integer columns on a routed handle takes each leader's point path
+    (:mod:`flightstore.server.point_lookups`): the rows SELECT ... WHERE answers, every leader's
+    ``point_lookups`` moves; a key of another worker's bucket still gets NOT_LEADER, not a row."""
+    with flightstore.connect(group.uri, timeout=60) as conn:
+        conn.sql("CREATE TABLE points (k BIGINT, v STRING, PRIMARY KEY (k) NOT ENFORCED) WITH ('bucket.num' = '5')")
+        conn.table("points").upsert({"k": list(range(30)), "v": [None if k % 4 == 0 else f"v{k}" for k in range(30)]})
+        table = conn.table("points")
+        layout = table._locations()
+        before = _served(group)
+        for k in [*range(-2, 32)]:
+            assert table.lookup({"k": [k]}).to_pylist() == conn.sql(f"SELECT * FROM points WHERE k = {k}").to_pylist()
+        after = _served(group)
+        leaders = {layout["leaders"][b] for b in bucket_ids(pa.table({"k": pa.array(range(30), pa.int64())}), ["k"],
+                                                             5).tolist()}
+        for uri in leaders:
+            assert after[uri]["point_lookups"] > before[uri]["point_lookups"], uri
+        mine = group.uri
+        stranger = next(k for k in range(30) if layout["leaders"][
+            bucket_ids(pa.table({"k": pa.array([k], pa.int64())}), ["k"], 5)[0]] != mine)
+        stream = LookupStream(flight.FlightClient(mine), flight.FlightCallOptions(), mine)
+        try:
+            spec = wire.HandleSpec("points", routed=True)
+            opened = stream.opened(spec, 60)
+            with pytest.raises(wire.NotLeaderError, match="does not lead"):
+                stream.submit(opened, spec, pa.record_batch({"k": pa.array([stranger], pa.int64())})).result(60)
+        finally:
+            stream.close()
+
+
 def test_partitioned_lookups_in_workers_answer_what_select_where_answers(group):
     """A partitioned table's lookups are not routed (the DoGet way, forwarded): still exact."""
     with flightstore.connect(group.uri, timeout=60) as conn:

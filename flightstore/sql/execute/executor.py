@@ -26,7 +26,7 @@ from flightstore.sql.execute.changelog import changelog_batches, changelog_table
 from flightstore.sql.execute.context import ExecutionContext
 from flightstore.sql.execute.fanout import PartialAggregates
 from flightstore.sql.execute.inputs import ResidualInputs
-from flightstore.sql.execute.lookups import point_lookup, prefix_lookup
+from flightstore.sql.execute.lookups import point_lookup, point_row, prefix_lookup
 from flightstore.sql.execute.plan_cache import PlanCache
 from flightstore.sql.execute.residual_sql import ResidualRunner
 from flightstore.sql.execute.results import (
@@ -111,6 +111,17 @@ class Executor:
              database: str = DEFAULT_DATABASE) -> n.PlanNode:
         """Plan ``sql`` (cached by statement shape: :class:`~.plan_cache.PlanCache`)."""
         return self.plan_cache.plan(sql, params, database)
+
+    def point_key(self, sql: str, params: Sequence[Any] | None,
+                  database: str = DEFAULT_DATABASE) -> tuple[n.PointLookup, tuple[int, ...]] | None:
+        """A learned point-lookup template of ``sql`` and its integer key, unplanned
+        (:meth:`~.plan_cache.PlanCache.point_key`); read it with :meth:`point_row`."""
+        return self.plan_cache.point_key(sql, params, database)
+
+    def point_row(self, plan: n.PointLookup, values: Sequence[int]) -> tuple[pa.Table, int] | None:
+        """The answer of ``plan`` for the key ``values`` and its buffer bytes
+        (:func:`~.lookups.point_row`), or None: run the plan of the statement instead."""
+        return point_row(self.context.store, plan, values)
 
     def output_schema(self, plan: n.PlanNode) -> pa.Schema:
         """The exact schema of the plan's result (statements: ``rows_affected``)."""

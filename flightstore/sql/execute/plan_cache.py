@@ -52,7 +52,8 @@ class PlanCache:
     def __init__(self, store: Store, entries: int) -> None:
         self.store = store
         self._plans: LruCache[tuple, n.PlanNode] = LruCache(entries)
-        self._templates: LruCache[tuple, n.PointLookup] = LruCache(entries)
+        # per template: the plan, and each key column's integer range (None: not all integers)
+        self._templates: LruCache[tuple, tuple[n.PointLookup, tuple | None]] = LruCache(entries)
 
     def clear(self) -> None:
         """Forget every plan and template (a benchmark planning each statement anew)."""
@@ -105,7 +106,9 @@ class PlanCache:
             return
         if list(keys.to_pylist()[0].values()) != list(params):
             return
-        self._templates.put((sql, database, self.store.catalog.version), planned)
+        types = keys.schema.types
+        ranges = tuple(_int_range(t) for t in types) if all(pa.types.is_integer(t) for t in types) else None
+        self._templates.put((sql, database, self.store.catalog.version), (planned, ranges))
 
     def _learn_literal_shape(self, shape: str, values: list, database: str, planned: n.PlanNode) -> None:
         """A literal point lookup (``WHERE id = 42``) teaches the template of its shape
@@ -125,9 +128,10 @@ class PlanCache:
         (no template, or values the planner should judge: nulls, lossy conversions)."""
         if not params:
             return None
-        template = self._templates.get((sql, database, self.store.catalog.version))
-        if template is None or len(params) != template.keys.num_columns:
+        learned = self._templates.get((sql, database, self.store.catalog.version))
+        if learned is None or len(params) != learned[0].keys.num_columns:
             return None
+        template = learned[0]
         if any(v is None for v in params):
             return None  # a null key: let the planner decide
         try:
@@ -138,3 +142,32 @@ class PlanCache:
             return None  # a lossy conversion: let the planner decide
         keys = pa.Table.from_arrays(arrays, schema=template.keys.schema)
         return n.PointLookup(table=template.table, keys=keys, columns=template.columns, filter=None)
+
+    def point_key(self, sql: str, params: Sequence[Any] | None,
+                  database: str) -> tuple[n.PointLookup, tuple[int, ...]] | None:
+        """For a point lookup by a primary key of integer columns whose template was learned
+        (``WHERE id = 42``, or ``WHERE id = ?`` with its parameters): the template and the key
+        as Python ints, without planning or any Arrow array (the caller reads the row by them:
+        :func:`~flightstore.sql.execute.lookups.point_row`). None otherwise: the caller plans
+        ``sql`` (other key types, a null, a value out of its column's range, a new shape)."""
+        if params is None:
+            shape = literal_shape(sql)
+            if shape is None:
+                return None
+            sql, params = shape
+        if not params or len(params) > MAX_TEMPLATE_LITERALS:
+            return None
+        learned = self._templates.get((sql, database, self.store.catalog.version))
+        if learned is None or learned[1] is None or len(params) != len(learned[1]):
+            return None
+        for value, (low, high) in zip(params, learned[1]):
+            if type(value) is not int or not low <= value <= high:
+                return None
+        return learned[0], tuple(params)
+
+
+def _int_range(t: pa.DataType) -> tuple[int, int]:
+    """The values of integer type ``t``."""
+    if pa.types.is_signed_integer(t):
+        return -(1 << (t.bit_width - 1)), (1 << (t.bit_width - 1)) - 1
+    return 0, (1 << t.bit_width) - 1
