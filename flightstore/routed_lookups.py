@@ -8,8 +8,9 @@ buckets it leads. Several leaders' answers are put back in key order (their rows
 position), a key given twice answering twice, as one server answers. When a leader answers
 NOT_LEADER (the locations are stale: a failover, a restarted worker) or cannot be reached, nothing
 of the lookup is returned: the locations are asked again and the whole lookup is sent again, for up
-to :data:`RETRY_S`; past that the error is raised. Locations naming a bucket without a live leader
-are asked again too, until one leads it. A lookup that cannot be routed (a partitioned table; still
+to :data:`RETRY_S`; past that the error is raised. Locations naming a bucket of one of the keys
+without a live leader are asked again too, until one leads it (keys whose buckets all have live
+leaders are sent at once, whatever other buckets' state). A lookup that cannot be routed (a partitioned table; still
 no live leader after :data:`RETRY_S`) returns None: the caller sends it to the connected server,
 which forwards it or names the bucket that has no leader.
 """
@@ -72,14 +73,15 @@ def routed_lookup(table: Any, spec: HandleSpec, keys: dict | pa.Table, limit: in
     deadline = time.monotonic() + RETRY_S
     pause = FIRST_PAUSE_S
     while True:
-        layout = table._locations()
-        if layout is None and None in table._layout.get("leaders", ()):  # a bucket without a live leader:
+        table._locations()
+        layout = table._layout  # with the buckets that have no live leader (None): other keys go now
+        split = split_by_leader(layout if layout.get("leaders") else None, typed)
+        if split is None:
+            return None
+        if any(uri is None for uri, _ in split):  # a key's bucket without a live leader:
             if time.monotonic() + pause > deadline:  # wait for one (a failover, a worker restarting)
                 return None  # the connected server answers, or names the bucket that has none
         else:
-            split = split_by_leader(layout, typed)
-            if split is None:
-                return None
             try:
                 return _at_leaders(table, spec, typed, split, limit)
             except flight.FlightUnavailableError:  # NOT_LEADER, or a leader that does not answer

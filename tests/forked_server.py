@@ -13,13 +13,18 @@ since they were written). It was started with the environment and working direct
 fork of the pytest process: a child takes the starting test's environment and working directory
 at each start, as a subprocess would. ``flightstore.cluster.local.ServerProcess`` (a fresh
 ``python -m flightstore serve``) stays the product's way, which tests/cluster/test_cli.py covers.
+The kill -9 tests' writer processes (``python -m tests.kv.crash_writer`` ...) fork the same way
+(:class:`ForkedModule`): a test that kills its writer 12 times paid 12 interpreter starts.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
+import sys
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Sequence
 
@@ -33,7 +38,7 @@ from tests.waiting import wait_until
 PRELOAD = ["flightstore.cli", "flightstore.client", "flightstore.server.service", "flightstore.store",
            "flightstore.cluster.member", "flightstore.cluster.store", "flightstore.cluster.workers.launch",
            "flightstore.console", "flightstore.lake.tierer", "tests.forked_server", "tests.lake.tier_child",
-           "tests.kv.crash_writer", "tests.kv.agg_writer"]
+           "tests.kv.crash_writer", "tests.kv.agg_writer", "tests.alter_crash_writer"]
 
 
 def fork_context() -> multiprocessing.context.ForkServerContext:
@@ -165,3 +170,54 @@ class ForkedServer(ForkedServerProcess):
         code = self.wait(timeout)
         assert code is not None, "the server did not stop on SIGTERM"
         return code
+
+
+def _run_module(module: str, argv: list[str], out: Connection, environ: dict[str, str], cwd: str) -> None:
+    """In the forked child: the starting test's environment and directory, standard output on the
+    pipe ``out``, then ``module``'s ``main()`` with ``argv`` as ``python -m module argv`` has them."""
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    os.dup2(out.fileno(), 1)
+    out.close()
+    sys.argv = [module, *argv]
+    importlib.import_module(module).main()
+
+
+class ForkedModule:
+    """``python -m MODULE *ARGS`` (a preloaded test writer whose ``main()`` reads ``sys.argv``),
+    forked from the fork server instead of a fresh interpreter's 2-5 s of imports, with the
+    interface of :class:`subprocess.Popen` the kill -9 tests use: its standard output as text lines
+    in :attr:`stdout` (a pipe, at its end once the process died), ``pid``, ``poll``, ``wait``,
+    ``kill``, ``returncode`` (-9 after a SIGKILL)."""
+
+    def __init__(self, module: str, *args: str, cwd: Path | None = None) -> None:
+        context = fork_context()
+        reader, writer = context.Pipe(duplex=False)
+        self.process = context.Process(target=_run_module, daemon=True, args=(
+            module, list(args), writer, dict(os.environ), str(cwd or os.getcwd())))
+        self.process.start()
+        writer.close()  # the child's is the only write end: its death ends stdout
+        self.stdout = os.fdopen(os.dup(reader.fileno()), "r", encoding="utf-8")
+        reader.close()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise TimeoutError(f"{self.process.name} still runs after {timeout} s")
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        if self.process.exitcode is None:
+            os.kill(self.process.pid, signal.SIGKILL)

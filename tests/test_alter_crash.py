@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 from flightstore.partitioned import partition_directory
 from flightstore.store import Store
 from tests.alter_crash_writer import ROWS, partitions_of
+from tests.forked_server import ForkedModule
 from tests.kv.fold import fold_changelog, kv_contents
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +29,7 @@ def run_and_kill(data_dir: Path, first: int, rng: random.Random, tries: dict[int
     """Run the child until it acknowledged a random number of steps, kill -9 it a random moment
     later; return the acknowledged (step, added columns) and the last acknowledged ALTER. ``tries``
     collects the added-column counts each step was tried with."""
-    child = subprocess.Popen([sys.executable, "-m", "tests.alter_crash_writer", str(data_dir), str(first)],
-                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = ForkedModule("tests.alter_crash_writer", str(data_dir), str(first), cwd=ROOT)
     acked: list[tuple[int, int]] = []
     alters = [0]
     progressed = threading.Condition()

@@ -83,6 +83,7 @@ class ReplicaManager:
         self._tables: dict[str, TablePath] = {}             # table id -> path, from the last view
         self._groups: dict[tuple[str, int], tuple[Leadership, TablePath]] = {}  # buckets held here
         self._stop = threading.Event()
+        self._draining = threading.Event()  # the server is stopping: see drain()
         self._thread = threading.Thread(target=self._maintain, name="replica-isr", daemon=True)
         self._thread.start()
 
@@ -95,6 +96,16 @@ class ReplicaManager:
         for fetcher in fetchers:
             fetcher.stop()
         self._thread.join(10)
+
+    def drain(self) -> None:
+        """The server is stopping (it takes no new call): each follower's fetch stream ends once an
+        answer has no records for it (it holds every record here), instead of keeping the server's
+        shutdown waiting for the stream (every leader of a cluster stopped at once waited for the
+        others' fetchers, each until its hard exit). Records still being replicated (a write that
+        waits for its followers) go on streaming until the follower has them."""
+        self._draining.set()
+        with self._appended:
+            self._appended.notify_all()
 
     # ---- the view -----------------------------------------------------------------------------
     def apply(self, view: Any) -> None:
@@ -221,6 +232,8 @@ class ReplicaManager:
             elif "fetch" in request:
                 records, meta = self._fetch_answer(follower, request, cancelled)
                 writer.write_metadata(protocol.encode_answer(meta, records))
+                if not records and self._draining.is_set():
+                    return  # the server is stopping and the follower has every record
             else:
                 raise InvalidInput("a replication request needs 'fetch' or 'epoch_end'")
 
@@ -272,7 +285,8 @@ class ReplicaManager:
                                    "start": replica.log.start_offset})
                     continue
                 records += [(key, replica.epochs.epoch_at(r.base_offset) or 0, r) for r in found]
-            if records or behind or not wanted or time.monotonic() >= deadline or cancelled() or self._stop.is_set():
+            if records or behind or not wanted or time.monotonic() >= deadline or cancelled() or self._stop.is_set() \
+                    or self._draining.is_set():
                 break
             with self._appended:
                 if all(replica.log.end_offset <= offset for _, replica, offset in wanted):

@@ -178,7 +178,8 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         """Stop accepting calls and wait for the running ones; past ``grace_s`` (default: the
         ``server.shutdown-grace`` option) stop every running query (its client gets CANCELLED).
         Subscriptions end at once; lookup streams are told to go away (GOAWAY): their clients
-        half-close them once the lookups already sent are answered."""
+        half-close them once the lookups already sent are answered; in a cluster, followers'
+        replication fetch streams end once they hold every record of this server's leaders."""
         if grace_s is None:
             grace_s = server_option(self.store.options, "server.shutdown-grace") / 1000
         self._stop.set()
@@ -190,6 +191,8 @@ class FlightSqlServer(ReadRpcs, WriteRpcs, ActionRpcs, LookupStreamRpcs, PeerRpc
         if self.remote_log is not None:
             self.remote_log.stop()
         self.lookup_streams.go_away()
+        if self.cluster is not None:  # followers' fetch streams end once they hold every record
+            self.cluster.replicas.drain()
         finished = threading.Event()
 
         def abort_after_grace() -> None:

@@ -27,6 +27,7 @@ class TableValidation:
         """
         table = self._known_columns(as_table(data))
         names = self.schema.names
+        present = {name: i for i, name in enumerate(table.column_names)}  # a wide table: one lookup each
         target: tuple | None = None
         if columns is not None:
             target = tuple(columns)
@@ -34,7 +35,7 @@ class TableValidation:
             if bad:
                 raise SchemaMismatch(f"table {self.path} has no column(s) {', '.join(map(repr, bad))} "
                                      "named in the partial update")
-            missing = [c for c in target if c not in table.column_names]
+            missing = [c for c in target if c not in present]
             if missing:
                 raise SchemaMismatch(f"partial update of {self.path} names {missing} but the data "
                                      "lacks them")
@@ -46,8 +47,8 @@ class TableValidation:
                 target = None
         arrays = []
         for field in self.schema:
-            if field.name in table.column_names and (target is None or field.name in target):
-                column = table.column(field.name)
+            if field.name in present and (target is None or field.name in target):
+                column = table.column(present[field.name])
                 if column.type != field.type:
                     if not _widens(column.type, field.type):
                         raise SchemaMismatch(f"column {field.name!r} of {self.path} is {field.type}; "

@@ -195,8 +195,7 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
         phase("final reads")
         for server in IDS:  # every replica the same, read from the stopped servers' disks
             servers.running[server].terminate()
-        for server in IDS:
-            servers.running[server].stop()
+        exits = {server: servers.running[server].stop() for server in IDS}  # stopped together: 0 each
         replicas = {server: _replica_contents(servers.root / f"server-{server}") for server in IDS}
         differences += [f"server {s}: the replica of {key} differs from server {IDS[0]}'s"
                         for s in IDS[1:] for key in replicas[IDS[0]] if replicas[s].get(key) != replicas[IDS[0]][key]]
@@ -214,6 +213,11 @@ def run(seed: int, seconds: float, servers: Servers, observer: Observer, directo
         verdict["valid"] = False
         verdict["problems"]["servers crashed (see server-N.log: Python's fault handler traceback)"] = nemesis.crashes
         verdict["problem_counts"]["servers crashed"] = len(nemesis.crashes)
+    unclean = {server: code for server, code in exits.items() if code != 0}
+    if unclean:  # 1: the hard exit of a shutdown still waiting for calls (the others' fetch streams)
+        verdict["valid"] = False
+        verdict["problems"]["servers stopped uncleanly (exit code; see server-N.log)"] = unclean
+        verdict["problem_counts"]["servers stopped uncleanly"] = len(unclean)
     if differences:
         verdict["valid"] = False
         verdict["problem_counts"]["final: servers (or their replicas) differ"] = len(differences)

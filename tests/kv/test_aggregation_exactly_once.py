@@ -7,8 +7,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,7 +28,7 @@ from flightstore.kv.ownership import (
     release_columns,
 )
 from flightstore.store import Store
-from tests.forked_server import fork_context
+from tests.forked_server import ForkedModule, fork_context
 from tests.kv import agg_writer, crash_writer
 from tests.kv.fold import fold_changelog, kv_contents
 from tests.waiting import wait_until
@@ -45,9 +43,8 @@ def run_writer(data_dir: Path, checkpoint: tuple[int, int], seed: int,
     """Run the job from ``checkpoint``; SIGKILL it ``kill_after`` s after its first new checkpoint
     (tied to progress, not to the clock: a fast machine still gets killed mid-stream).
     Returns (last checkpoint, whether it finished)."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.kv.agg_writer", str(data_dir), str(checkpoint[0]),
-         str(checkpoint[1]), str(seed)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = ForkedModule("tests.kv.agg_writer", str(data_dir), str(checkpoint[0]), str(checkpoint[1]), str(seed),
+                         cwd=ROOT)
     lines: list[str] = []
     checkpointed = threading.Event()
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from flightstore.store import Store
+from tests.forked_server import ForkedModule
 from tests.kv.crash_writer import ROWS, batch
 from tests.kv.fold import fold_changelog, kv_contents
 
@@ -25,8 +24,7 @@ def run_and_kill(data_dir: Path, first: int, rng: random.Random) -> int | None:
     """Start the writer, kill -9 it once it acknowledged a random number of new batches (plus a
     random few milliseconds, to land anywhere inside a batch); return the last acknowledged
     sequence. Tied to progress, not to a clock: a busy machine only makes the run slower."""
-    child = subprocess.Popen([sys.executable, "-m", "tests.kv.crash_writer", str(data_dir), str(first)],
-                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = ForkedModule("tests.kv.crash_writer", str(data_dir), str(first), cwd=ROOT)
     acked: list[int] = []
     progressed = threading.Condition()
     wanted = rng.randint(1, 6)
