@@ -137,6 +137,14 @@ class ForkedServerProcess:
         if self.alive():
             self.process.terminate()
 
+    def freeze(self, timeout: float = 60.0) -> None:
+        """SIGSTOP, returning once every thread of the process is stopped. ``kill`` only queues
+        the signal: the kernel stops the other threads when one thread takes it, and on a busy
+        machine that thread may wait for a core while the others still answer a request."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+        wait_until(lambda: all(state == "T" for state in _thread_states(self.process.pid)),
+                   "every thread of the server stopped", timeout=timeout, poll=0.005)
+
     def wait(self, timeout: float) -> int | None:
         """The exit code once it ended; None if it still runs after ``timeout`` seconds."""
         if self.process is None:
@@ -152,6 +160,18 @@ class ForkedServerProcess:
         if self.wait(timeout) is None:
             self.kill()
         return self.process.exitcode
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The scheduler state letter of each thread of ``pid`` (``T``: stopped by a signal)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        states.append(stat[stat.rindex(")") + 2])
+    return states
 
 
 class ForkedServer(ForkedServerProcess):

@@ -152,7 +152,7 @@ def test_an_unanswered_request_fails_after_the_timeout(killable):  # noqa: F811
         conn.table("kv").upsert({"id": [1]})
         lk = conn.table("kv").lookuper(options={"client.lookup.batch-timeout": "1ms"})
         assert lk.lookup_async(1).result(TIMEOUT).num_rows == 1
-        os.kill(server.process.pid, signal.SIGSTOP)
+        server.freeze()  # SIGSTOP, returning once the server's threads are all stopped
         try:
             future = lk.lookup_async(1)
             with pytest.raises(flight.FlightTimedOutError, match="within 2.0 s"):
