@@ -30,7 +30,7 @@ from pyarrow import flight
 from flightstore.lookup_stream import KeysDoNotFit, key_batch
 from flightstore.wire.lookups import KEY_INDEX_COLUMN, HandleSpec
 
-__all__ = ["RETRY_S", "routed_lookup", "split_by_leader"]
+__all__ = ["RETRY_S", "point_leader", "point_values", "routed_lookup", "split_by_leader"]
 
 RETRY_S = 30.0  # how long a routed lookup keeps asking the locations again (a failover's time)
 FIRST_PAUSE_S = 0.05  # the backoff between attempts, doubling ...
@@ -58,6 +58,44 @@ def split_by_leader(layout: dict | None, rows: pa.Table, key: Sequence[str] | No
     return [(uri, np.flatnonzero(leaders == uri)) for uri in dict.fromkeys(leaders.tolist())]
 
 
+def point_values(keys: Any, key_schema: pa.Schema) -> tuple[int, ...] | None:
+    """One key of integer columns given as a dict of one-value lists (``{"id": [42]}``) as Python
+    ints in ``key_schema``'s order, each in its column's range; None for anything else (several
+    keys, a null, a bool, another type, a value out of range: they take the general way)."""
+    if type(keys) is not dict:
+        return None
+    values = []
+    for field in key_schema:
+        column = keys.get(field.name)
+        if type(column) not in (list, tuple) or len(column) != 1 or type(column[0]) is not int \
+                or not pa.types.is_integer(field.type):
+            return None
+        value, bits = column[0], field.type.bit_width
+        low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if pa.types.is_signed_integer(field.type) \
+            else (0, (1 << bits) - 1)
+        if not low <= value <= high:
+            return None
+        values.append(value)
+    return tuple(values)
+
+
+def point_leader(layout: dict | None, key_names: Sequence[str], values: Sequence[int]
+                 ) -> list[tuple[str | None, None]] | None:
+    """:func:`split_by_leader` of one key of integer columns (:func:`point_values`): its
+    leader's URI (None: its bucket has no live leader), worked out on Python ints
+    (:func:`~flightstore.bucketing.integer_bucket`, the bucket :func:`bucket_ids` gives); None
+    when it cannot be placed (no layout, a partitioned table, a bucket key column not in the key)."""
+    if layout is None or layout["partitioned"]:
+        return None
+    names = list(key_names)
+    bucket_key = layout["bucket_key"]
+    if not bucket_key or any(c not in names for c in bucket_key):
+        return None
+    from flightstore.bucketing import integer_bucket
+    bucket = integer_bucket([values[names.index(c)] for c in bucket_key], layout["num_buckets"])
+    return [(layout["leaders"][bucket], None)]
+
+
 def routed_lookup(table: Any, spec: HandleSpec, keys: dict | pa.Table, limit: int | None) -> pa.Table | None:
     """``table``'s (a :class:`~flightstore.client.TableClient`) lookup of ``keys`` by ``spec`` (the
     handle a single server's stream would open) at their leaders (see the module doc); None when
@@ -66,16 +104,24 @@ def routed_lookup(table: Any, spec: HandleSpec, keys: dict | pa.Table, limit: in
         key_schema = table.connection._lookups.key_schema(spec)
     except flight.FlightUnavailableError:
         return None  # the connected server does not answer: the DoGet way moves on to another
-    try:
-        typed = pa.Table.from_batches([key_batch(keys, key_schema)])
-    except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
-        raise KeysDoNotFit(str(exc)) from exc
+    point = point_values(keys, key_schema)
+    if point is None:
+        try:
+            typed = pa.Table.from_batches([key_batch(keys, key_schema)])
+        except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+            raise KeysDoNotFit(str(exc)) from exc
+    else:
+        typed = keys  # one key of integer columns: its leader's stream writes it without a batch
     deadline = time.monotonic() + RETRY_S
     pause = FIRST_PAUSE_S
     while True:
         table._locations()
         layout = table._layout  # with the buckets that have no live leader (None): other keys go now
-        split = split_by_leader(layout if layout.get("leaders") else None, typed)
+        layout = layout if layout.get("leaders") else None
+        if point is None:
+            split = split_by_leader(layout, typed)
+        else:
+            split = point_leader(layout, key_schema.names, point)
         if split is None:
             return None
         if any(uri is None for uri, _ in split):  # a key's bucket without a live leader:
@@ -92,9 +138,10 @@ def routed_lookup(table: Any, spec: HandleSpec, keys: dict | pa.Table, limit: in
         pause = min(2 * pause, MAX_PAUSE_S)
 
 
-def _at_leaders(table: Any, spec: HandleSpec, keys: pa.Table, split: list[tuple[str, np.ndarray]],
+def _at_leaders(table: Any, spec: HandleSpec, keys: pa.Table | dict, split: list[tuple[str, np.ndarray]],
                 limit: int | None) -> pa.Table:
-    """The answer of the leaders of ``split`` to ``keys`` (in key order; at most ``limit`` rows)."""
+    """The answer of the leaders of ``split`` to ``keys`` (in key order; at most ``limit`` rows);
+    ``keys`` a table, or one key of integer columns as its dict (:func:`point_values`: one leader)."""
     connection = table.connection
     if len(split) == 1:  # one leader answers as one server does
         return connection._peer(split[0][0])._lookups.call(replace(spec, routed=True), keys, limit)

@@ -288,6 +288,9 @@ def test_single_integer_keys_are_answered_on_their_leaders_without_arrow(group):
                                                              5).tolist()}
         for uri in leaders:
             assert after[uri]["point_lookups"] > before[uri]["point_lookups"], uri
+        # each lookup went straight to its key's leader (the client places one integer key on
+        # Python ints: routed_lookups.point_leader), answered there once: no NOT_LEADER detour
+        assert sum(after[u]["point_lookups"] - before[u]["point_lookups"] for u in after) == 34
         mine = group.uri
         stranger = next(k for k in range(30) if layout["leaders"][
             bucket_ids(pa.table({"k": pa.array([k], pa.int64())}), ["k"], 5)[0]] != mine)
