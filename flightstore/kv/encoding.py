@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flightstore.errors import CorruptData, InvalidInput, SchemaMismatch
-from flightstore.kv.row_message import RowMessage
+from flightstore.kv.row_message import RowMessage, value_spans
 from flightstore.schema import Projections
 
 __all__ = ["encode_keys", "encode_key_array", "encode_key_prefix", "integer_key", "integer_key_layout",
@@ -479,17 +479,7 @@ class RowCodec:
     def _decode_one(self, value: bytes, out_schema: pa.Schema, steps: tuple) -> pa.Table:
         """:meth:`_decode_few` of one row, each column's buffers cut straight from the value: no
         per-row lists or joins. Same layout, same checks, same arrays."""
-        size = self._header_size
-        if len(value) < size:
-            raise CorruptData(f"row value shorter than its {size}-byte header")
-        position = size
-        spans = []
-        for slot in self._variable:
-            length = _U32.unpack_from(value, slot.start)[0]
-            spans.append((position, length))
-            position += length
-        if position != len(value):
-            raise CorruptData("row value length does not match its header")
+        spans = value_spans(value, self._header_size, self._variable)
         arrays = []
         for kind, type_, validity_byte, validity_bit, start, end, variable, offsets in steps:
             validity = _ONE_NULL if value[validity_byte] & validity_bit else None

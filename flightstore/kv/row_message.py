@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from flightstore.errors import CorruptData
 
-__all__ = ["RowMessage", "message_layout"]
+__all__ = ["RowMessage", "message_layout", "value_spans"]
 
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
@@ -70,6 +70,23 @@ def message_layout(message: bytes) -> tuple[int, int, int, int, int, int]:
     nodes, buffers = _target(data, nodes), _target(data, buffers)
     return (base + length, base + nodes + 4, _U32.unpack_from(data, nodes)[0],
             base + buffers + 4, _U32.unpack_from(data, buffers)[0], base + body_length)
+
+
+def value_spans(value: bytes, header_size: int, variable: Sequence[Any]) -> list[tuple[int, int]]:
+    """(start, length) in ``value`` of each variable-width slot's bytes (``variable``: the codec's
+    variable slots in value order; their bytes follow the ``header_size``-byte header in that
+    order). CorruptData when the value's length does not match its header."""
+    if len(value) < header_size:
+        raise CorruptData(f"row value shorter than its {header_size}-byte header")
+    position = header_size
+    spans = []
+    for slot in variable:
+        length = _U32.unpack_from(value, slot.start)[0]
+        spans.append((position, length))
+        position += length
+    if position != len(value):
+        raise CorruptData("row value length does not match its header")
+    return spans
 
 
 class RowMessage:
@@ -134,17 +151,7 @@ class RowMessage:
         """``head`` followed by the IPC message of ``value``'s row, and the row's buffer bytes
         (what ``get_total_buffer_size`` says of the decoded row). CorruptData for a value whose
         bytes do not match the codec's layout, as decoding it says."""
-        size = self.header_size
-        if len(value) < size:
-            raise CorruptData(f"row value shorter than its {size}-byte header")
-        position = size
-        spans = []
-        for slot in self._variable:
-            length = _U32.unpack_from(value, slot.start)[0]
-            spans.append((position, length))
-            position += length
-        if position != len(value):
-            raise CorruptData("row value length does not match its header")
+        spans = value_spans(value, self.header_size, self._variable)
         pieces: list[bytes] = []
         nodes: list[int] = []
         buffers: list[int] = []
