@@ -86,8 +86,9 @@ class ClusterTable(TableApi):
         self.path = local.path
         self.descriptor = local.descriptor
         self.schema = local.schema
-        self._statement_writer = f"__server_{self.server_id}_{uuid.uuid4().hex[:12]}"
-        self._statements = itertools.count()
+        # Statement writers (writer id, its sequence numbers), one per statement in flight: see _write.
+        self._idle_writers: list[tuple[str, Iterator[int]]] = []
+        self._writers_lock = threading.Lock()
         self._placed: tuple[ClusterView | None, list[BucketLocation], np.ndarray] = (None, [], np.zeros(0))
 
     # ---- shape --------------------------------------------------------------------------------
@@ -283,13 +284,31 @@ class ClusterTable(TableApi):
     def _write(self, op: str, data: pa.Table, columns: Sequence[str] | None, kinds: pa.Array | None,
                writer_id: str | None, sequence: int | None) -> WriteResult:
         statement = writer_id is None or sequence is None
-        if statement:  # a statement: this server's writer, its own sequence per piece
-            writer_id = self._statement_writer
+        if not statement:
+            return self._write_as(op, data, columns, kinds, writer_id, sequence, None)
+        # A statement: a writer of this server's, its own sequence per piece. Statements in flight
+        # at once never share a writer: a leader answers a batch whose sequence is not above what
+        # it applied from the writer as a duplicate, and the retries of concurrent statements (a
+        # leader died) reach the new leader in any order.
+        with self._writers_lock:
+            writer = self._idle_writers.pop() if self._idle_writers else \
+                (f"__server_{self.server_id}_{uuid.uuid4().hex[:12]}", itertools.count())
+        try:
+            return self._write_as(op, data, columns, kinds, writer[0], None, writer[1])
+        finally:
+            with self._writers_lock:
+                self._idle_writers.append(writer)
+
+    def _write_as(self, op: str, data: pa.Table, columns: Sequence[str] | None, kinds: pa.Array | None,
+                  writer_id: str, sequence: int | None, statements: Iterator[int] | None) -> WriteResult:
+        """The write of ``data`` as ``writer_id``: batch ``sequence``, or a statement cut into
+        pieces numbered by ``statements``."""
+        statement = statements is not None
         local = self.local
         data = self._conformed(op, data, columns)  # validates, and types the bucket key
         pending = []
         for piece, piece_kinds in (self._pieces(data, kinds) if statement else [(data, kinds)]):
-            piece_sequence = next(self._statements) if statement else int(sequence)
+            piece_sequence = next(statements) if statement else int(sequence)
             if not local.descriptor.bucket_key:  # a log table without bucket key: the batch's own bucket
                 pinned = (zlib.crc32(writer_id.encode()) + piece_sequence) % self.num_buckets  # round robin
                 buckets = np.full(piece.num_rows, pinned, dtype=np.int64)
@@ -341,6 +360,9 @@ class ClusterTable(TableApi):
         retry: list = []
         pinned = not self.local.descriptor.bucket_key
         for part, part_kinds, part_buckets, sequence in pending:
+            if retry:  # a writer's batches reach the leaders in order: none goes before an
+                retry.append((part, part_kinds, part_buckets, sequence))  # earlier one that failed
+                continue  # (applied first, it would turn the earlier one into a duplicate there)
             leaders = self._leaders(part_buckets)
             for leader in np.unique(leaders):
                 mask = leaders == leader
