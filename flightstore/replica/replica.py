@@ -150,8 +150,17 @@ class Replica:
                             f"committed, and its log was cut below offset {end_offset} to follow the new "
                             f"leader (server {self.leadership.leader}); not acknowledged (a retry with the "
                             "same writer id and sequence is applied once)")
+        lead = self.leadership
+        if committed and lead.leader == lead.me and len(lead.isr) < lead.min_isr:
+            # The in-sync replicas shrank below the minimum after the write was appended (the view
+            # that dropped them came after check_writable): the high watermark passed it with too few
+            # copies (Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND).
+            raise NotEnoughReplicas(
+                f"{self.label}: the in-sync replicas shrank to {len(lead.isr)} "
+                f"({', '.join(map(str, lead.isr))}) after the write was appended, fewer than "
+                f"log.replica.min-in-sync-replicas-number = {lead.min_isr}; it is not acknowledged (a retry "
+                "with the same writer id and sequence is applied once)")
         if not committed:
-            lead = self.leadership
             if lead.leader != lead.me:
                 raise NotLeader(f"{self.label}: this server stopped leading the bucket before the write "
                                 f"was replicated (the leader is now server {lead.leader}); not acknowledged")

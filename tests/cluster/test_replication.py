@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 import flightstore
 from flightstore.errors import DeliveryTimeout
 from flightstore.store import Store
-from tests.cluster.conftest import Servers, in_sync
+from tests.cluster.conftest import Servers, describe, in_sync
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -188,6 +188,11 @@ def test_writes_wait_for_enough_in_sync_replicas(servers, observer):
     for server in others:  # both followers die: the ISR shrinks to the leader alone
         servers.running[server].kill()
     observer.wait(lambda v: next(iter(v.tables.values())).buckets[0].isr == (leader,), "the ISR shrinking")
+    # ... and the leader applied it (the coordinator may drop a dead follower before the leader's
+    # view has it: a write appended then is refused after the append, and its row stays in the log;
+    # tests/replica/test_deposed_leader.py covers that case)
+    wait_until(lambda: [r["isr"] for r in describe(uris[leader], "default.ev")["replicas"]] == [[leader]],
+               "the leader seeing the ISR shrink", timeout=60)
     # Not enough replicas is retried (a follower may come back) for the client's delivery timeout.
     with flightstore.connect(uris[leader], options={"client.writer.delivery-timeout": "8s"}) as conn:
         with pytest.raises(DeliveryTimeout, match="min-in-sync-replicas"):

@@ -7,6 +7,7 @@ and acknowledged them once the new leader's records covered their offsets)."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -76,6 +77,31 @@ def test_a_committed_write_is_acknowledged_even_if_the_leader_moves_on(tmp_path)
     replica.become_follower(_lead(1, 2, 1))
     replica.truncate(3)  # the new leader's log agrees up to 3: nothing cut
     replica.await_commit(3, cuts)
+
+
+def test_a_write_whose_in_sync_replicas_shrank_below_the_minimum_is_not_acknowledged(tmp_path):
+    """CI: the coordinator dropped a dead follower from the ISR after the leader checked the write
+    (two in sync, min-in-sync 2): the new ISR (the leader alone) let the high watermark pass the
+    write with one copy. Not acknowledged (Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
+    replica = Replica(LogTablet(tmp_path / "log", SCHEMA, fsync=False), None, 0, fsync=False)
+    two = Leadership(me=1, leader=1, epoch=0, replicas=(1, 2), isr=(1, 2), min_isr=2, replicated=True,
+                     commit_timeout_s=30)
+    replica.become_leader(two)
+    replica.check_writable()
+    cuts = replica.log.truncations
+    replica.log.append(_rows(3))
+    thread, outcome = _in_thread(lambda: replica.await_commit(3, cuts))
+    replica.update(replace(two, isr=(1,)))  # follower 2 dropped: the HW passes
+    thread.join(30)
+    assert replica.log.high_watermark == 3
+    assert len(outcome) == 1 and isinstance(outcome[0], NotEnoughReplicas), outcome
+    assert "after the write was appended" in str(outcome[0])
+    with pytest.raises(NotEnoughReplicas, match="nothing was written"):
+        replica.check_writable()  # the next write is refused before it is appended
+    replica.update(two)  # follower 2 back in sync and caught up: acknowledged as before
+    replica.log.append(_rows(2, 3))
+    replica.fetched(2, 5)
+    replica.await_commit(5, cuts)
 
 
 def test_a_read_on_a_leader_deposed_meanwhile_does_not_answer(tmp_path):
