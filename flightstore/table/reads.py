@@ -148,10 +148,7 @@ class TableReads:
         checks, converts and encodes it."""
         if not isinstance(keys, (pa.Table, pa.RecordBatch)) or keys.num_rows != 1:
             return None
-        plan = self._point_plan
-        if plan is None or plan[0] is not self.descriptor:  # first use, or the table changed shape
-            plan = self._point_plan = _point_plan(self.descriptor)
-        _, schema, layout, bucket_positions = plan
+        _, schema, layout, _ = self._point_shape()
         if layout is None:
             return None
         given = keys.schema
@@ -160,22 +157,26 @@ class TableReads:
         values = [keys.column(i)[0].as_py() for i in range(len(layout))]
         if None in values:
             return None
-        return (integer_bucket([values[i] for i in bucket_positions], self.num_buckets),
-                integer_key(values, layout))
+        return self.point(values)
 
     def point(self, values: Sequence[int]) -> tuple[int, bytes] | None:
         """(bucket, encoded key) of one primary key given as Python ints in key column order (in
         range of their types, as a key batch of the key schema holds them): what
         :meth:`lookup` reads for that key, without a key table. None when the key columns are
         not all integers (the caller builds a key table and calls :meth:`lookup`)."""
-        plan = self._point_plan
-        if plan is None or plan[0] is not self.descriptor:
-            plan = self._point_plan = _point_plan(self.descriptor)
-        _, _, layout, bucket_positions = plan
+        _, _, layout, bucket_positions = self._point_shape()
         if layout is None or len(values) != len(layout):
             return None
         return (integer_bucket([values[i] for i in bucket_positions], self.num_buckets),
                 integer_key(values, layout))
+
+    def _point_shape(self) -> tuple:
+        """:func:`_point_plan` of the table's current descriptor, made on first use and again when
+        the table changed shape."""
+        plan = self._point_plan
+        if plan is None or plan[0] is not self.descriptor:
+            plan = self._point_plan = _point_plan(self.descriptor)
+        return plan
 
     def prefix_lookup(self, prefix: Any, columns: Sequence[str] | None = None,
                       limit: int | None = None) -> pa.Table:
